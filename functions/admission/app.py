@@ -1,0 +1,15 @@
+"""Lambda entry point of the admission API (API Gateway HTTP API, payload format 2.0)."""
+
+from typing import Any
+
+from aws_lambda_powertools.logging import correlation_paths
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from poimen.api import app
+from poimen.observability import logger, metrics
+
+
+@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    return app.resolve(event, context)

@@ -1,0 +1,1 @@
+"""Poimen admission: admits workflow runs exactly once at the HTTP boundary."""

@@ -1,0 +1,307 @@
+"""The HTTP API: routes of /v1/runs, request validation, and the one mapping of errors to RFC 9457."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Mapping
+from functools import lru_cache
+from http import HTTPStatus
+from typing import Annotated, Any
+
+from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
+from aws_lambda_powertools.event_handler.depends import Depends
+from aws_lambda_powertools.event_handler.exceptions import NotFoundError
+from aws_lambda_powertools.event_handler.openapi.exceptions import (
+    RequestUnsupportedContentType,
+    RequestValidationError,
+)
+from aws_lambda_powertools.event_handler.openapi.params import Header, Path, Query
+from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from poimen.admission import Admission, Admitted
+from poimen.config import Settings
+from poimen.contract import (
+    MAX_BODY_BYTES,
+    REPLAYED_HEADER,
+    TENANT_HEADER,
+    DispatchKey,
+    Problem,
+    Run,
+    RunRequest,
+    TenantId,
+)
+from poimen.errors import (
+    DispatchKeyReused,
+    IdentityMissing,
+    RunNotFound,
+    StoreUnavailable,
+    TenantNotGranted,
+)
+from poimen.observability import logger, metrics
+from poimen.store import Store
+
+PROBLEM_JSON = "application/problem+json"
+PROBLEM_TYPE_PREFIX = "urn:poimen:problem:"
+
+
+class AdmissionResolver(APIGatewayHttpResolver):
+    """Screens bodies before Powertools parses them.
+
+    - over MAX_BODY_BYTES: 413 (API Gateway itself allows 10 MB);
+    - JSON that is not an object: 400. Powertools' validation unwraps a JSON array to its first
+      element for a non-sequence body (meant for form fields), which would admit `[{...}]`.
+    """
+
+    def resolve(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
+        body = _decoded_body(event)
+        if len(body) > MAX_BODY_BYTES:
+            return _early_problem(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "payload-too-large", f"The body exceeds {MAX_BODY_BYTES} bytes."
+            )
+        text = body.lstrip()
+        if text and not text.startswith(b"{") and _is_json_request(event):
+            try:
+                json.loads(text)
+            except (ValueError, RecursionError):
+                return _early_problem(HTTPStatus.BAD_REQUEST, "malformed-json", "The body is not valid JSON.")
+            return _early_problem(
+                HTTPStatus.BAD_REQUEST,
+                "validation-error",
+                "Invalid fields: body.",
+                errors=[{"field": "body", "type": "model_type", "message": "The body must be a JSON object"}],
+            )
+        return super().resolve(event, context)
+
+
+app = AdmissionResolver(enable_validation=True)
+
+
+@lru_cache(maxsize=1)
+def admission_service() -> Admission:
+    """Admission built once per process from the validated environment, on first use."""
+    settings = Settings.from_env()
+    return Admission(Store(settings), settings.grants_cache_seconds)
+
+
+def _problems(*statuses: HTTPStatus) -> dict[int, OpenAPIResponse]:
+    return {
+        int(status): {"description": status.phrase, "content": {PROBLEM_JSON: {"model": Problem}}}
+        for status in statuses
+    }
+
+
+_COMMON_PROBLEMS = (HTTPStatus.BAD_REQUEST, HTTPStatus.FORBIDDEN, HTTPStatus.SERVICE_UNAVAILABLE)
+
+AdmissionService = Annotated[Admission, Depends(admission_service)]
+TenantHeader = Annotated[TenantId, Header(alias=TENANT_HEADER, description="Tenant the call acts for")]
+
+
+@app.post(
+    "/v1/runs",
+    summary="Admit a run; with a dispatch_key, repeats answer the first run",
+    responses={
+        201: {"description": "A new run was admitted"},
+        200: {"description": "The dispatch_key already admitted this run (Idempotent-Replayed: true)"},
+        **_problems(
+            *_COMMON_PROBLEMS,
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+            HTTPStatus.UNPROCESSABLE_ENTITY,
+        ),
+    },
+)
+def create_run(body: RunRequest, tenant_id: TenantHeader, admission: AdmissionService) -> Response[Run]:
+    admitted = admission.admit_run(_caller(), tenant_id, body)
+    _record(admitted)
+    run = admitted.run
+    if admitted.replayed:
+        return Response(
+            status_code=HTTPStatus.OK,
+            content_type="application/json",
+            body=run,
+            headers={REPLAYED_HEADER: "true"},
+        )
+    return Response(
+        status_code=HTTPStatus.CREATED,
+        content_type="application/json",
+        body=run,
+        headers={"Location": f"/v1/runs/{run.run_id}"},
+    )
+
+
+@app.get(
+    "/v1/runs/<run_id>",
+    summary="One run of the tenant",
+    responses=_problems(*_COMMON_PROBLEMS, HTTPStatus.NOT_FOUND),
+)
+def get_run(run_id: Annotated[str, Path(max_length=64)], tenant_id: TenantHeader, admission: AdmissionService) -> Run:
+    return admission.get_run(_caller(), tenant_id, run_id)
+
+
+@app.get(
+    "/v1/runs",
+    summary="The run a dispatch_key admitted (reconciliation look-up)",
+    responses=_problems(*_COMMON_PROBLEMS, HTTPStatus.NOT_FOUND),
+)
+def find_run(
+    dispatch_key: Annotated[DispatchKey, Query()], tenant_id: TenantHeader, admission: AdmissionService
+) -> Run:
+    return admission.find_run_by_dispatch_key(_caller(), tenant_id, dispatch_key)
+
+
+@app.get("/openapi.json", include_in_schema=False)
+def openapi_document() -> dict[str, Any]:
+    schema: dict[str, Any] = json.loads(app.get_openapi_json_schema(title="Poimen admission", version="1"))
+    return schema
+
+
+def _caller() -> str | None:
+    """The IAM principal API Gateway authenticated; absent when the route has no IAM authorization."""
+    return app.current_event.request_context.authorizer.iam.user_arn or None
+
+
+def _record(admitted: Admitted) -> None:
+    run = admitted.run
+    metrics.add_metric(name="RunsReplayed" if admitted.replayed else "RunsAdmitted", unit=MetricUnit.Count, value=1)
+    logger.info(
+        "run replayed" if admitted.replayed else "run admitted",
+        tenant_id=run.tenant_id,
+        run_id=run.run_id,
+        dispatch_key=run.dispatch_key,
+    )
+
+
+# --- errors: every failure leaves as application/problem+json, mapped here and nowhere else ---
+
+
+def _problem_body(status: HTTPStatus, kind: str, detail: str, **extensions: Any) -> dict[str, Any]:
+    return {
+        "type": PROBLEM_TYPE_PREFIX + kind,
+        "title": status.phrase,
+        "status": int(status),
+        "detail": detail,
+        **extensions,
+    }
+
+
+def problem(
+    status: HTTPStatus,
+    kind: str,
+    detail: str,
+    headers: dict[str, str] | None = None,
+    **extensions: Any,
+) -> Response[str]:
+    return Response(
+        status_code=status,
+        content_type=PROBLEM_JSON,
+        # Powertools serialises dict bodies only for application/json, so the problem is sent as text.
+        body=json.dumps(_problem_body(status, kind, detail, **extensions)),
+        headers=headers,
+    )
+
+
+@app.exception_handler(RequestValidationError)
+def _invalid_request(error: RequestValidationError) -> Response[str]:
+    failures = error.errors()
+    if any(failure["type"] == "json_invalid" for failure in failures):
+        return problem(HTTPStatus.BAD_REQUEST, "malformed-json", "The body is not valid JSON.")
+    errors = [
+        {
+            "field": ".".join(str(part) for part in failure["loc"]),
+            "type": failure["type"],
+            "message": failure.get("msg", ""),
+        }
+        for failure in failures
+    ]
+    fields = ", ".join(sorted({entry["field"] for entry in errors}))
+    return problem(HTTPStatus.BAD_REQUEST, "validation-error", f"Invalid fields: {fields}.", errors=errors)
+
+
+@app.exception_handler(RecursionError)
+def _too_deep(_: RecursionError) -> Response[str]:
+    return problem(HTTPStatus.BAD_REQUEST, "malformed-json", "The body nests too deeply to parse.")
+
+
+@app.exception_handler(RequestUnsupportedContentType)
+def _unsupported_media(_: RequestUnsupportedContentType) -> Response[str]:
+    return problem(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Send the body as application/json.")
+
+
+@app.exception_handler(IdentityMissing)
+def _no_identity(_: IdentityMissing) -> Response[str]:
+    return problem(HTTPStatus.FORBIDDEN, "forbidden", "The request carries no authenticated principal.")
+
+
+@app.exception_handler(TenantNotGranted)
+def _not_granted(error: TenantNotGranted) -> Response[str]:
+    logger.warning("tenant not granted", principal=error.principal, tenant_id=error.tenant_id)
+    return problem(HTTPStatus.FORBIDDEN, "forbidden", "The caller is not granted this tenant.")
+
+
+@app.exception_handler(RunNotFound)
+def _run_not_found(_: RunNotFound) -> Response[str]:
+    return problem(HTTPStatus.NOT_FOUND, "run-not-found", "No such run for this tenant.")
+
+
+@app.not_found
+def _route_not_found(_: NotFoundError) -> Response[str]:
+    return problem(HTTPStatus.NOT_FOUND, "not-found", "No such resource.")
+
+
+@app.exception_handler(DispatchKeyReused)
+def _key_reused(error: DispatchKeyReused) -> Response[str]:
+    metrics.add_metric(name="DispatchKeyConflicts", unit=MetricUnit.Count, value=1)
+    return problem(
+        HTTPStatus.UNPROCESSABLE_ENTITY,
+        "dispatch-key-reused",
+        "This dispatch_key already admitted a run with a different workflow_ref, input or goal_id.",
+        run_id=error.run_id,
+    )
+
+
+@app.exception_handler(StoreUnavailable)
+def _store_unavailable(error: StoreUnavailable) -> Response[str]:
+    logger.warning("store unavailable", reason=str(error))
+    metrics.add_metric(name="StoreUnavailable", unit=MetricUnit.Count, value=1)
+    return problem(
+        HTTPStatus.SERVICE_UNAVAILABLE,
+        "store-unavailable",
+        "Admission storage is busy; retry after the given delay.",
+        headers={"Retry-After": str(error.retry_after_seconds)},
+    )
+
+
+@app.exception_handler(Exception)
+def _unexpected(error: Exception) -> Response[str]:
+    logger.exception("unhandled error", error_type=type(error).__name__)
+    return problem(HTTPStatus.INTERNAL_SERVER_ERROR, "internal-error", "The request failed unexpectedly.")
+
+
+def _decoded_body(event: Mapping[str, Any]) -> bytes:
+    body = event.get("body") or ""
+    if not event.get("isBase64Encoded"):
+        return str(body).encode("utf-8", "surrogatepass")
+    try:
+        return base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError):
+        return str(body).encode("utf-8", "surrogatepass")
+
+
+def _is_json_request(event: Mapping[str, Any]) -> bool:
+    headers = {name.lower(): value for name, value in (event.get("headers") or {}).items()}
+    content_type = str(headers.get("content-type", "")).strip()
+    return not content_type or content_type.startswith("application/json")
+
+
+def _early_problem(status: HTTPStatus, kind: str, detail: str, **extensions: Any) -> dict[str, Any]:
+    """A problem answered before routing, as the Lambda proxy response API Gateway expects."""
+    return {
+        "statusCode": int(status),
+        "headers": {"Content-Type": PROBLEM_JSON},
+        "body": json.dumps(_problem_body(status, kind, detail, **extensions)),
+        "isBase64Encoded": False,
+    }

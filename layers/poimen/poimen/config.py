@@ -1,0 +1,63 @@
+"""Settings read once from the environment, validated, and passed down to the code that needs them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+N = TypeVar("N", int, float)
+
+
+class ConfigurationError(ValueError):
+    """The environment does not describe a usable configuration."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    table_name: str
+    region: str
+    # Grants are cached per principal so that an admission stays one DynamoDB call; a revoked grant
+    # stops working at most this many seconds later.
+    grants_cache_seconds: float = 60.0
+    # Total attempts (first try included) for one DynamoDB call before the API answers 503.
+    dynamodb_max_attempts: int = 3
+    dynamodb_timeout_seconds: float = 2.0
+    # Pool size of the DynamoDB client: one Lambda serves one request at a time, the dev server many.
+    dynamodb_max_connections: int = 10
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        table_name = env.get("TABLE_NAME", "").strip()
+        if not table_name:
+            raise ConfigurationError("TABLE_NAME must name the admission table")
+        region = (env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "").strip()
+        if not region:
+            raise ConfigurationError("AWS_REGION (or AWS_DEFAULT_REGION) must be set")
+        settings = cls(
+            table_name=table_name,
+            region=region,
+            grants_cache_seconds=_number(env, "GRANTS_CACHE_SECONDS", cls.grants_cache_seconds, float),
+            dynamodb_max_attempts=_number(env, "DYNAMODB_MAX_ATTEMPTS", cls.dynamodb_max_attempts, int),
+            dynamodb_timeout_seconds=_number(env, "DYNAMODB_TIMEOUT_SECONDS", cls.dynamodb_timeout_seconds, float),
+            dynamodb_max_connections=_number(env, "DYNAMODB_MAX_CONNECTIONS", cls.dynamodb_max_connections, int),
+        )
+        if settings.grants_cache_seconds < 0:
+            raise ConfigurationError("GRANTS_CACHE_SECONDS must not be negative")
+        if settings.dynamodb_max_attempts < 1:
+            raise ConfigurationError("DYNAMODB_MAX_ATTEMPTS must be at least 1")
+        if settings.dynamodb_timeout_seconds <= 0 or settings.dynamodb_max_connections < 1:
+            raise ConfigurationError("DynamoDB timeout and pool size must be positive")
+        return settings
+
+
+def _number(env: Mapping[str, str], name: str, default: N, kind: type[N]) -> N:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return kind(raw)
+    except ValueError as error:
+        raise ConfigurationError(f"{name} must be a {kind.__name__}, got {raw!r}") from error

@@ -1,0 +1,38 @@
+"""Domain exceptions raised by admission and the store; the API maps each to one problem type."""
+
+from __future__ import annotations
+
+
+class AdmissionError(Exception):
+    """Base of every error the admission rules raise on purpose."""
+
+
+class IdentityMissing(AdmissionError):
+    """The request carries no authenticated principal."""
+
+
+class TenantNotGranted(AdmissionError):
+    def __init__(self, principal: str, tenant_id: str) -> None:
+        super().__init__(f"{principal} is not granted tenant {tenant_id}")
+        self.principal = principal
+        self.tenant_id = tenant_id
+
+
+class RunNotFound(AdmissionError):
+    """No such run for this tenant; said the same way whether or not another tenant has it."""
+
+
+class DispatchKeyReused(AdmissionError):
+    """The dispatch_key already admitted a run that asked for something else."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"dispatch_key already admitted run {run_id} with a different request")
+        self.run_id = run_id
+
+
+class StoreUnavailable(AdmissionError):
+    """DynamoDB throttled or failed after the bounded retries; the caller should retry later."""
+
+    def __init__(self, reason: str, retry_after_seconds: int = 1) -> None:
+        super().__init__(reason)
+        self.retry_after_seconds = retry_after_seconds

@@ -1,0 +1,192 @@
+"""The local API: each HTTP request becomes an API Gateway HTTP API (v2) event for the same handler.
+
+This translation is the only local-only code on the request path; routes live in the handler.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+LambdaHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
+
+
+@dataclass
+class LocalLambdaContext:
+    """The parts of the Lambda context object that handlers and Powertools read."""
+
+    function_name: str
+    timeout_seconds: float = 10.0
+    memory_limit_in_mb: int = 512
+    function_version: str = "$LATEST"
+    aws_request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    _deadline: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._deadline = time.monotonic() + self.timeout_seconds
+
+    @property
+    def invoked_function_arn(self) -> str:
+        return f"arn:aws:lambda:local:000000000000:function:{self.function_name}"
+
+    @property
+    def log_group_name(self) -> str:
+        return f"/aws/lambda/{self.function_name}"
+
+    @property
+    def log_stream_name(self) -> str:
+        return "local"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self._deadline - time.monotonic()) * 1000))
+
+
+def http_api_event(
+    *,
+    method: str,
+    target: str,
+    headers: list[tuple[str, str]],
+    body: bytes,
+    principal_arn: str | None,
+    source_ip: str,
+) -> dict[str, Any]:
+    """The API Gateway HTTP API payload 2.0 event for one request, with an IAM authorizer context."""
+    url = urlsplit(target)
+    merged: dict[str, str] = {}
+    cookies: list[str] = []
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered == "cookie":
+            cookies.extend(part.strip() for part in value.split(";") if part.strip())
+            continue
+        merged[lowered] = f"{merged[lowered]},{value}" if lowered in merged else value
+    query: dict[str, str] = {}
+    for name, value in parse_qsl(url.query, keep_blank_values=True):
+        query[name] = f"{query[name]},{value}" if name in query else value
+    try:
+        text_body: str | None = body.decode("utf-8")
+    except UnicodeDecodeError:
+        text_body = None
+    now = datetime.now(UTC)
+    authorizer = {}
+    if principal_arn:
+        account = principal_arn.split(":")[4] if principal_arn.count(":") >= 5 else "000000000000"
+        authorizer = {
+            "iam": {
+                "accessKey": "local",
+                "accountId": account,
+                "callerId": "local",
+                "principalOrgId": None,
+                "userArn": principal_arn,
+                "userId": "local",
+            }
+        }
+    event: dict[str, Any] = {
+        "version": "2.0",
+        "routeKey": "$default",
+        "rawPath": url.path,
+        "rawQueryString": url.query,
+        "headers": merged,
+        "requestContext": {
+            "accountId": "000000000000",
+            "apiId": "local",
+            "authorizer": authorizer,
+            "domainName": merged.get("host", "127.0.0.1"),
+            "domainPrefix": "local",
+            "http": {
+                "method": method,
+                "path": url.path,
+                "protocol": "HTTP/1.1",
+                "sourceIp": source_ip,
+                "userAgent": merged.get("user-agent", ""),
+            },
+            "requestId": str(uuid.uuid4()),
+            "routeKey": "$default",
+            "stage": "$default",
+            "time": now.strftime("%d/%b/%Y:%H:%M:%S +0000"),
+            "timeEpoch": int(now.timestamp() * 1000),
+        },
+        "isBase64Encoded": text_body is None,
+    }
+    if cookies:
+        event["cookies"] = cookies
+    if query:
+        event["queryStringParameters"] = query
+    if body:
+        event["body"] = text_body if text_body is not None else base64.b64encode(body).decode("ascii")
+    return event
+
+
+def http_response(result: dict[str, Any]) -> tuple[int, list[tuple[str, str]], bytes]:
+    """Status, headers and body bytes of a Lambda proxy response, as API Gateway sends them."""
+    headers = [(name, str(value)) for name, value in (result.get("headers") or {}).items()]
+    for name, values in (result.get("multiValueHeaders") or {}).items():
+        headers.extend((name, str(value)) for value in values)
+    headers.extend(("Set-Cookie", cookie) for cookie in result.get("cookies") or [])
+    raw = result.get("body") or ""
+    body = base64.b64decode(raw) if result.get("isBase64Encoded") else str(raw).encode("utf-8")
+    return int(result["statusCode"]), headers, body
+
+
+class LocalApiServer(ThreadingHTTPServer):
+    """Threaded HTTP server that hands every request to one Lambda handler."""
+
+    daemon_threads = True
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: LambdaHandler,
+        function_name: str,
+        principal_arn: str | None,
+    ) -> None:
+        super().__init__(address, _RequestHandler)
+        self.lambda_handler = handler
+        self.function_name = function_name
+        self.principal_arn = principal_arn
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+
+class _RequestHandler(BaseHTTPRequestHandler):
+    server: LocalApiServer
+    protocol_version = "HTTP/1.1"
+
+    def _invoke(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        event = http_api_event(
+            method=self.command,
+            target=self.path,
+            headers=list(self.headers.items()),
+            body=body,
+            principal_arn=self.server.principal_arn,
+            source_ip=self.client_address[0],
+        )
+        try:
+            result = self.server.lambda_handler(event, LocalLambdaContext(self.server.function_name))
+            status, headers, payload = http_response(result)
+        except Exception:  # the Lambda invocation failed: API Gateway answers 500
+            self.log_error("handler raised:\n%s", traceback.format_exc())
+            status = 500
+            headers = [("Content-Type", "application/json")]
+            payload = b'{"message":"Internal Server Error"}'
+        self.send_response(status)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _invoke

@@ -1,0 +1,170 @@
+"""The admission table: pynamodb models for runs and grants, and the one conditional write.
+
+One table, one string hash key `pk`:
+- a run is the item `RUN#<tenant>#<run_id>`, so keys spread per run (no hot tenant partition) and a
+  lookup can never cross tenants;
+- a principal's grants are the item `GRANT#<principal ARN>` with a string set of tenant ids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, TypeVar, cast
+
+from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
+from pynamodb.attributes import JSONAttribute, UnicodeAttribute, UnicodeSetAttribute
+from pynamodb.exceptions import DoesNotExist, PynamoDBException
+from pynamodb.models import Model
+
+from poimen.config import Settings
+from poimen.errors import StoreUnavailable
+
+HASH_KEY = "pk"
+# Error codes DynamoDB answers when retrying later can succeed; botocore has already retried them.
+_TRANSIENT_CODES = frozenset(
+    {
+        "ThrottlingException",
+        "ProvisionedThroughputExceededException",
+        "RequestLimitExceeded",
+        "InternalServerError",
+        "ServiceUnavailable",
+        "TransactionInProgressException",
+    }
+)
+
+
+class RunRecord(Model):
+    """One admitted run. `fingerprint` tells a replay from a reused dispatch_key."""
+
+    class Meta:
+        table_name = "poimen-admission"  # rebound per table by Store
+
+    pk = UnicodeAttribute(hash_key=True)
+    run_id = UnicodeAttribute()
+    tenant_id = UnicodeAttribute()
+    workflow_ref = UnicodeAttribute()
+    # Stored as JSON text: numbers keep their exact JSON form and the replay answers what was sent.
+    input = JSONAttribute()
+    goal_id = UnicodeAttribute(null=True)
+    dispatch_key = UnicodeAttribute(null=True)
+    fingerprint = UnicodeAttribute()
+    status = UnicodeAttribute()
+    created_at = UnicodeAttribute()
+
+
+class GrantRecord(Model):
+    """The tenants one principal may act for; `*` grants every tenant."""
+
+    class Meta:
+        table_name = "poimen-admission"
+
+    pk = UnicodeAttribute(hash_key=True)
+    tenants = UnicodeSetAttribute(null=True)
+
+
+def run_pk(tenant_id: str, run_id: str) -> str:
+    return f"RUN#{tenant_id}#{run_id}"
+
+
+def grant_pk(principal: str) -> str:
+    return f"GRANT#{principal}"
+
+
+M = TypeVar("M", bound=Model)
+
+
+def _bind(model: type[M], settings: Settings) -> type[M]:
+    """A subclass of `model` bound to the configured table, region and retry policy."""
+    meta = type(
+        "Meta",
+        (),
+        {
+            "table_name": settings.table_name,
+            "region": settings.region,
+            # pynamodb hands botocore total_max_attempts = 1 + this, in botocore's "standard" mode
+            # (exponential backoff with full jitter, throttling-aware).
+            "max_retry_attempts": settings.dynamodb_max_attempts - 1,
+            "connect_timeout_seconds": settings.dynamodb_timeout_seconds,
+            "read_timeout_seconds": settings.dynamodb_timeout_seconds,
+            "max_pool_connections": settings.dynamodb_max_connections,
+        },
+    )
+    return cast(type[M], type(model.__name__, (model,), {"Meta": meta}))
+
+
+class Store:
+    """Data access for one admission table. Build it once per process (see `poimen.api`)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.table_name = settings.table_name
+        self.runs = _bind(RunRecord, settings)
+        self.grants = _bind(GrantRecord, settings)
+
+    @property
+    def client(self) -> Any:
+        """The botocore DynamoDB client pynamodb uses for runs (one pool for every run call)."""
+        return self.runs._get_connection().connection.client
+
+    def put_run_if_absent(self, record: RunRecord) -> RunRecord | None:
+        """Write `record` unless its item exists; return None if written, else the stored run.
+
+        One PutItem, one round trip: pynamodb's save() drops the item that
+        ReturnValuesOnConditionCheckFailure=ALL_OLD puts into the ConditionalCheckFailed error, so
+        the call goes through the same botocore client with the model's own serialisation.
+        """
+        try:
+            self.client.put_item(
+                TableName=self.table_name,
+                Item=record.serialize(),
+                ConditionExpression="attribute_not_exists(#pk)",
+                ExpressionAttributeNames={"#pk": HASH_KEY},
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+                raise _unavailable_or_original(error) from error
+            stored: dict[str, Any] = cast(dict[str, Any], error.response)["Item"]
+            return self.runs.from_raw_data(stored)
+        except (ConnectionError, HTTPClientError) as error:
+            raise StoreUnavailable(f"DynamoDB unreachable: {error}") from error
+        return None
+
+    def get_run(self, tenant_id: str, run_id: str) -> RunRecord | None:
+        with _translated_errors():
+            try:
+                return self.runs.get(run_pk(tenant_id, run_id), consistent_read=True)
+            except DoesNotExist:
+                return None
+
+    def granted_tenants(self, principal: str) -> frozenset[str]:
+        with _translated_errors():
+            try:
+                record = self.grants.get(grant_pk(principal), consistent_read=True)
+            except DoesNotExist:
+                return frozenset()
+        return frozenset(record.tenants or ())
+
+    def grant(self, principal: str, tenant_id: str) -> None:
+        with _translated_errors():
+            self.grants(grant_pk(principal)).update(actions=[GrantRecord.tenants.add({tenant_id})])
+
+
+@contextlib.contextmanager
+def _translated_errors() -> Iterator[None]:
+    try:
+        yield
+    except PynamoDBException as error:
+        cause = error.cause
+        if isinstance(cause, ClientError):
+            raise _unavailable_or_original(cause) from error
+        if isinstance(cause, ConnectionError | HTTPClientError):
+            raise StoreUnavailable(f"DynamoDB unreachable: {cause}") from error
+        raise
+
+
+def _unavailable_or_original(error: ClientError) -> Exception:
+    code = error.response.get("Error", {}).get("Code", "")
+    if code in _TRANSIENT_CODES:
+        return StoreUnavailable(f"DynamoDB answered {code} after retries")
+    return error

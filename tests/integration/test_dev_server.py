@@ -1,0 +1,105 @@
+"""The specification's cases over real HTTP against `poimen dev` (same handler, embedded moto server)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+from moto.server import ThreadedMotoServer
+
+from poimen.ids import keyed_run_id
+from poimen.local.moto import serialise_dynamodb_writes
+from tests.conftest import count_runs
+from tests.integration.conftest import DevServer, free_port, start_dev
+
+SPAWN = {"workflow_ref": "wf/hello", "input": {"greeting": "hi"}, "dispatch_key": "k-1"}
+
+
+def _post(session: requests.Session, dev: DevServer, tenant: str, body: object) -> requests.Response:
+    return session.post(f"{dev.url}/v1/runs", json=body, headers={"X-Poimen-Tenant": tenant}, timeout=30)
+
+
+def test_keyed_spawn_then_replay_is_one_run(dev: DevServer, http: requests.Session, tenant: str) -> None:
+    first = _post(http, dev, tenant, SPAWN)
+    again = _post(http, dev, tenant, SPAWN)
+
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.json() == first.json()
+    assert first.json()["run_id"] == keyed_run_id(tenant, "k-1")
+    assert len(count_runs(dev.dynamodb(), dev.table_name, tenant)) == 1
+
+
+def test_twenty_concurrent_duplicates_over_http_make_one_run(dev: DevServer, tenant: str) -> None:
+    def spawn(_: int) -> requests.Response:
+        # One connection per thread: twenty requests really are in flight together.
+        with requests.Session() as session:
+            return _post(session, dev, tenant, SPAWN)
+
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        answers = list(pool.map(spawn, range(20)))
+
+    assert sorted(answer.status_code for answer in answers) == [200] * 19 + [201]
+    assert {answer.json()["run_id"] for answer in answers} == {keyed_run_id(tenant, "k-1")}
+    assert len(count_runs(dev.dynamodb(), dev.table_name, tenant)) == 1
+
+
+def test_two_unkeyed_spawns_are_two_runs(dev: DevServer, http: requests.Session, tenant: str) -> None:
+    body = {"workflow_ref": "wf/hello", "input": {}}
+
+    answers = [_post(http, dev, tenant, body), _post(http, dev, tenant, body)]
+
+    assert [answer.status_code for answer in answers] == [201, 201]
+    assert answers[0].json()["run_id"] != answers[1].json()["run_id"]
+    assert len(count_runs(dev.dynamodb(), dev.table_name, tenant)) == 2
+
+
+def test_errors_are_problem_json_over_http(dev: DevServer, http: requests.Session, tenant: str) -> None:
+    malformed = http.post(
+        f"{dev.url}/v1/runs",
+        data=b"{not json",
+        headers={"X-Poimen-Tenant": tenant, "Content-Type": "application/json"},
+        timeout=30,
+    )
+    oversize = _post(http, dev, tenant, {"workflow_ref": "wf", "input": {"x": "y" * 300_000}})
+    missing = http.get(f"{dev.url}/v1/runs/{keyed_run_id(tenant, 'nope')}", headers={"X-Poimen-Tenant": tenant})
+
+    assert [(r.status_code, r.headers["Content-Type"]) for r in (malformed, oversize, missing)] == [
+        (400, "application/problem+json"),
+        (413, "application/problem+json"),
+        (404, "application/problem+json"),
+    ]
+    assert count_runs(dev.dynamodb(), dev.table_name, tenant) == []
+
+
+def test_lookups_and_openapi_document(dev: DevServer, http: requests.Session, tenant: str) -> None:
+    created = _post(http, dev, tenant, SPAWN).json()
+
+    by_key = http.get(f"{dev.url}/v1/runs", params={"dispatch_key": "k-1"}, headers={"X-Poimen-Tenant": tenant})
+    document = http.get(f"{dev.url}/openapi.json")
+
+    assert by_key.json() == created
+    assert set(document.json()["paths"]) == {"/v1/runs", "/v1/runs/{run_id}"}
+
+
+def test_dev_uses_an_already_running_dynamodb_endpoint(tmp_path: Path, tenant: str) -> None:
+    # Given a moto server started outside poimen dev
+    serialise_dynamodb_writes()
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    moto.start()
+    try:
+        host, port = moto.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        server = start_dev(tmp_path, "--dynamodb-endpoint", endpoint, table_name="external-table")
+        try:
+            # When a run is admitted through it
+            with requests.Session() as session:
+                assert _post(session, server, tenant, SPAWN).status_code == 201
+        finally:
+            # Then it stops cleanly on Ctrl-C, and the run is in the external endpoint's table
+            assert server.stop() == 0
+        assert server.aws_endpoint == endpoint
+        assert len(count_runs(server.dynamodb(), "external-table", tenant)) == 1
+    finally:
+        moto.stop()

@@ -1,0 +1,116 @@
+"""Unit level: the Lambda handler in-process against in-process moto (no sockets)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from poimen.api import admission_service
+from poimen.config import Settings
+from poimen.local.devserver import LocalLambdaContext
+from poimen.local.moto import serialise_dynamodb_writes
+from poimen.local.template import Template
+from poimen.store import Store
+from tests.conftest import load_event
+
+PRINCIPAL = "arn:aws:iam::123456789012:role/poimen-orchestrator"
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+Invoke = Callable[..., Answer]
+
+
+@pytest.fixture(scope="session")
+def handler(template: Template) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
+    return template.load_handler("AdmissionFunction")
+
+
+@pytest.fixture
+def dynamodb(template: Template, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A fresh table created from template.yaml; the handler's settings point at it."""
+    serialise_dynamodb_writes()
+    with mock_aws():
+        client = boto3.client("dynamodb")
+        table_name = f"admission-{uuid.uuid4().hex[:8]}"
+        client.create_table(**template.create_table_request("AdmissionTable", table_name))
+        monkeypatch.setenv("TABLE_NAME", table_name)
+        monkeypatch.setenv("GRANTS_CACHE_SECONDS", "0")
+        admission_service.cache_clear()
+        yield client
+        admission_service.cache_clear()
+
+
+@pytest.fixture
+def table_name(dynamodb: Any) -> str:
+    names: list[str] = dynamodb.list_tables()["TableNames"]
+    return names[0]
+
+
+@pytest.fixture
+def store(dynamodb: Any) -> Store:
+    return Store(Settings.from_env())
+
+
+@pytest.fixture
+def granted(store: Store, tenant: str) -> str:
+    """The test's tenant, granted to PRINCIPAL."""
+    store.grant(PRINCIPAL, tenant)
+    return tenant
+
+
+@pytest.fixture
+def invoke(handler: Callable[[dict[str, Any], Any], dict[str, Any]], granted: str) -> Invoke:
+    """Call the handler with the canonical HTTP API event, changed as asked."""
+
+    def call(
+        method: str = "POST",
+        path: str = "/v1/runs",
+        *,
+        body: Any = None,
+        raw_body: str | None = None,
+        tenant: str | None = granted,
+        query: str = "",
+        principal: str | None = "arn:aws:sts::123456789012:assumed-role/poimen-orchestrator/session-1",
+        headers: dict[str, str] | None = None,
+        base64_body: bool = False,
+    ) -> Answer:
+        event = load_event("http_api_create_run.json")
+        event["routeKey"] = event["requestContext"]["routeKey"] = f"{method} {path}"
+        event["rawPath"] = event["requestContext"]["http"]["path"] = path
+        event["requestContext"]["http"]["method"] = method
+        event["rawQueryString"] = query
+        if query:
+            event["queryStringParameters"] = dict(part.split("=", 1) for part in query.split("&"))
+        if tenant is None:
+            del event["headers"]["x-poimen-tenant"]
+        else:
+            event["headers"]["x-poimen-tenant"] = tenant
+        event["headers"].update(headers or {})
+        if principal is None:
+            event["requestContext"]["authorizer"] = {}
+        else:
+            event["requestContext"]["authorizer"]["iam"]["userArn"] = principal
+        text = raw_body if raw_body is not None else (None if body is None else json.dumps(body))
+        event.pop("body", None)
+        if text is not None:
+            event["body"] = base64.b64encode(text.encode()).decode() if base64_body else text
+        event["isBase64Encoded"] = base64_body
+        result = handler(event, LocalLambdaContext("AdmissionFunction"))
+        raw = result.get("body") or "{}"
+        return Answer(result["statusCode"], result.get("headers") or {}, json.loads(raw))
+
+    return call

@@ -1,0 +1,183 @@
+"""Every error of the API leaves as RFC 9457 problem+json with a stable type."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from poimen.errors import StoreUnavailable
+from poimen.store import Store
+from tests.conftest import count_runs
+from tests.unit.conftest import Invoke
+
+GOOD = {"workflow_ref": "wf/hello", "input": {}}
+PROBLEM = "urn:poimen:problem:"
+
+
+def _fields(body: dict[str, Any]) -> set[str]:
+    return {error["field"] for error in body["errors"]}
+
+
+def test_malformed_json_is_400(invoke: Invoke) -> None:
+    answer = invoke(raw_body='{"workflow_ref": "wf", "input": {')
+
+    assert answer.status == 400
+    assert answer.headers["Content-Type"] == "application/problem+json"
+    assert answer.body["type"] == PROBLEM + "malformed-json"
+    assert answer.body["status"] == 400
+
+
+def test_deeply_nested_json_is_400(invoke: Invoke) -> None:
+    answer = invoke(raw_body='{"workflow_ref": "wf", "input": ' + "[" * 100_000 + "]" * 100_000 + "}")
+
+    assert answer.status == 400
+    assert answer.body["type"] == PROBLEM + "malformed-json"
+
+
+@pytest.mark.parametrize(
+    ("body", "fields"),
+    [
+        ({"input": {}}, {"body.workflow_ref"}),
+        ({"workflow_ref": "wf"}, {"body.input"}),
+        ({"workflow_ref": 7, "input": []}, {"body.workflow_ref", "body.input"}),
+        ({**GOOD, "priority": 1}, {"body.priority"}),
+        ({**GOOD, "goal_id": 5}, {"body.goal_id"}),
+        ({**GOOD, "workflow_ref": ""}, {"body.workflow_ref"}),
+        ({**GOOD, "workflow_ref": "w" * 257}, {"body.workflow_ref"}),
+        ({**GOOD, "dispatch_key": ""}, {"body.dispatch_key"}),
+        ({**GOOD, "dispatch_key": "k" * 256}, {"body.dispatch_key"}),
+        ({**GOOD, "dispatch_key": "line\nbreak"}, {"body.dispatch_key"}),
+        ({**GOOD, "dispatch_key": "nul\x00"}, {"body.dispatch_key"}),
+        ({**GOOD, "dispatch_key": "c1\x85"}, {"body.dispatch_key"}),
+        ([GOOD], {"body"}),
+    ],
+    ids=[
+        "no-workflow_ref",
+        "no-input",
+        "wrong-types",
+        "unknown-field",
+        "goal_id-type",
+        "empty-workflow_ref",
+        "long-workflow_ref",
+        "empty-key",
+        "long-key",
+        "newline-key",
+        "nul-key",
+        "c1-key",
+        "array-body",
+    ],
+)
+def test_schema_violations_are_400_naming_each_field(
+    invoke: Invoke, dynamodb: Any, table_name: str, tenant: str, body: Any, fields: set[str]
+) -> None:
+    answer = invoke(body=body)
+
+    assert answer.status == 400
+    assert answer.body["type"] == PROBLEM + "validation-error"
+    assert _fields(answer.body) == fields
+    assert count_runs(dynamodb, table_name, tenant) == []
+
+
+def test_key_limits_accept_255_characters_unicode_and_hash(invoke: Invoke) -> None:
+    for key in ("k" * 255, "schlüssel#1", "🔑"):
+        assert invoke(body={**GOOD, "dispatch_key": key}).status == 201
+
+
+def test_body_over_256_kib_is_413(invoke: Invoke, dynamodb: Any, table_name: str, tenant: str) -> None:
+    oversize = {**GOOD, "input": {"blob": "x" * (256 * 1024)}}
+
+    plain = invoke(body=oversize)
+    encoded = invoke(body=oversize, base64_body=True)
+
+    for answer in (plain, encoded):
+        assert answer.status == 413
+        assert answer.body["type"] == PROBLEM + "payload-too-large"
+    assert count_runs(dynamodb, table_name, tenant) == []
+
+
+def test_body_just_under_the_limit_is_admitted(invoke: Invoke) -> None:
+    envelope = len(json.dumps({**GOOD, "input": {"blob": ""}}))
+    assert invoke(body={**GOOD, "input": {"blob": "x" * (256 * 1024 - envelope)}}).status == 201
+
+
+def test_no_identity_is_403(invoke: Invoke) -> None:
+    answer = invoke(body=GOOD, principal=None)
+
+    assert answer.status == 403
+    assert answer.body["type"] == PROBLEM + "forbidden"
+
+
+def test_tenant_not_granted_is_403_for_every_route(invoke: Invoke, dynamodb: Any, table_name: str) -> None:
+    for method, path, query in (
+        ("POST", "/v1/runs", ""),
+        ("GET", "/v1/runs/x", ""),
+        ("GET", "/v1/runs", "dispatch_key=k"),
+    ):
+        answer = invoke(method, path, body=GOOD if method == "POST" else None, tenant="not-granted", query=query)
+        assert answer.status == 403
+        assert answer.body["type"] == PROBLEM + "forbidden"
+    assert count_runs(dynamodb, table_name, "not-granted") == []
+
+
+@pytest.mark.parametrize("tenant", ["Acme", "a#b", "a.b", "a" * 64, "ünï", "-lead", ""])
+def test_invalid_tenant_header_is_400(invoke: Invoke, tenant: str) -> None:
+    answer = invoke(body=GOOD, tenant=tenant)
+
+    assert answer.status == 400
+    assert _fields(answer.body) == {"header.x-poimen-tenant"}
+
+
+def test_missing_tenant_header_is_400(invoke: Invoke) -> None:
+    answer = invoke(body=GOOD, tenant=None)
+
+    assert answer.status == 400
+    assert _fields(answer.body) == {"header.x-poimen-tenant"}
+
+
+def test_lookup_without_dispatch_key_is_400(invoke: Invoke) -> None:
+    answer = invoke("GET", "/v1/runs")
+
+    assert answer.status == 400
+    assert _fields(answer.body) == {"query.dispatch_key"}
+
+
+def test_wrong_content_type_is_415(invoke: Invoke) -> None:
+    answer = invoke(body=GOOD, headers={"content-type": "text/csv"})
+
+    assert answer.status == 415
+    assert answer.body["type"] == PROBLEM + "unsupported-media-type"
+
+
+def test_unknown_route_is_404(invoke: Invoke) -> None:
+    answer = invoke("DELETE", "/v1/runs")
+
+    assert answer.status == 404
+    assert answer.body["type"] == PROBLEM + "not-found"
+
+
+def test_store_unavailable_is_503_with_retry_after(invoke: Invoke, monkeypatch: pytest.MonkeyPatch) -> None:
+    def throttled(self: Store, record: object) -> None:
+        raise StoreUnavailable("DynamoDB answered ThrottlingException after retries", retry_after_seconds=2)
+
+    monkeypatch.setattr(Store, "put_run_if_absent", throttled)
+
+    answer = invoke(body=GOOD)
+
+    assert answer.status == 503
+    assert answer.headers["Retry-After"] == "2"
+    assert answer.body["type"] == PROBLEM + "store-unavailable"
+
+
+def test_unexpected_error_is_a_500_problem(invoke: Invoke, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(self: Store, record: object) -> None:
+        raise KeyError("boom")
+
+    monkeypatch.setattr(Store, "put_run_if_absent", broken)
+
+    answer = invoke(body=GOOD)
+
+    assert answer.status == 500
+    assert answer.body["type"] == PROBLEM + "internal-error"
+    assert "boom" not in json.dumps(answer.body)

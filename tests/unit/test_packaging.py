@@ -1,0 +1,39 @@
+"""What ships must agree with what is tested: layer requirements, handler paths, the API document."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+from poimen.api import openapi_document
+from poimen.local.template import Template
+from tests.conftest import REPO
+
+
+def test_layer_requirements_equal_the_project_dependencies() -> None:
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    lines = (REPO / "layers/poimen/requirements.txt").read_text().splitlines()
+    layer = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+    assert sorted(layer) == sorted(declared)
+
+
+def test_every_function_handler_exists_and_imports(template: Template) -> None:
+    functions = [name for name, res in template.resources.items() if res["Type"] == "AWS::Serverless::Function"]
+
+    assert functions
+    for name in functions:
+        assert callable(template.load_handler(name))
+
+
+def test_template_targets_python313_on_arm64(template: Template) -> None:
+    function_globals = template.document["Globals"]["Function"]
+
+    assert function_globals["Runtime"] == "python3.13"
+    assert function_globals["Architectures"] == ["arm64"]
+
+
+def test_committed_openapi_document_is_current() -> None:
+    committed = json.loads((REPO / "infra/openapi.json").read_text())
+
+    assert committed == openapi_document(), "run `make openapi`"

@@ -1,0 +1,78 @@
+"""The store against in-process moto: one call per admission, bounded retries, template agreement."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from botocore.awsrequest import AWSResponse, HTTPHeaders
+
+from poimen.admission import Admission
+from poimen.config import Settings
+from poimen.contract import RunRequest
+from poimen.errors import StoreUnavailable
+from poimen.local.template import Template
+from poimen.store import HASH_KEY, GrantRecord, RunRecord, Store
+
+
+def _count_calls(store: Store) -> list[str]:
+    calls: list[str] = []
+    store.client.meta.events.register("before-call.dynamodb", lambda model, **_: calls.append(model.name))
+    return calls
+
+
+def test_admission_is_one_dynamodb_call_fresh_and_replayed(store: Store) -> None:
+    # Given a granted principal whose grant is already cached
+    store.grant("arn:aws:iam::1:user/a", "t1")
+    admission = Admission(store, grants_cache_seconds=60)
+    admission.authorize("arn:aws:iam::1:user/a", "t1")
+    calls = _count_calls(store)
+    request = RunRequest(workflow_ref="wf", input={"x": 1}, dispatch_key="k")
+    # When a keyed spawn is admitted, then replayed
+    fresh = admission.admit_run("arn:aws:iam::1:user/a", "t1", request)
+    replay = admission.admit_run("arn:aws:iam::1:user/a", "t1", request)
+    # Then each took exactly one PutItem
+    assert (fresh.replayed, replay.replayed) == (False, True)
+    assert calls == ["PutItem", "PutItem"]
+
+
+def test_throttling_is_retried_a_bounded_number_of_times_then_unavailable(
+    dynamodb: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DYNAMODB_MAX_ATTEMPTS", "2")
+    store = Store(Settings.from_env())
+    attempts: list[int] = []
+
+    def throttle(**_: Any) -> AWSResponse:
+        attempts.append(1)
+        body = b'{"__type":"com.amazonaws.dynamodb.v20120810#ThrottlingException","message":"slow down"}'
+        return AWSResponse("https://local", 400, HTTPHeaders.from_dict({"x-amzn-requestid": "r"}), _Raw(body))
+
+    store.client.meta.events.register_first("before-send.dynamodb.PutItem", throttle)
+    record = store.runs("RUN#t#1", run_id="1", tenant_id="t", workflow_ref="w", input={}, fingerprint="f")
+    record.status, record.created_at = "admitted", "now"
+
+    with pytest.raises(StoreUnavailable):
+        store.put_run_if_absent(record)
+    assert len(attempts) == 2
+
+
+class _Raw:
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    def stream(self, **_: Any) -> Any:
+        yield self._body
+
+
+def test_table_in_template_matches_the_model(template: Template) -> None:
+    props = template.properties("AdmissionTable")
+    for model in (RunRecord, GrantRecord):
+        keys = {name: attr for name, attr in model.get_attributes().items() if attr.is_hash_key or attr.is_range_key}
+        assert list(keys) == [HASH_KEY]
+        assert keys[HASH_KEY].is_hash_key
+        assert keys[HASH_KEY].attr_type == "S"
+    assert props["KeySchema"] == [{"AttributeName": HASH_KEY, "KeyType": "HASH"}]
+    assert props["AttributeDefinitions"] == [{"AttributeName": HASH_KEY, "AttributeType": "S"}]
+    assert props["BillingMode"] == "PAY_PER_REQUEST"
+    assert props["StreamSpecification"] == {"StreamViewType": "NEW_IMAGE"}

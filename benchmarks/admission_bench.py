@@ -7,6 +7,7 @@ figures that matter are ratios measured side by side in this run, not absolute t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -33,7 +34,6 @@ os.environ.update(
         "AWS_DEFAULT_REGION": "us-east-1",
         "POWERTOOLS_SERVICE_NAME": "poimen-bench",
         "POWERTOOLS_METRICS_NAMESPACE": "PoimenBench",
-        "POWERTOOLS_METRICS_DISABLED": "true",  # same for every variant: no EMF lines in the table
         "POWERTOOLS_TRACE_DISABLED": "true",
         "POWERTOOLS_LOG_LEVEL": "CRITICAL",  # the 500s Powertools causes below would log a trace each
     }
@@ -219,21 +219,23 @@ def main() -> None:
         _counted(store.client, variants["powertools"].calls)  # its run write goes through the store
         _counted(powertools_client, variants["powertools"].calls)
         _counted(floor_client, variants["floor"].calls)
-        for variant in variants.values():  # warm caches (grants, clients, connections)
-            variant.admit(f"warm-{uuid.uuid4()}")
+        # The handler prints one EMF metrics line per admission, as in Lambda; keep them out of the table.
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+            for variant in variants.values():  # warm caches (grants, clients, connections)
+                variant.admit(f"warm-{uuid.uuid4()}")
 
-        fresh: dict[str, list[float]] = {name: [] for name in variants}
-        replay: dict[str, list[float]] = {name: [] for name in variants}
-        for _ in range(args.rounds):
-            for name, variant in variants.items():
-                keys = [f"{name}-{uuid.uuid4()}" for _ in range(args.admissions)]
-                fresh[name].append(_rate(variant.admit, keys))
-                replay[name].append(_rate(variant.admit, keys))
+            fresh: dict[str, list[float]] = {name: [] for name in variants}
+            replay: dict[str, list[float]] = {name: [] for name in variants}
+            for _ in range(args.rounds):
+                for name, variant in variants.items():
+                    keys = [f"{name}-{uuid.uuid4()}" for _ in range(args.admissions)]
+                    fresh[name].append(_rate(variant.admit, keys))
+                    replay[name].append(_rate(variant.admit, keys))
 
-        probe = [f"probe-{uuid.uuid4()}" for _ in range(50)]
-        calls_fresh = {name: _calls_per(variant, probe) for name, variant in variants.items()}
-        calls_replay = {name: _calls_per(variant, probe) for name, variant in variants.items()}
-        duplicates = {name: _concurrent_duplicates(variants[name]) for name in ("ours", "powertools")}
+            probe = [f"probe-{uuid.uuid4()}" for _ in range(50)]
+            calls_fresh = {name: _calls_per(variant, probe) for name, variant in variants.items()}
+            calls_replay = {name: _calls_per(variant, probe) for name, variant in variants.items()}
+            duplicates = {name: _concurrent_duplicates(variants[name]) for name in ("ours", "powertools")}
 
     import_ours, import_botocore = cold_import_ratio(rounds=7)
     rate_fresh = {name: statistics.median(values) for name, values in fresh.items()}

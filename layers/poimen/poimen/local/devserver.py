@@ -140,6 +140,8 @@ class LocalApiServer(ThreadingHTTPServer):
     """Threaded HTTP server that hands every request to one Lambda handler."""
 
     daemon_threads = True
+    # socketserver's default listen backlog is 5: a burst of concurrent clients would be reset.
+    request_queue_size = 128
 
     def __init__(
         self,

@@ -34,7 +34,6 @@ os.environ.update(
         "AWS_DEFAULT_REGION": "us-east-1",
         "POWERTOOLS_SERVICE_NAME": "poimen-bench",
         "POWERTOOLS_METRICS_NAMESPACE": "PoimenBench",
-        "POWERTOOLS_TRACE_DISABLED": "true",
         "POWERTOOLS_LOG_LEVEL": "CRITICAL",  # the 500s Powertools causes below would log a trace each
     }
 )

@@ -26,7 +26,6 @@ os.environ.update(
         "AWS_REGION": "us-east-1",
         "POWERTOOLS_SERVICE_NAME": "poimen-admission",
         "POWERTOOLS_METRICS_NAMESPACE": "PoimenTest",
-        "POWERTOOLS_TRACE_DISABLED": "true",
         "POWERTOOLS_LOG_LEVEL": "WARNING",
     }
 )

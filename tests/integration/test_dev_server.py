@@ -103,3 +103,44 @@ def test_dev_uses_an_already_running_dynamodb_endpoint(tmp_path: Path, tenant: s
         assert len(count_runs(server.dynamodb(), "external-table", tenant)) == 1
     finally:
         moto.stop()
+
+
+def test_concurrent_requests_of_different_tenants_are_never_mixed(dev: DevServer) -> None:
+    # Twenty different unkeyed spawns in flight at once, across two tenants and four environments
+    tenants = [f"mix-{i % 2}-{dev.url.rsplit(':', 1)[1]}" for i in range(20)]
+
+    def spawn(i: int) -> tuple[int, requests.Response]:
+        with requests.Session() as session:
+            return i, _post(session, dev, tenants[i], {"workflow_ref": f"wf/{i}", "input": {"i": i}})
+
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        answers = list(pool.map(spawn, range(20)))
+
+    for i, answer in answers:
+        assert answer.status_code == 201
+        assert (answer.json()["tenant_id"], answer.json()["input"]) == (tenants[i], {"i": i})
+    assert len({answer.json()["run_id"] for _, answer in answers}) == 20
+
+
+def test_one_key_with_two_payloads_concurrently_is_one_run(dev: DevServer, tenant: str) -> None:
+    bodies = [{**SPAWN, "input": {"variant": i % 2}} for i in range(20)]
+
+    def spawn(body: dict[str, object]) -> requests.Response:
+        with requests.Session() as session:
+            return _post(session, dev, tenant, body)
+
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        answers = list(pool.map(spawn, bodies))
+
+    statuses = [answer.status_code for answer in answers]
+    assert statuses.count(201) == 1
+    assert set(statuses) <= {200, 201, 422}
+    assert statuses.count(422) == 10  # every request carrying the losing payload
+    assert {answer.json()["run_id"] for answer in answers} == {keyed_run_id(tenant, "k-1")}
+    assert len(count_runs(dev.dynamodb(), dev.table_name, tenant)) == 1
+
+
+def test_routes_outside_the_template_are_answered_by_the_gateway(dev: DevServer, http: requests.Session) -> None:
+    answer = http.delete(f"{dev.url}/v1/runs", timeout=30)
+
+    assert (answer.status_code, answer.json()) == (404, {"message": "Not Found"})

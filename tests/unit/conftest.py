@@ -82,6 +82,7 @@ def invoke(handler: Callable[[dict[str, Any], Any], dict[str, Any]], granted: st
         *,
         body: Any = None,
         raw_body: str | None = None,
+        raw_bytes: bytes | None = None,
         tenant: str | None = granted,
         query: str = "",
         principal: str | None = "arn:aws:sts::123456789012:assumed-role/poimen-orchestrator/session-1",
@@ -106,7 +107,10 @@ def invoke(handler: Callable[[dict[str, Any], Any], dict[str, Any]], granted: st
             event["requestContext"]["authorizer"]["iam"]["userArn"] = principal
         text = raw_body if raw_body is not None else (None if body is None else json.dumps(body))
         event.pop("body", None)
-        if text is not None:
+        if raw_bytes is not None:
+            text, base64_body = base64.b64encode(raw_bytes).decode(), True
+            event["body"] = text
+        elif text is not None:
             event["body"] = base64.b64encode(text.encode()).decode() if base64_body else text
         event["isBase64Encoded"] = base64_body
         result = handler(event, LocalLambdaContext("AdmissionFunction"))

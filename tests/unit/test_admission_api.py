@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
+from poimen.admission import Admission
+from poimen.contract import RunRequest
 from poimen.ids import keyed_run_id
-from poimen.store import Store
+from poimen.store import RunRecord, Store
 from tests.conftest import count_runs
 from tests.unit.conftest import PRINCIPAL, Invoke
 
@@ -48,13 +50,38 @@ def test_replay_answers_the_first_run_unchanged(invoke: Invoke, dynamodb: Any, t
     assert len(count_runs(dynamodb, table_name, tenant)) == 1
 
 
-def test_twenty_concurrent_duplicates_make_one_run(invoke: Invoke, dynamodb: Any, table_name: str, tenant: str) -> None:
-    with ThreadPoolExecutor(max_workers=20) as pool:
-        answers = list(pool.map(lambda _: invoke(body=SPAWN), range(20)))
+def test_twenty_concurrent_duplicates_make_one_run(store: Store, dynamodb: Any, table_name: str, granted: str) -> None:
+    # Threads call the admission logic the handler calls: a Lambda execution environment runs one
+    # invocation at a time, so the handler itself is exercised concurrently through `poimen dev`'s
+    # worker processes (tests/integration); here twenty threads race on the conditional write.
+    admission = Admission(store, grants_cache_seconds=60)
+    request = RunRequest.model_validate(SPAWN)
 
-    assert sorted(answer.status for answer in answers) == [200] * 19 + [201]
-    assert {answer.body["run_id"] for answer in answers} == {keyed_run_id(tenant, "k-1")}
-    assert len({answer.body["created_at"] for answer in answers}) == 1
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        answers = list(pool.map(lambda _: admission.admit_run(PRINCIPAL, granted, request), range(20)))
+
+    assert sorted(answer.replayed for answer in answers) == [False] + [True] * 19
+    assert {answer.run.run_id for answer in answers} == {keyed_run_id(granted, "k-1")}
+    assert len({answer.run.created_at for answer in answers}) == 1
+    assert len(count_runs(dynamodb, table_name, granted)) == 1
+
+
+@pytest.mark.parametrize("body", [SPAWN, {**SPAWN, "dispatch_key": None}], ids=["keyed", "unkeyed"])
+def test_a_retried_put_that_finds_its_own_write_is_still_a_new_run(
+    invoke: Invoke, monkeypatch: pytest.MonkeyPatch, dynamodb: Any, table_name: str, tenant: str, body: Any
+) -> None:
+    # Given a PutItem whose answer is lost after DynamoDB stored the item, and that botocore resends
+    def lost_answer_then_retry(self: Store, record: RunRecord) -> RunRecord | None:
+        original_put(self, record)
+        return original_put(self, record)
+
+    original_put = Store.put_run_if_absent
+    monkeypatch.setattr(Store, "put_run_if_absent", lost_answer_then_retry)
+    # When a spawn is admitted
+    answer = invoke(body=body)
+    # Then the caller is told it created the run, and there is one run
+    assert answer.status == 201
+    assert "Idempotent-Replayed" not in answer.headers
     assert len(count_runs(dynamodb, table_name, tenant)) == 1
 
 

@@ -80,6 +80,56 @@ def test_schema_violations_are_400_naming_each_field(
     assert count_runs(dynamodb, table_name, tenant) == []
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"workflow_ref": "wf", "input": {"n": NaN}}',
+        '{"workflow_ref": "wf", "input": {"n": -Infinity}}',
+        '{"workflow_ref": "wf", "input": {"n": 1e400}}',
+        '{"workflow_ref": "wf", "input": {"n": ' + "9" * 5000 + "}}",
+        '{"workflow_ref": "wf", "input": {"s": "\\ud800"}}',
+    ],
+    ids=["nan", "infinity", "overflow", "huge-int", "lone-surrogate"],
+)
+def test_json_that_is_not_strict_is_400(invoke: Invoke, raw: str) -> None:
+    answer = invoke(raw_body=raw)
+
+    assert answer.status == 400
+    assert answer.body["type"] == PROBLEM + "malformed-json"
+
+
+def test_a_body_that_is_not_utf8_is_400(invoke: Invoke) -> None:
+    answer = invoke(raw_bytes=b'{"workflow_ref": "\xff\xfe", "input": {}}')
+
+    assert answer.status == 400
+    assert answer.body["type"] == PROBLEM + "malformed-json"
+
+
+def test_non_ascii_input_up_to_the_limit_is_stored(invoke: Invoke, dynamodb: Any, table_name: str, tenant: str) -> None:
+    # 80,000 three-byte characters: 240 KB as UTF-8, twice DynamoDB's item limit if \u-escaped
+    body = {**GOOD, "input": {"text": "中" * 80_000, "emoji": "🔑" * 100}}
+    answer = invoke(raw_body=json.dumps(body, ensure_ascii=False))
+
+    assert answer.status == 201
+    assert answer.body["input"]["text"] == "中" * 80_000
+    assert len(count_runs(dynamodb, table_name, tenant)) == 1
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["text/csv", "application/x-www-form-urlencoded", "multipart/form-data", "application/jsonx"],
+)
+def test_bodies_of_other_media_types_are_415(invoke: Invoke, content_type: str) -> None:
+    answer = invoke(body=GOOD, headers={"content-type": content_type})
+
+    assert answer.status == 415
+    assert answer.body["type"] == PROBLEM + "unsupported-media-type"
+
+
+def test_json_media_type_is_case_insensitive_with_parameters(invoke: Invoke) -> None:
+    assert invoke(body=GOOD, headers={"content-type": "Application/JSON; charset=utf-8"}).status == 201
+
+
 def test_key_limits_accept_255_characters_unicode_and_hash(invoke: Invoke) -> None:
     for key in ("k" * 255, "schlüssel#1", "🔑"):
         assert invoke(body={**GOOD, "dispatch_key": key}).status == 201
@@ -141,13 +191,6 @@ def test_lookup_without_dispatch_key_is_400(invoke: Invoke) -> None:
 
     assert answer.status == 400
     assert _fields(answer.body) == {"query.dispatch_key"}
-
-
-def test_wrong_content_type_is_415(invoke: Invoke) -> None:
-    answer = invoke(body=GOOD, headers={"content-type": "text/csv"})
-
-    assert answer.status == 415
-    assert answer.body["type"] == PROBLEM + "unsupported-media-type"
 
 
 def test_unknown_route_is_404(invoke: Invoke) -> None:

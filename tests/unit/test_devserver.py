@@ -5,7 +5,8 @@ from __future__ import annotations
 import base64
 import json
 
-from poimen.local.devserver import http_api_event, http_response
+from poimen.local.devserver import Route, http_api_event, http_response
+from poimen.local.template import Template
 from tests.conftest import load_event
 
 
@@ -19,13 +20,14 @@ def test_translated_event_has_the_shape_of_a_real_http_api_event() -> None:
         body=b'{"workflow_ref": "wf"}',
         principal_arn="arn:aws:iam::123456789012:user/dev",
         source_ip="127.0.0.1",
+        route_key="POST /v1/runs",
     )
 
     assert set(canonical) <= set(event)
     assert set(canonical["requestContext"]) == set(event["requestContext"])
-    assert set(canonical["requestContext"]["authorizer"]["iam"]) - {"cognitoIdentity"} <= set(
-        event["requestContext"]["authorizer"]["iam"]
-    )
+    assert set(canonical["requestContext"]["authorizer"]["iam"]) == set(event["requestContext"]["authorizer"]["iam"])
+    assert event["routeKey"] == event["requestContext"]["routeKey"] == canonical["routeKey"]
+    assert event["requestContext"]["stage"] == canonical["requestContext"]["stage"]
     assert event["headers"]["x-poimen-tenant"] == "acme"
     assert event["queryStringParameters"] == {"a": "1,2", "b": ""}
     assert event["cookies"] == ["c=1", "d=2"]
@@ -48,7 +50,6 @@ def test_proxy_response_becomes_status_headers_and_bytes() -> None:
         {
             "statusCode": 201,
             "headers": {"Location": "/v1/runs/1"},
-            "multiValueHeaders": {"X-Many": ["a", "b"]},
             "cookies": ["s=1"],
             "body": base64.b64encode(json.dumps({"ok": True}).encode()).decode(),
             "isBase64Encoded": True,
@@ -56,5 +57,17 @@ def test_proxy_response_becomes_status_headers_and_bytes() -> None:
     )
 
     assert status == 201
-    assert headers == [("Location", "/v1/runs/1"), ("X-Many", "a"), ("X-Many", "b"), ("Set-Cookie", "s=1")]
+    assert headers == [("Location", "/v1/runs/1"), ("Set-Cookie", "s=1")]
     assert json.loads(body) == {"ok": True}
+
+
+def test_routes_of_the_template_match_like_api_gateway(template: Template) -> None:
+    routes = [Route(method, path) for method, path in template.http_routes("AdmissionFunction")]
+
+    def matching(method: str, path: str) -> list[tuple[str, dict[str, str]]]:
+        return [(r.key, found) for r in routes if (found := r.match(method, path)) is not None]
+
+    assert matching("POST", "/v1/runs") == [("POST /v1/runs", {})]
+    assert matching("GET", "/v1/runs/abc-1") == [("GET /v1/runs/{run_id}", {"run_id": "abc-1"})]
+    assert matching("GET", "/v1/runs/a/b") == []
+    assert matching("DELETE", "/v1/runs") == []

@@ -50,7 +50,7 @@ def test_throttling_is_retried_a_bounded_number_of_times_then_unavailable(
 
     store.client.meta.events.register_first("before-send.dynamodb.PutItem", throttle)
     record = store.runs("RUN#t#1", run_id="1", tenant_id="t", workflow_ref="w", input={}, fingerprint="f")
-    record.status, record.created_at = "admitted", "now"
+    record.status, record.created_at, record.attempt_id = "admitted", "now", "a"
 
     with pytest.raises(StoreUnavailable):
         store.put_run_if_absent(record)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -66,14 +67,16 @@ class Admission:
             goal_id=request.goal_id,
             dispatch_key=key,
             fingerprint=request_fingerprint(request.workflow_ref, request.input, request.goal_id),
+            attempt_id=uuid.uuid4().hex,
             status="admitted",
             created_at=_now(),
         )
         existing = self._store.put_run_if_absent(record)
-        if existing is None:
+        if existing is None or existing.attempt_id == record.attempt_id:
+            # None: written now. Same attempt: a retried PutItem found the item its lost first try wrote.
             return Admitted(_as_run(record), replayed=False)
         if key is None:
-            # 74 random bits per millisecond make this unreachable in practice; never overwrite a run.
+            # Only a UUIDv7 collision (74 random bits within one millisecond) gets here; never overwrite.
             raise RuntimeError(f"run id {run_id} already exists")
         if existing.fingerprint != record.fingerprint:
             raise DispatchKeyReused(existing.run_id)

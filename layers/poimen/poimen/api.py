@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
+import re
 from collections.abc import Mapping
 from functools import lru_cache
 from http import HTTPStatus
@@ -49,9 +51,11 @@ PROBLEM_TYPE_PREFIX = "urn:poimen:problem:"
 
 
 class AdmissionResolver(APIGatewayHttpResolver):
-    """Screens bodies before Powertools parses them.
+    """Screens bodies before Powertools parses them, so no input can end in a 5xx.
 
     - over MAX_BODY_BYTES: 413 (API Gateway itself allows 10 MB);
+    - a media type other than application/json: 415;
+    - not strict JSON (not UTF-8, NaN/Infinity, out-of-range numbers, lone surrogates): 400;
     - JSON that is not an object: 400. Powertools' validation unwraps a JSON array to its first
       element for a non-sequence body (meant for form fields), which would admit `[{...}]`.
     """
@@ -62,18 +66,18 @@ class AdmissionResolver(APIGatewayHttpResolver):
             return _early_problem(
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "payload-too-large", f"The body exceeds {MAX_BODY_BYTES} bytes."
             )
-        text = body.lstrip()
-        if text and not text.startswith(b"{") and _is_json_request(event):
-            try:
-                json.loads(text)
-            except (ValueError, RecursionError):
-                return _early_problem(HTTPStatus.BAD_REQUEST, "malformed-json", "The body is not valid JSON.")
-            return _early_problem(
-                HTTPStatus.BAD_REQUEST,
-                "validation-error",
-                "Invalid fields: body.",
-                errors=[{"field": "body", "type": "model_type", "message": "The body must be a JSON object"}],
-            )
+        if body:
+            content_type = _content_type(event)
+            if content_type.split(";", 1)[0].strip().lower() not in ("", "application/json"):
+                return _early_problem(
+                    HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Send the body as application/json."
+                )
+            problem = _json_object_problem(body)
+            if problem is not None:
+                return problem
+            if content_type != content_type.lower():
+                # Media types are case-insensitive (RFC 9110); Powertools compares them case-sensitively.
+                event = {**event, "headers": {**event["headers"], "content-type": content_type.lower()}}
         return super().resolve(event, context)
 
 
@@ -221,11 +225,6 @@ def _invalid_request(error: RequestValidationError) -> Response[str]:
     return problem(HTTPStatus.BAD_REQUEST, "validation-error", f"Invalid fields: {fields}.", errors=errors)
 
 
-@app.exception_handler(RecursionError)
-def _too_deep(_: RecursionError) -> Response[str]:
-    return problem(HTTPStatus.BAD_REQUEST, "malformed-json", "The body nests too deeply to parse.")
-
-
 @app.exception_handler(RequestUnsupportedContentType)
 def _unsupported_media(_: RequestUnsupportedContentType) -> Response[str]:
     return problem(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Send the body as application/json.")
@@ -291,10 +290,41 @@ def _decoded_body(event: Mapping[str, Any]) -> bytes:
         return str(body).encode("utf-8", "surrogatepass")
 
 
-def _is_json_request(event: Mapping[str, Any]) -> bool:
-    headers = {name.lower(): value for name, value in (event.get("headers") or {}).items()}
-    content_type = str(headers.get("content-type", "")).strip()
-    return not content_type or content_type.startswith("application/json")
+def _content_type(event: Mapping[str, Any]) -> str:
+    # HTTP API payload 2.0 lower-cases header names.
+    return str((event.get("headers") or {}).get("content-type", ""))
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _json_object_problem(body: bytes) -> dict[str, Any] | None:
+    """A 400 problem unless `body` is strict JSON holding an object; None when it is."""
+    try:
+        value = json.loads(body.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float)
+        if _SURROGATE_ESCAPE.search(body):
+            json.dumps(value, ensure_ascii=False).encode("utf-8")  # lone surrogates cannot be encoded
+    except (ValueError, RecursionError):  # UnicodeError and JSONDecodeError are ValueErrors
+        return _early_problem(HTTPStatus.BAD_REQUEST, "malformed-json", "The body is not valid JSON.")
+    if isinstance(value, dict):
+        return None
+    return _early_problem(
+        HTTPStatus.BAD_REQUEST,
+        "validation-error",
+        "Invalid fields: body.",
+        errors=[{"field": "body", "type": "model_type", "message": "The body must be a JSON object"}],
+    )
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text} is out of range")
+    return number
 
 
 def _early_problem(status: HTTPStatus, kind: str, detail: str, **extensions: Any) -> dict[str, Any]:

@@ -30,6 +30,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(default: %(default)s)",
     )
     dev.add_argument("--region", default="us-east-1", help="(default: %(default)s)")
+    dev.add_argument(
+        "--concurrency",
+        type=int,
+        default=4,
+        help="execution environments (worker processes), each running one request at a time (default: %(default)s)",
+    )
     dev.add_argument("--template", type=Path, help="SAM template to serve (default: the checkout's)")
     args = parser.parse_args(argv)
     return run_dev(
@@ -41,6 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         principal=args.principal,
         region=args.region,
         template_path=args.template,
+        concurrency=args.concurrency,
     )
 
 

@@ -9,6 +9,7 @@ One table, one string hash key `pk`:
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from typing import Any, TypeVar, cast
 
@@ -34,6 +35,16 @@ _TRANSIENT_CODES = frozenset(
 )
 
 
+class JSONTextAttribute(JSONAttribute):
+    """JSON stored as UTF-8 text; pynamodb's escapes non-ASCII (up to 12 bytes a character),
+    which would push a 256 KiB body past DynamoDB's 400 KB item limit."""
+
+    def serialize(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
 class RunRecord(Model):
     """One admitted run. `fingerprint` tells a replay from a reused dispatch_key."""
 
@@ -44,11 +55,13 @@ class RunRecord(Model):
     run_id = UnicodeAttribute()
     tenant_id = UnicodeAttribute()
     workflow_ref = UnicodeAttribute()
-    # Stored as JSON text: numbers keep their exact JSON form and the replay answers what was sent.
-    input = JSONAttribute()
+    input = JSONTextAttribute()
     goal_id = UnicodeAttribute(null=True)
     dispatch_key = UnicodeAttribute(null=True)
     fingerprint = UnicodeAttribute()
+    # Random per admission attempt: when botocore resends a PutItem whose answer was lost, the
+    # condition fails on our own write, and this tells it from a true replay.
+    attempt_id = UnicodeAttribute()
     status = UnicodeAttribute()
     created_at = UnicodeAttribute()
 

@@ -13,7 +13,7 @@ from types import FrameType
 import boto3
 
 from poimen.config import Settings
-from poimen.local.devserver import LocalApiServer
+from poimen.local.devserver import ExecutionEnvironments, LocalApiServer, Route
 from poimen.local.moto import EmbeddedMoto
 from poimen.local.template import Template, default_template_path
 from poimen.store import Store
@@ -33,6 +33,7 @@ def run_dev(
     principal: str,
     region: str,
     template_path: Path | None,
+    concurrency: int,
 ) -> int:
     template = Template(template_path or default_template_path())
     # The same defaults a developer shell would give boto: fake credentials only if none are set.
@@ -45,13 +46,9 @@ def run_dev(
         os.environ["AWS_ENDPOINT_URL_SQS"] = endpoint
         _prepare_table(template, table_name, principal)
         os.environ.update(template.function_environment(ADMISSION_FUNCTION, {ADMISSION_TABLE: table_name}))
-        os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
-        server = LocalApiServer(
-            (host, port),
-            template.load_handler(ADMISSION_FUNCTION),
-            function_name=ADMISSION_FUNCTION,
-            principal_arn=principal,
-        )
+        environments = ExecutionEnvironments(str(template.path), ADMISSION_FUNCTION, concurrency)
+        routes = [Route(method, path) for method, path in template.http_routes(ADMISSION_FUNCTION)]
+        server = LocalApiServer((host, port), environments, routes, principal_arn=principal)
         print(f"Admission API: {server.url}", flush=True)
         print(f"Local AWS (DynamoDB, SQS): {endpoint}  table: {table_name}", flush=True)
         print(
@@ -66,6 +63,7 @@ def run_dev(
             print("Stopping.", file=sys.stderr, flush=True)
         finally:
             server.server_close()
+            environments.close()
     return 0
 
 

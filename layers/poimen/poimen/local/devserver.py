@@ -6,13 +6,17 @@ This translation is the only local-only code on the request path; routes live in
 from __future__ import annotations
 
 import base64
+import multiprocessing
+import re
 import time
 import traceback
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -57,6 +61,8 @@ def http_api_event(
     body: bytes,
     principal_arn: str | None,
     source_ip: str,
+    route_key: str = "$default",
+    path_parameters: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The API Gateway HTTP API payload 2.0 event for one request, with an IAM authorizer context."""
     url = urlsplit(target)
@@ -84,6 +90,7 @@ def http_api_event(
                 "accessKey": "local",
                 "accountId": account,
                 "callerId": "local",
+                "cognitoIdentity": None,
                 "principalOrgId": None,
                 "userArn": principal_arn,
                 "userId": "local",
@@ -91,7 +98,7 @@ def http_api_event(
         }
     event: dict[str, Any] = {
         "version": "2.0",
-        "routeKey": "$default",
+        "routeKey": route_key,
         "rawPath": url.path,
         "rawQueryString": url.query,
         "headers": merged,
@@ -109,7 +116,7 @@ def http_api_event(
                 "userAgent": merged.get("user-agent", ""),
             },
             "requestId": str(uuid.uuid4()),
-            "routeKey": "$default",
+            "routeKey": route_key,
             "stage": "$default",
             "time": now.strftime("%d/%b/%Y:%H:%M:%S +0000"),
             "timeEpoch": int(now.timestamp() * 1000),
@@ -120,6 +127,8 @@ def http_api_event(
         event["cookies"] = cookies
     if query:
         event["queryStringParameters"] = query
+    if path_parameters:
+        event["pathParameters"] = path_parameters
     if body:
         event["body"] = text_body if text_body is not None else base64.b64encode(body).decode("ascii")
     return event
@@ -128,16 +137,73 @@ def http_api_event(
 def http_response(result: dict[str, Any]) -> tuple[int, list[tuple[str, str]], bytes]:
     """Status, headers and body bytes of a Lambda proxy response, as API Gateway sends them."""
     headers = [(name, str(value)) for name, value in (result.get("headers") or {}).items()]
-    for name, values in (result.get("multiValueHeaders") or {}).items():
-        headers.extend((name, str(value)) for value in values)
     headers.extend(("Set-Cookie", cookie) for cookie in result.get("cookies") or [])
     raw = result.get("body") or ""
     body = base64.b64decode(raw) if result.get("isBase64Encoded") else str(raw).encode("utf-8")
     return int(result["statusCode"]), headers, body
 
 
+@dataclass(frozen=True)
+class Route:
+    """One HttpApi event of the function: `POST /v1/runs`, `GET /v1/runs/{run_id}`."""
+
+    method: str
+    path: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.method} {self.path}"
+
+    def match(self, method: str, path: str) -> dict[str, str] | None:
+        if method != self.method:
+            return None
+        pattern = re.sub(r"\\{(\w+)\\}", r"(?P<\1>[^/]+)", re.escape(self.path))
+        found = re.fullmatch(pattern, path)
+        return None if found is None else found.groupdict()
+
+
+class ExecutionEnvironments:
+    """Lambda's concurrency model: each invocation runs alone in one of N worker processes.
+
+    A Lambda execution environment never runs two invocations at once, and the handler's libraries
+    rely on that (Powertools keeps the current event on the resolver). Threads sharing one handler
+    would mix requests up; processes do not, and they still race each other on DynamoDB.
+    """
+
+    def __init__(self, template_path: str, logical_id: str, concurrency: int) -> None:
+        self.function_name = logical_id
+        self._pool = ProcessPoolExecutor(
+            max_workers=concurrency,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_load_handler,
+            initargs=(template_path, logical_id),
+        )
+
+    def invoke(self, event: dict[str, Any]) -> dict[str, Any]:
+        return self._pool.submit(_invoke_loaded_handler, event).result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+_loaded: tuple[LambdaHandler, str] | None = None
+
+
+def _load_handler(template_path: str, logical_id: str) -> None:
+    from poimen.local.template import Template
+
+    global _loaded
+    _loaded = (Template(Path(template_path)).load_handler(logical_id), logical_id)
+
+
+def _invoke_loaded_handler(event: dict[str, Any]) -> dict[str, Any]:
+    assert _loaded is not None, "worker initializer did not run"
+    handler, function_name = _loaded
+    return handler(event, LocalLambdaContext(function_name))
+
+
 class LocalApiServer(ThreadingHTTPServer):
-    """Threaded HTTP server that hands every request to one Lambda handler."""
+    """Threaded HTTP front (API Gateway's part) over the function's execution environments."""
 
     daemon_threads = True
     # socketserver's default listen backlog is 5: a burst of concurrent clients would be reset.
@@ -146,13 +212,13 @@ class LocalApiServer(ThreadingHTTPServer):
     def __init__(
         self,
         address: tuple[str, int],
-        handler: LambdaHandler,
-        function_name: str,
+        environments: ExecutionEnvironments,
+        routes: list[Route],
         principal_arn: str | None,
     ) -> None:
         super().__init__(address, _RequestHandler)
-        self.lambda_handler = handler
-        self.function_name = function_name
+        self.environments = environments
+        self.routes = routes
         self.principal_arn = principal_arn
 
     @property
@@ -166,8 +232,23 @@ class _RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def _invoke(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0 or "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            self._answer(411, [("Content-Type", "application/json")], b'{"message":"Length Required"}')
+            self.close_connection = True
+            return
         body = self.rfile.read(length) if length else b""
+        path = urlsplit(self.path).path
+        for route in self.server.routes:
+            parameters = route.match(self.command, path)
+            if parameters is not None:
+                break
+        else:  # API Gateway answers unknown routes itself; the function never sees them
+            self._answer(404, [("Content-Type", "application/json")], b'{"message":"Not Found"}')
+            return
         event = http_api_event(
             method=self.command,
             target=self.path,
@@ -175,15 +256,18 @@ class _RequestHandler(BaseHTTPRequestHandler):
             body=body,
             principal_arn=self.server.principal_arn,
             source_ip=self.client_address[0],
+            route_key=route.key,
+            path_parameters=parameters,
         )
         try:
-            result = self.server.lambda_handler(event, LocalLambdaContext(self.server.function_name))
-            status, headers, payload = http_response(result)
-        except Exception:  # the Lambda invocation failed: API Gateway answers 500
+            status, headers, payload = http_response(self.server.environments.invoke(event))
+        except Exception:  # the invocation failed: API Gateway answers 500
             self.log_error("handler raised:\n%s", traceback.format_exc())
-            status = 500
-            headers = [("Content-Type", "application/json")]
+            status, headers = 500, [("Content-Type", "application/json")]
             payload = b'{"message":"Internal Server Error"}'
+        self._answer(status, headers, payload)
+
+    def _answer(self, status: int, headers: list[tuple[str, str]], payload: bytes) -> None:
         self.send_response(status)
         for name, value in headers:
             self.send_header(name, value)

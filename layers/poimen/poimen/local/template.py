@@ -84,9 +84,16 @@ class Template:
                 "StreamEnabled": True,
                 "StreamViewType": stream["StreamViewType"],
             }
-        if "GlobalSecondaryIndexes" in props:
-            request["GlobalSecondaryIndexes"] = props["GlobalSecondaryIndexes"]
         return request
+
+    def http_routes(self, logical_id: str) -> list[tuple[str, str]]:
+        """(method, path) of each HttpApi event of the function, as API Gateway routes them."""
+        events = self.properties(logical_id).get("Events", {}).values()
+        return [
+            (event["Properties"]["Method"].upper(), event["Properties"]["Path"])
+            for event in events
+            if event.get("Type") == "HttpApi"
+        ]
 
     def load_handler(self, logical_id: str) -> Callable[[dict[str, Any], Any], Any]:
         """Import the function's handler module from its CodeUri, as the Lambda runtime would."""

@@ -35,7 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.admission_bench
 
 openapi: $(STAMP)
-	$(BIN)/python -m poimen.openapi > infra/openapi.json
+	$(BIN)/python -m poimen_tools.openapi > infra/openapi.json
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .coverage

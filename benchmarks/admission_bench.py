@@ -50,10 +50,10 @@ from poimen.api import admission_service, app  # noqa: E402
 from poimen.config import Settings  # noqa: E402
 from poimen.contract import Run, RunRequest  # noqa: E402
 from poimen.ids import unkeyed_run_id  # noqa: E402
-from poimen.local.devserver import LocalLambdaContext  # noqa: E402
-from poimen.local.moto import EmbeddedMoto  # noqa: E402
-from poimen.local.template import Template  # noqa: E402
 from poimen.store import Store, run_pk  # noqa: E402
+from poimen_tools.local.devserver import LocalLambdaContext  # noqa: E402
+from poimen_tools.local.moto import EmbeddedMoto  # noqa: E402
+from poimen_tools.local.template import Template  # noqa: E402
 
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
 

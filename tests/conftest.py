@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from poimen.local.template import Template
+from poimen_tools.local.template import Template
 
 REPO = Path(__file__).resolve().parent.parent
 EVENTS = Path(__file__).resolve().parent / "events"

@@ -9,7 +9,7 @@ import requests
 from moto.server import ThreadedMotoServer
 
 from poimen.ids import keyed_run_id
-from poimen.local.moto import serialise_dynamodb_writes
+from poimen_tools.local.moto import serialise_dynamodb_writes
 from tests.conftest import count_runs
 from tests.integration.conftest import DevServer, free_port, start_dev
 

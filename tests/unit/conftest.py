@@ -15,10 +15,10 @@ from moto import mock_aws
 
 from poimen.api import admission_service
 from poimen.config import Settings
-from poimen.local.devserver import LocalLambdaContext
-from poimen.local.moto import serialise_dynamodb_writes
-from poimen.local.template import Template
 from poimen.store import Store
+from poimen_tools.local.devserver import LocalLambdaContext
+from poimen_tools.local.moto import serialise_dynamodb_writes
+from poimen_tools.local.template import Template
 from tests.conftest import load_event
 
 PRINCIPAL = "arn:aws:iam::123456789012:role/poimen-orchestrator"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 import json
 
-from poimen.local.devserver import Route, http_api_event, http_response
-from poimen.local.template import Template
+from poimen_tools.local.devserver import Route, http_api_event, http_response
+from poimen_tools.local.template import Template
 from tests.conftest import load_event
 
 

@@ -6,7 +6,7 @@ import json
 import tomllib
 
 from poimen.api import openapi_document
-from poimen.local.template import Template
+from poimen_tools.local.template import Template
 from tests.conftest import REPO
 
 

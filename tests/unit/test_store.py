@@ -11,8 +11,8 @@ from poimen.admission import Admission
 from poimen.config import Settings
 from poimen.contract import RunRequest
 from poimen.errors import StoreUnavailable
-from poimen.local.template import Template
 from poimen.store import HASH_KEY, GrantRecord, RunRecord, Store
+from poimen_tools.local.template import Template
 
 
 def _count_calls(store: Store) -> list[str]:

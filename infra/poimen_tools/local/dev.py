@@ -13,10 +13,10 @@ from types import FrameType
 import boto3
 
 from poimen.config import Settings
-from poimen.local.devserver import ExecutionEnvironments, LocalApiServer, Route
-from poimen.local.moto import EmbeddedMoto
-from poimen.local.template import Template, default_template_path
 from poimen.store import Store
+from poimen_tools.local.devserver import ExecutionEnvironments, LocalApiServer, Route
+from poimen_tools.local.moto import EmbeddedMoto
+from poimen_tools.local.template import Template, default_template_path
 
 DEFAULT_PRINCIPAL = "arn:aws:iam::000000000000:user/poimen-dev"
 ADMISSION_FUNCTION = "AdmissionFunction"

@@ -33,7 +33,7 @@ _CloudFormationLoader.add_multi_constructor("!", _intrinsic)
 
 def default_template_path() -> Path:
     """template.yaml of the checkout this package was installed from (editable install), else ./."""
-    checkout = Path(__file__).resolve().parents[4] / "template.yaml"
+    checkout = Path(__file__).resolve().parents[3] / "template.yaml"
     return checkout if checkout.is_file() else Path.cwd() / "template.yaml"
 
 

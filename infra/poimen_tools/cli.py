@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from poimen.local.dev import DEFAULT_PRINCIPAL, run_dev
+from poimen_tools.local.dev import DEFAULT_PRINCIPAL, run_dev
 
 
 def main(argv: Sequence[str] | None = None) -> int:

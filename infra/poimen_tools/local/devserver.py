@@ -190,7 +190,7 @@ _loaded: tuple[LambdaHandler, str] | None = None
 
 
 def _load_handler(template_path: str, logical_id: str) -> None:
-    from poimen.local.template import Template
+    from poimen_tools.local.template import Template
 
     global _loaded
     _loaded = (Template(Path(template_path)).load_handler(logical_id), logical_id)

@@ -29,6 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="IAM principal put in the authorizer context of every request; granted every tenant "
         "(default: %(default)s)",
     )
+    dev.add_argument("--dlq-name", default="poimen-relay-dlq-local", help="(default: %(default)s)")
     dev.add_argument("--region", default="us-east-1", help="(default: %(default)s)")
     dev.add_argument(
         "--concurrency",
@@ -48,6 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         region=args.region,
         template_path=args.template,
         concurrency=args.concurrency,
+        dlq_name=args.dlq_name,
     )
 
 

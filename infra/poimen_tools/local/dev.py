@@ -21,6 +21,7 @@ from poimen_tools.local.template import Template, default_template_path
 DEFAULT_PRINCIPAL = "arn:aws:iam::000000000000:user/poimen-dev"
 ADMISSION_FUNCTION = "AdmissionFunction"
 ADMISSION_TABLE = "AdmissionTable"
+RELAY_DLQ = "RelayDeadLetterQueue"
 
 
 def run_dev(
@@ -34,6 +35,7 @@ def run_dev(
     region: str,
     template_path: Path | None,
     concurrency: int,
+    dlq_name: str,
 ) -> int:
     template = Template(template_path or default_template_path())
     # The same defaults a developer shell would give boto: fake credentials only if none are set.
@@ -45,12 +47,14 @@ def run_dev(
         os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = endpoint
         os.environ["AWS_ENDPOINT_URL_SQS"] = endpoint
         _prepare_table(template, table_name, principal)
+        dlq_url = boto3.client("sqs").create_queue(**template.create_queue_request(RELAY_DLQ, dlq_name))["QueueUrl"]
         os.environ.update(template.function_environment(ADMISSION_FUNCTION, {ADMISSION_TABLE: table_name}))
         environments = ExecutionEnvironments(str(template.path), ADMISSION_FUNCTION, concurrency)
         routes = [Route(method, path) for method, path in template.http_routes(ADMISSION_FUNCTION)]
         server = LocalApiServer((host, port), environments, routes, principal_arn=principal)
         print(f"Admission API: {server.url}", flush=True)
         print(f"Local AWS (DynamoDB, SQS): {endpoint}  table: {table_name}", flush=True)
+        print(f"Relay dead-letter queue: {dlq_url}", flush=True)
         print(
             "Try: curl -si -X POST "
             f"{server.url}/v1/runs -H 'Content-Type: application/json' -H 'X-Poimen-Tenant: acme' "

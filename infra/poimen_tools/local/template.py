@@ -86,6 +86,15 @@ class Template:
             }
         return request
 
+    def create_queue_request(self, logical_id: str, queue_name: str) -> dict[str, Any]:
+        """CreateQueue parameters for an AWS::SQS::Queue resource (its literal attributes)."""
+        attributes = {
+            name: str(value).lower() if isinstance(value, bool) else str(value)
+            for name, value in self.properties(logical_id).items()
+            if isinstance(value, str | int | bool) and name != "QueueName"
+        }
+        return {"QueueName": queue_name, "Attributes": attributes}
+
     def http_routes(self, logical_id: str) -> list[tuple[str, str]]:
         """(method, path) of each HttpApi event of the function, as API Gateway routes them."""
         events = self.properties(logical_id).get("Events", {}).values()

@@ -61,3 +61,43 @@ def _number(env: Mapping[str, str], name: str, default: N, kind: type[N]) -> N:
         return kind(raw)
     except ValueError as error:
         raise ConfigurationError(f"{name} must be a {kind.__name__}, got {raw!r}") from error
+
+
+@dataclass(frozen=True)
+class RelaySettings:
+    """Settings of the inbox relay (MSK dispatch records → POST /v1/runs)."""
+
+    admission_api_url: str
+    dlq_url: str
+    region: str
+    # Records with different Kafka keys go out concurrently, at most this many at once.
+    max_concurrency: int = 16
+    http_timeout_seconds: float = 5.0
+    retry_base_seconds: float = 0.05
+    retry_cap_seconds: float = 5.0
+    # Give up retrying this long before the function's deadline, so the raise reaches the event source.
+    time_margin_seconds: float = 2.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> RelaySettings:
+        env = os.environ if environ is None else environ
+        url = env.get("ADMISSION_API_URL", "").strip().rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise ConfigurationError("ADMISSION_API_URL must be the http(s) base URL of the admission API")
+        dlq_url = env.get("DLQ_URL", "").strip()
+        if not dlq_url:
+            raise ConfigurationError("DLQ_URL must name the relay's dead-letter queue")
+        region = (env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "").strip()
+        if not region:
+            raise ConfigurationError("AWS_REGION (or AWS_DEFAULT_REGION) must be set")
+        settings = cls(
+            admission_api_url=url,
+            dlq_url=dlq_url,
+            region=region,
+            max_concurrency=_number(env, "RELAY_MAX_CONCURRENCY", cls.max_concurrency, int),
+            http_timeout_seconds=_number(env, "RELAY_HTTP_TIMEOUT_SECONDS", cls.http_timeout_seconds, float),
+            time_margin_seconds=_number(env, "RELAY_TIME_MARGIN_SECONDS", cls.time_margin_seconds, float),
+        )
+        if settings.max_concurrency < 1 or settings.http_timeout_seconds <= 0 or settings.time_margin_seconds < 0:
+            raise ConfigurationError("relay concurrency and timeout must be positive, the margin not negative")
+        return settings

@@ -1,0 +1,14 @@
+"""Lambda entry point of the inbox relay (MSK event source mapping on poimen.<tenant>.dispatch topics)."""
+
+from aws_lambda_powertools.utilities.data_classes import KafkaEvent, event_source
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from poimen.observability import logger, metrics
+from poimen.relay import relay_batch
+
+
+@logger.inject_lambda_context
+@metrics.log_metrics
+@event_source(data_class=KafkaEvent)
+def lambda_handler(event: KafkaEvent, context: LambdaContext) -> None:
+    relay_batch(event, context)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import socket
 import subprocess
@@ -43,10 +45,25 @@ class DevServer:
     url: str
     aws_endpoint: str
     table_name: str
+    dlq_url: str
     log: Path
 
     def dynamodb(self) -> Any:
         return boto3.client("dynamodb", endpoint_url=self.aws_endpoint)
+
+    def sqs(self) -> Any:
+        return boto3.client("sqs", endpoint_url=self.aws_endpoint)
+
+    def admissions(self, tenant: str) -> list[dict[str, Any]]:
+        """Every admission the HTTP handler entered for `tenant`, from its structured logs."""
+        entries = []
+        for line in self.log.read_text().splitlines():
+            if not line.startswith("{"):
+                continue
+            entry = json.loads(line)
+            if entry.get("message") in ("run admitted", "run replayed") and entry.get("tenant_id") == tenant:
+                entries.append(entry)
+        return entries
 
     def stop(self) -> int:
         if self.process.poll() is None:
@@ -60,21 +77,25 @@ class DevServer:
         return self.process.returncode
 
 
-def start_dev(tmp_path: Path, *extra: str, table_name: str = "poimen-admission-local") -> DevServer:
-    port = free_port()
+def start_dev(
+    tmp_path: Path, *extra: str, table_name: str = "poimen-admission-local", port: int | None = None
+) -> DevServer:
+    port = port or free_port()
     log = tmp_path / f"poimen-dev-{port}.log"
-    with log.open("wb") as out:
+    with log.open("ab") as out:  # append mode: the worker processes share this file
         process = subprocess.Popen(
             [str(POIMEN), "dev", "--port", str(port), "--table-name", table_name, *extra],
             stdout=out,
             stderr=subprocess.STDOUT,
+            # INFO: the handler logs each admission it enters, which tests count.
+            env={**os.environ, "POWERTOOLS_LOG_LEVEL": "INFO"},
         )
 
     def announced() -> dict[str, str] | None:
         if process.poll() is not None:
             raise AssertionError(f"poimen dev exited with {process.returncode}:\n{log.read_text()}")
         lines = dict(line.split(": ", 1) for line in log.read_text().splitlines() if ": " in line)
-        return lines if "Admission API" in lines and "Local AWS (DynamoDB, SQS)" in lines else None
+        return lines if "Relay dead-letter queue" in lines and "Admission API" in lines else None
 
     try:
         lines = wait_for(announced, what="poimen dev to announce its URLs")
@@ -83,7 +104,9 @@ def start_dev(tmp_path: Path, *extra: str, table_name: str = "poimen-admission-l
         process.wait()
         raise
     endpoint = lines["Local AWS (DynamoDB, SQS)"].split()[0]
-    return DevServer(process, lines["Admission API"].strip(), endpoint, table_name, log)
+    return DevServer(
+        process, lines["Admission API"].strip(), endpoint, table_name, lines["Relay dead-letter queue"].strip(), log
+    )
 
 
 @pytest.fixture(scope="session")
@@ -97,3 +120,48 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
 def http() -> Iterator[requests.Session]:
     with requests.Session() as session:
         yield session
+
+
+@dataclass
+class ScriptedApi:
+    """An HTTP peer on loopback that answers POSTs from a script and records what it received."""
+
+    url: str
+    script: list[tuple[int, dict[str, str], bytes]]
+    received: list[tuple[dict[str, str], bytes]]
+
+
+@pytest.fixture
+def scripted_api() -> Iterator[ScriptedApi]:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    api = ScriptedApi(url="", script=[], received=[])
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            with lock:
+                api.received.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                status, headers, payload = api.script.pop(0) if api.script else (201, {}, b'{"run_id":"r"}')
+            self.send_response(status)
+            for name, value in {"Content-Type": "application/json", **headers}.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    api.url = f"http://127.0.0.1:{server.server_address[1]}"
+    yield api
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)

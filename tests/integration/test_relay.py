@@ -1,0 +1,254 @@
+"""The inbox relay against `poimen dev` over real HTTP and its moto SQS: one run per dispatch message."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from poimen.admission import Admission
+from poimen.contract import MAX_BODY_BYTES
+from poimen.ids import keyed_run_id
+from poimen.relay import AdmissionApiUnavailable, relay_service
+from poimen.store import Store
+from poimen_tools.local.devserver import LocalLambdaContext
+from poimen_tools.local.msk import KafkaRecord, msk_event
+from poimen_tools.local.template import Template
+from tests.conftest import count_runs
+from tests.integration.conftest import DevServer, ScriptedApi, free_port, start_dev
+
+Relay = Callable[..., None]
+
+
+@pytest.fixture(autouse=True)
+def no_admission_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Admission entered from relay code (this process) fails the test; the API runs in `poimen dev`."""
+
+    def forbidden(*_: Any, **__: Any) -> Any:
+        raise AssertionError("admission was entered from relay code, not through POST /v1/runs")
+
+    monkeypatch.setattr(Admission, "admit_run", forbidden)
+    monkeypatch.setattr(Store, "put_run_if_absent", forbidden)
+
+
+@pytest.fixture(autouse=True)
+def fresh_relay_service() -> Iterator[None]:
+    """Each test builds the relay from its own environment (the Lambda builds it once per environment)."""
+    relay_service.cache_clear()
+    yield
+    relay_service.cache_clear()
+
+
+@pytest.fixture
+def dlq(dev: DevServer) -> str:
+    """A dead-letter queue of this test's own, in the dev server's moto."""
+    url: str = dev.sqs().create_queue(QueueName=f"dlq-{uuid.uuid4().hex[:12]}")["QueueUrl"]
+    return url
+
+
+def _point_relay_at(monkeypatch: pytest.MonkeyPatch, dev: DevServer, api_url: str, dlq_url: str) -> None:
+    monkeypatch.setenv("ADMISSION_API_URL", api_url)
+    monkeypatch.setenv("DLQ_URL", dlq_url)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SQS", dev.aws_endpoint)
+    monkeypatch.setenv("RELAY_TIME_MARGIN_SECONDS", "0.5")
+
+
+@pytest.fixture
+def relay(template: Template, dev: DevServer, dlq: str, monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    """Invoke the relay's Lambda handler (from template.yaml) with an MSK event of the given records."""
+    _point_relay_at(monkeypatch, dev, dev.url, dlq)
+    handler = template.load_handler("InboxRelayFunction")
+
+    def invoke(records: list[KafkaRecord], timeout_seconds: float = 30) -> None:
+        handler(msk_event(records), LocalLambdaContext("InboxRelayFunction", timeout_seconds=timeout_seconds))
+
+    return invoke
+
+
+def _record(tenant: str, body: Any, offset: int = 0, key: bytes | None = b"k", topic: str | None = None) -> KafkaRecord:
+    value = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return KafkaRecord(
+        topic=topic or f"poimen.{tenant}.dispatch",
+        partition=0,
+        offset=offset,
+        timestamp_ms=int(time.time() * 1000) - 5000,
+        value=value,
+        key=key,
+    )
+
+
+def _dead_letters(dev: DevServer, queue_url: str) -> list[dict[str, Any]]:
+    letters: list[dict[str, Any]] = []
+    while True:
+        batch = dev.sqs().receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0)
+        messages = batch.get("Messages", [])
+        if not messages:
+            return letters
+        letters.extend(json.loads(message["Body"]) for message in messages)
+
+
+SPAWN = {"workflow_ref": "wf/hello", "input": {"greeting": "hi"}, "goal_id": None, "dispatch_key": "order-42"}
+
+
+def test_one_message_is_one_run_through_one_post(relay: Relay, dev: DevServer, tenant: str, dlq: str) -> None:
+    relay([_record(tenant, SPAWN)])
+
+    runs = count_runs(dev.dynamodb(), dev.table_name, tenant)
+    assert [run["run_id"]["S"] for run in runs] == [keyed_run_id(tenant, "order-42")]
+    assert [entry["message"] for entry in dev.admissions(tenant)] == ["run admitted"]
+    assert _dead_letters(dev, dlq) == []
+
+
+def test_redelivery_in_one_batch_and_a_later_one_is_still_one_run(relay: Relay, dev: DevServer, tenant: str) -> None:
+    # Given the same message twice in one batch
+    relay([_record(tenant, SPAWN, offset=1), _record(tenant, SPAWN, offset=2)])
+    # When it is delivered again in a later batch (a rebalance)
+    relay([_record(tenant, SPAWN, offset=1)])
+    # Then there is one run; the API saw three POSTs, two of them replays
+    assert len(count_runs(dev.dynamodb(), dev.table_name, tenant)) == 1
+    assert sorted(entry["message"] for entry in dev.admissions(tenant)) == [
+        "run admitted",
+        "run replayed",
+        "run replayed",
+    ]
+
+
+def test_concurrent_redelivery_under_different_keys_is_one_run(relay: Relay, dev: DevServer, tenant: str) -> None:
+    # Twenty copies with distinct Kafka keys go out concurrently and race at admission.
+    relay([_record(tenant, SPAWN, offset=i, key=f"k{i}".encode()) for i in range(20)])
+
+    assert len(count_runs(dev.dynamodb(), dev.table_name, tenant)) == 1
+    assert sorted(entry["message"] for entry in dev.admissions(tenant)) == ["run admitted"] + ["run replayed"] * 19
+
+
+def test_malformed_records_are_dead_lettered_and_the_batch_drains(
+    relay: Relay, dev: DevServer, tenant: str, dlq: str
+) -> None:
+    bad = [
+        ("undecodable", None, b"\xff\xfe{"),
+        ("invalid-json", None, b"{not json"),
+        ("invalid-json", None, b'[{"workflow_ref": "wf", "input": {}}]'),
+        ("rejected", 400, {"input": {}}),
+        ("rejected", 400, {"workflow_ref": 7, "input": "x"}),
+        ("rejected", 413, {"workflow_ref": "wf", "input": {"blob": "x" * MAX_BODY_BYTES}}),
+    ]
+    records = [_record(tenant, body, offset=i) for i, (_, _, body) in enumerate(bad)]
+    records.append(_record(tenant, SPAWN, topic="poimen.Not_A_Tenant.dispatch"))
+    records.append(_record(tenant, SPAWN, offset=len(bad)))  # a valid record after them, same Kafka key
+
+    relay(records)
+
+    letters = _dead_letters(dev, dlq)
+    got = sorted((letter["reason"]["kind"], letter["reason"]["status"]) for letter in letters)
+    want = sorted([(kind, status) for kind, status, _ in bad] + [("invalid-topic", None)])
+    assert got == want
+    for letter in letters:
+        original = letter["record"]
+        assert set(original) >= {"topic", "partition", "offset", "timestamp", "key", "value", "headers"}
+        assert base64.b64decode(original["value"])  # the original bytes, recoverable
+    rejected = [letter for letter in letters if letter["reason"]["kind"] == "rejected"]
+    assert all(letter["reason"]["problem"]["type"].startswith("urn:poimen:problem:") for letter in rejected)
+    assert len(count_runs(dev.dynamodb(), dev.table_name, tenant)) == 1
+
+
+def test_api_down_raises_after_the_budget_then_the_retry_admits_once(
+    template: Template, dev: DevServer, dlq: str, tenant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the relay pointed at an API that is not running
+    port = free_port()
+    _point_relay_at(monkeypatch, dev, f"http://127.0.0.1:{port}", dlq)
+    handler = template.load_handler("InboxRelayFunction")
+    event = msk_event([_record(tenant, SPAWN)])
+    # When the batch is relayed: it raises within the function's time, and dead-letters nothing
+    started = time.monotonic()
+    with pytest.raises(AdmissionApiUnavailable):
+        handler(event, LocalLambdaContext("InboxRelayFunction", timeout_seconds=3))
+    assert time.monotonic() - started < 3
+    assert _dead_letters(dev, dlq) == []
+    assert count_runs(dev.dynamodb(), dev.table_name, tenant) == []
+    # When the API comes up on that address and the event source retries the batch
+    api = start_dev(tmp_path, "--dynamodb-endpoint", dev.aws_endpoint, table_name=dev.table_name, port=port)
+    try:
+        handler(event, LocalLambdaContext("InboxRelayFunction", timeout_seconds=30))
+        handler(event, LocalLambdaContext("InboxRelayFunction", timeout_seconds=30))  # and once more
+    finally:
+        assert api.stop() == 0
+    # Then the run exists exactly once
+    assert len(count_runs(dev.dynamodb(), dev.table_name, tenant)) == 1
+    assert _dead_letters(dev, dlq) == []
+
+
+def test_inbox_lag_is_emitted_as_emf(relay: Relay, tenant: str, capsys: pytest.CaptureFixture[str]) -> None:
+    relay([_record(tenant, SPAWN)])  # the record was produced 5 s ago
+
+    documents = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')]
+    (document,) = documents
+    declared = {metric["Name"]: metric["Unit"] for metric in document["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
+    assert declared["InboxLag"] == "Milliseconds"
+    assert 5000 <= _single(document["InboxLag"]) < 65000
+    assert _single(document["DispatchRelayed"]) == 1
+    assert _single(document["DispatchReplayed"]) == _single(document["DispatchDeadLettered"]) == 0
+    assert _single(document["RelayRetries"]) == 0
+
+
+def _single(value: Any) -> float:
+    values = value if isinstance(value, list) else [value]
+    assert len(values) == 1
+    return float(values[0])
+
+
+def test_transient_failures_are_retried_and_traceparent_forwarded(
+    template: Template,
+    dev: DevServer,
+    dlq: str,
+    tenant: str,
+    scripted_api: ScriptedApi,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given an API that answers 503, 429 (Retry-After: 0), 500 and then admits
+    scripted_api.script = [
+        (503, {}, b'{"type":"urn:poimen:problem:store-unavailable"}'),
+        (429, {"Retry-After": "0"}, b"{}"),
+        (500, {}, b"{}"),
+        (201, {}, json.dumps({"run_id": "r-1"}).encode()),
+    ]
+    _point_relay_at(monkeypatch, dev, scripted_api.url, dlq)
+    handler = template.load_handler("InboxRelayFunction")
+    traceparent = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    record = _record(tenant, SPAWN)
+    record = KafkaRecord(**{**record.__dict__, "headers": [("traceparent", traceparent)]})
+    # When one record is relayed
+    handler(msk_event([record]), LocalLambdaContext("InboxRelayFunction", timeout_seconds=30))
+    # Then it took four signed POSTs of the verbatim body, the trace context on each, and no dead letter
+    assert len(scripted_api.received) == 4
+    for headers, body in scripted_api.received:
+        assert body == record.value
+        assert headers["x-poimen-tenant"] == tenant
+        assert headers["traceparent"] == traceparent.decode()
+        assert headers["authorization"].startswith("AWS4-HMAC-SHA256 Credential=")
+        assert "/us-east-1/execute-api/aws4_request" in headers["authorization"]
+    assert _dead_letters(dev, dlq) == []
+
+
+def test_records_sharing_a_key_are_sent_in_offset_order(
+    template: Template,
+    dev: DevServer,
+    dlq: str,
+    tenant: str,
+    scripted_api: ScriptedApi,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _point_relay_at(monkeypatch, dev, scripted_api.url, dlq)
+    handler = template.load_handler("InboxRelayFunction")
+    records = [_record(tenant, {**SPAWN, "dispatch_key": f"k-{i}"}, offset=i, key=b"same") for i in range(30)]
+
+    handler(msk_event(reversed(records)), LocalLambdaContext("InboxRelayFunction", timeout_seconds=30))
+
+    sent = [json.loads(body)["dispatch_key"] for _, body in scripted_api.received]
+    assert sent == [f"k-{i}" for i in range(30)]

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -24,50 +25,75 @@ ADMISSION_TABLE = "AdmissionTable"
 RELAY_DLQ = "RelayDeadLetterQueue"
 
 
-def run_dev(
-    *,
-    host: str,
-    port: int,
-    dynamodb_endpoint: str | None,
-    moto_port: int,
-    table_name: str,
-    principal: str,
-    region: str,
-    template_path: Path | None,
-    concurrency: int,
-    dlq_name: str,
-) -> int:
-    template = Template(template_path or default_template_path())
+@dataclass(frozen=True)
+class DevOptions:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    dynamodb_endpoint: str | None = None
+    moto_port: int = 0
+    table_name: str = "poimen-admission-local"
+    principal: str = DEFAULT_PRINCIPAL
+    region: str = "us-east-1"
+    template_path: Path | None = None
+    concurrency: int = 4
+    dlq_name: str = "poimen-relay-dlq-local"
+
+
+@dataclass(frozen=True)
+class DevStack:
+    server: LocalApiServer
+    aws_endpoint: str
+    table_name: str
+    dlq_url: str
+
+
+@contextlib.contextmanager
+def dev_stack(options: DevOptions) -> Iterator[DevStack]:
+    """Local AWS, the table and DLQ as template.yaml declares them, and the API server (not yet serving).
+
+    It sets this process's AWS environment (region, endpoints, the function's variables), as the
+    execution environments it starts inherit it.
+    """
+    template = Template(options.template_path or default_template_path())
     # The same defaults a developer shell would give boto: fake credentials only if none are set.
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "local")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "local")
-    os.environ["AWS_REGION"] = os.environ["AWS_DEFAULT_REGION"] = region
-    signal.signal(signal.SIGTERM, _interrupt)
-    with _local_aws(dynamodb_endpoint, moto_port) as endpoint:
+    os.environ["AWS_REGION"] = os.environ["AWS_DEFAULT_REGION"] = options.region
+    with _local_aws(options.dynamodb_endpoint, options.moto_port) as endpoint:
         os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = endpoint
         os.environ["AWS_ENDPOINT_URL_SQS"] = endpoint
-        _prepare_table(template, table_name, principal)
-        dlq_url = boto3.client("sqs").create_queue(**template.create_queue_request(RELAY_DLQ, dlq_name))["QueueUrl"]
-        os.environ.update(template.function_environment(ADMISSION_FUNCTION, {ADMISSION_TABLE: table_name}))
-        environments = ExecutionEnvironments(str(template.path), ADMISSION_FUNCTION, concurrency)
+        _prepare_table(template, options.table_name, options.principal)
+        queue = template.create_queue_request(RELAY_DLQ, options.dlq_name)
+        dlq_url = boto3.client("sqs").create_queue(**queue)["QueueUrl"]
+        os.environ.update(template.function_environment(ADMISSION_FUNCTION, {ADMISSION_TABLE: options.table_name}))
+        environments = ExecutionEnvironments(str(template.path), ADMISSION_FUNCTION, options.concurrency)
         routes = [Route(method, path) for method, path in template.http_routes(ADMISSION_FUNCTION)]
-        server = LocalApiServer((host, port), environments, routes, principal_arn=principal)
-        print(f"Admission API: {server.url}", flush=True)
-        print(f"Local AWS (DynamoDB, SQS): {endpoint}  table: {table_name}", flush=True)
-        print(f"Relay dead-letter queue: {dlq_url}", flush=True)
+        server = LocalApiServer((options.host, options.port), environments, routes, principal_arn=options.principal)
+        try:
+            yield DevStack(server, endpoint, options.table_name, dlq_url)
+        finally:
+            server.server_close()
+            environments.close()
+
+
+def run_dev(options: DevOptions) -> int:
+    """`poimen dev`: serve until Ctrl-C (or SIGTERM)."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    with dev_stack(options) as stack:
+        url = stack.server.url
+        print(f"Admission API: {url}", flush=True)
+        print(f"Local AWS (DynamoDB, SQS): {stack.aws_endpoint}  table: {stack.table_name}", flush=True)
+        print(f"Relay dead-letter queue: {stack.dlq_url}", flush=True)
         print(
             "Try: curl -si -X POST "
-            f"{server.url}/v1/runs -H 'Content-Type: application/json' -H 'X-Poimen-Tenant: acme' "
+            f"{url}/v1/runs -H 'Content-Type: application/json' -H 'X-Poimen-Tenant: acme' "
             '-d \'{"workflow_ref": "wf/hello", "input": {}, "dispatch_key": "k-1"}\'',
             flush=True,
         )
         try:
-            server.serve_forever()
+            stack.server.serve_forever()
         except KeyboardInterrupt:
             print("Stopping.", file=sys.stderr, flush=True)
-        finally:
-            server.server_close()
-            environments.close()
     return 0
 
 

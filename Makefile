@@ -33,6 +33,7 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.admission_bench
+	$(BIN)/python -m benchmarks.relay_bench
 
 openapi: $(STAMP)
 	$(BIN)/python -m poimen_tools.openapi > infra/openapi.json

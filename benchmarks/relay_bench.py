@@ -1,0 +1,145 @@
+"""Relay benchmark: 1,000 dispatch records relayed to the local API vs a plain keep-alive HTTP client.
+
+Run: `make bench` (or `.venv/bin/python -m benchmarks.relay_bench`). Both sides post the same bodies
+(fresh dispatch keys each) at the same concurrency to one `poimen dev` stack in this process; the figure
+that matters is the ratio, measured side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+os.environ.update(
+    {
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "POWERTOOLS_SERVICE_NAME": "poimen-bench",
+        "POWERTOOLS_METRICS_NAMESPACE": "PoimenBench",
+        "POWERTOOLS_LOG_LEVEL": "WARNING",
+    }
+)
+
+import urllib3
+
+from poimen.relay import relay_service
+from poimen_tools.local.dev import DevOptions, dev_stack
+from poimen_tools.local.devserver import LocalLambdaContext
+from poimen_tools.local.msk import KafkaRecord, msk_event
+from poimen_tools.local.template import Template, default_template_path
+
+TENANT = "bench"
+
+
+def _bodies(prefix: str, count: int) -> list[bytes]:
+    return [
+        json.dumps({"workflow_ref": "wf/bench", "input": {"n": i}, "dispatch_key": f"{prefix}-{i}"}).encode()
+        for i in range(count)
+    ]
+
+
+def relay_rate(handler: object, bodies: list[bytes]) -> float:
+    now = int(time.time() * 1000)
+    records = [
+        KafkaRecord(
+            topic=f"poimen.{TENANT}.dispatch",
+            partition=i % 4,
+            offset=i,
+            timestamp_ms=now,
+            value=body,
+            key=f"key-{i}".encode(),
+        )
+        for i, body in enumerate(bodies)
+    ]
+    event = msk_event(records)
+    start = time.perf_counter()
+    handler(event, LocalLambdaContext("InboxRelayFunction", timeout_seconds=900))  # type: ignore[operator]
+    return len(bodies) / (time.perf_counter() - start)
+
+
+def floor_rate(url: str, bodies: list[bytes], concurrency: int) -> float:
+    pool = urllib3.PoolManager(maxsize=concurrency, block=True, retries=False)
+    headers = {"Content-Type": "application/json", "X-Poimen-Tenant": TENANT}
+
+    def post(body: bytes) -> int:
+        return pool.request("POST", f"{url}/v1/runs", body=body, headers=headers).status
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as executor:
+        statuses = list(executor.map(post, bodies))
+    elapsed = time.perf_counter() - start
+    if set(statuses) != {201}:
+        raise RuntimeError(f"floor client got {sorted(set(statuses))}")
+    return len(bodies) / elapsed
+
+
+@contextlib.contextmanager
+def _silenced() -> Iterator[None]:
+    """Send file descriptors 1 and 2 to /dev/null: the API's worker processes write EMF lines and logs."""
+    saved = [os.dup(1), os.dup(2)]
+    with open(os.devnull, "w") as devnull:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(devnull.fileno(), 1)
+        os.dup2(devnull.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--records", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the median is reported")
+    parser.add_argument("--concurrency", type=int, default=16, help="relay pool size = floor client threads")
+    parser.add_argument("--environments", type=int, default=4, help="API execution environments")
+    args = parser.parse_args()
+
+    with _silenced(), dev_stack(DevOptions(port=0, concurrency=args.environments)) as stack:
+        thread = threading.Thread(target=stack.server.serve_forever, daemon=True)
+        thread.start()
+        os.environ.update(
+            {
+                "ADMISSION_API_URL": stack.server.url,
+                "DLQ_URL": stack.dlq_url,
+                "RELAY_MAX_CONCURRENCY": str(args.concurrency),
+            }
+        )
+        handler = Template(default_template_path()).load_handler("InboxRelayFunction")
+        relay_service.cache_clear()
+        relay: list[float] = []
+        floor: list[float] = []
+        floor_rate(stack.server.url, _bodies("warm-floor", 100), args.concurrency)  # start every environment
+        relay_rate(handler, _bodies("warm-relay", 100))
+        for round_ in range(args.rounds):
+            relay.append(relay_rate(handler, _bodies(f"relay-{round_}", args.records)))
+            floor.append(floor_rate(stack.server.url, _bodies(f"floor-{round_}", args.records), args.concurrency))
+        stack.server.shutdown()
+        thread.join()
+
+    relayed, plain = statistics.median(relay), statistics.median(floor)
+    print(
+        f"\nRelay benchmark: {args.records} records x {args.rounds} rounds, concurrency {args.concurrency}, "
+        f"{args.environments} API environments, medians\n"
+    )
+    print(f"{'variant':44} {'records/s':>10}")
+    print("-" * 55)
+    print(f"{'inbox relay (MSK event -> signed POSTs)':44} {relayed:10.0f}")
+    print(f"{'plain keep-alive HTTP client (floor)':44} {plain:10.0f}")
+    print(f"\nRatio relay / floor {relayed / plain:.2f}  [>= 0.8]")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""The benchmarks stay runnable: each runs once on a tiny workload and prints its comparison figure."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+@pytest.mark.parametrize(
+    ("module", "arguments", "figure"),
+    [
+        (
+            "benchmarks.admission_bench",
+            ["--admissions", "5", "--rounds", "1", "--import-rounds", "1"],
+            "ours / Powertools",
+        ),
+        ("benchmarks.relay_bench", ["--records", "20", "--rounds", "1"], "Ratio relay / floor"),
+    ],
+)
+def test_benchmark_runs_and_prints_its_ratio(module: str, arguments: list[str], figure: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", module, *arguments], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert figure in result.stdout

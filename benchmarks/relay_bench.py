@@ -28,6 +28,7 @@ os.environ.update(
     }
 )
 
+import boto3
 import urllib3
 
 from poimen.relay import relay_service
@@ -81,6 +82,27 @@ def floor_rate(url: str, bodies: list[bytes], concurrency: int) -> float:
     return len(bodies) / elapsed
 
 
+def _check_every_record_became_a_run(endpoint: str, table_name: str, dlq_url: str, expected: int) -> None:
+    """A fast run that dead-lettered or dropped records would be no result: count what was admitted."""
+    sqs = boto3.client("sqs", endpoint_url=endpoint)
+    waiting = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["ApproximateNumberOfMessages"])
+    if waiting["Attributes"]["ApproximateNumberOfMessages"] != "0":
+        raise RuntimeError(f"the relay dead-lettered records: {waiting['Attributes']}")
+    pages = (
+        boto3.client("dynamodb", endpoint_url=endpoint)
+        .get_paginator("scan")
+        .paginate(
+            TableName=table_name,
+            Select="COUNT",
+            FilterExpression="begins_with(pk, :p)",
+            ExpressionAttributeValues={":p": {"S": f"RUN#{TENANT}#"}},
+        )
+    )
+    runs = sum(page["Count"] for page in pages)
+    if runs != expected:
+        raise RuntimeError(f"{runs} runs for {expected} distinct dispatch keys")
+
+
 @contextlib.contextmanager
 def _silenced() -> Iterator[None]:
     """Send file descriptors 1 and 2 to /dev/null: the API's worker processes write EMF lines and logs."""
@@ -126,6 +148,9 @@ def main() -> None:
         for round_ in range(args.rounds):
             relay.append(relay_rate(handler, _bodies(f"relay-{round_}", args.records)))
             floor.append(floor_rate(stack.server.url, _bodies(f"floor-{round_}", args.records), args.concurrency))
+        _check_every_record_became_a_run(
+            stack.aws_endpoint, stack.table_name, stack.dlq_url, 200 + 2 * sum(args.records for _ in range(args.rounds))
+        )
         stack.server.shutdown()
         thread.join()
 

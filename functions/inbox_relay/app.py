@@ -4,11 +4,11 @@ from aws_lambda_powertools.utilities.data_classes import KafkaEvent, event_sourc
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from poimen.observability import logger, metrics
-from poimen.relay import relay_batch
+from poimen.relay import handle_batch
 
 
 @logger.inject_lambda_context
 @metrics.log_metrics
 @event_source(data_class=KafkaEvent)
 def lambda_handler(event: KafkaEvent, context: LambdaContext) -> None:
-    relay_batch(event, context)
+    handle_batch(event, context)

@@ -129,6 +129,8 @@ class ScriptedApi:
     url: str
     script: list[tuple[int, dict[str, str], bytes]]
     received: list[tuple[dict[str, str], bytes]]
+    # When set, it answers instead of the script (None: fall back to the script); it may block.
+    responder: Callable[[bytes], tuple[int, dict[str, str], bytes] | None] | None = None
 
 
 @pytest.fixture
@@ -144,9 +146,12 @@ def scripted_api() -> Iterator[ScriptedApi]:
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            answer = api.responder(body) if api.responder else None
             with lock:
                 api.received.append(({k.lower(): v for k, v in self.headers.items()}, body))
-                status, headers, payload = api.script.pop(0) if api.script else (201, {}, b'{"run_id":"r"}')
+                if answer is None:
+                    answer = api.script.pop(0) if api.script else (201, {}, b'{"run_id":"r"}')
+            status, headers, payload = answer
             self.send_response(status)
             for name, value in {"Content-Type": "application/json", **headers}.items():
                 self.send_header(name, value)

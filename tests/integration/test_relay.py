@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from poimen.admission import Admission
 from poimen.contract import MAX_BODY_BYTES
 from poimen.ids import keyed_run_id
-from poimen.relay import AdmissionApiUnavailable, relay_service
+from poimen.relay import AdmissionApiRefused, AdmissionApiUnavailable, relay_service
 from poimen.store import Store
 from poimen_tools.local.devserver import LocalLambdaContext
 from poimen_tools.local.msk import KafkaRecord, msk_event
@@ -148,10 +149,11 @@ def test_malformed_records_are_dead_lettered_and_the_batch_drains(
     got = sorted((letter["reason"]["kind"], letter["reason"]["status"]) for letter in letters)
     want = sorted([(kind, status) for kind, status, _ in bad] + [("invalid-topic", None)])
     assert got == want
+    sent = {(record.topic, record.offset): record.value for record in records}
     for letter in letters:
         original = letter["record"]
         assert set(original) >= {"topic", "partition", "offset", "timestamp", "key", "value", "headers"}
-        assert base64.b64decode(original["value"])  # the original bytes, recoverable
+        assert base64.b64decode(original["value"]) == sent[(original["topic"], original["offset"])]
     rejected = [letter for letter in letters if letter["reason"]["kind"] == "rejected"]
     assert all(letter["reason"]["problem"]["type"].startswith("urn:poimen:problem:") for letter in rejected)
     assert len(count_runs(dev.dynamodb(), dev.table_name, tenant)) == 1
@@ -210,6 +212,7 @@ def test_transient_failures_are_retried_and_traceparent_forwarded(
     tenant: str,
     scripted_api: ScriptedApi,
     monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     # Given an API that answers 503, 429 (Retry-After: 0), 500 and then admits
     scripted_api.script = [
@@ -234,6 +237,9 @@ def test_transient_failures_are_retried_and_traceparent_forwarded(
         assert headers["authorization"].startswith("AWS4-HMAC-SHA256 Credential=")
         assert "/us-east-1/execute-api/aws4_request" in headers["authorization"]
     assert _dead_letters(dev, dlq) == []
+    (document,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')]
+    assert _single(document["RelayRetries"]) == 3
+    assert _single(document["DispatchRelayed"]) == 1
 
 
 def test_records_sharing_a_key_are_sent_in_offset_order(
@@ -244,11 +250,109 @@ def test_records_sharing_a_key_are_sent_in_offset_order(
     scripted_api: ScriptedApi,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # Given ten records under one Kafka key among twenty others (keyed and keyless), delivered shuffled,
+    # and an API that fails the first POST of the first same-key record once
+    failed_once: list[bytes] = []
+
+    def fail_first_of_key(body: bytes) -> tuple[int, dict[str, str], bytes] | None:
+        if json.loads(body)["dispatch_key"] == "same-0" and not failed_once:
+            failed_once.append(body)
+            return (503, {}, b"{}")
+        return None
+
+    scripted_api.responder = fail_first_of_key
     _point_relay_at(monkeypatch, dev, scripted_api.url, dlq)
     handler = template.load_handler("InboxRelayFunction")
-    records = [_record(tenant, {**SPAWN, "dispatch_key": f"k-{i}"}, offset=i, key=b"same") for i in range(30)]
+    same = [_record(tenant, {**SPAWN, "dispatch_key": f"same-{i}"}, offset=i, key=b"same") for i in range(10)]
+    others = [
+        _record(
+            tenant, {**SPAWN, "dispatch_key": f"other-{i}"}, offset=100 + i, key=f"o{i}".encode() if i % 2 else None
+        )
+        for i in range(20)
+    ]
+    shuffled = [record for pair in zip(reversed(same), others[:10], strict=True) for record in pair] + others[10:]
+    # When the batch is relayed
+    handler(msk_event(shuffled), LocalLambdaContext("InboxRelayFunction", timeout_seconds=30))
+    # Then the same-key records arrived in offset order, the failed one retried before its successor
+    keys = [json.loads(body)["dispatch_key"] for _, body in scripted_api.received]
+    assert [key for key in keys if key.startswith("same-")] == ["same-0"] + [f"same-{i}" for i in range(10)]
+    assert sorted(key for key in keys if key.startswith("other-")) == sorted(f"other-{i}" for i in range(20))
 
-    handler(msk_event(reversed(records)), LocalLambdaContext("InboxRelayFunction", timeout_seconds=30))
 
-    sent = [json.loads(body)["dispatch_key"] for _, body in scripted_api.received]
-    assert sent == [f"k-{i}" for i in range(30)]
+def test_a_hanging_api_still_ends_the_invocation_within_its_time(
+    template: Template,
+    dev: DevServer,
+    dlq: str,
+    tenant: str,
+    scripted_api: ScriptedApi,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given an API that accepts the connection and answers only after 4 s
+    def slow(_: bytes) -> tuple[int, dict[str, str], bytes]:
+        time.sleep(4)
+        return (201, {}, b'{"run_id": "late"}')
+
+    scripted_api.responder = slow
+    _point_relay_at(monkeypatch, dev, scripted_api.url, dlq)
+    handler = template.load_handler("InboxRelayFunction")
+    # When the function has 2.5 s left
+    started = time.monotonic()
+    with pytest.raises(AdmissionApiUnavailable):
+        handler(msk_event([_record(tenant, SPAWN)]), LocalLambdaContext("InboxRelayFunction", timeout_seconds=2.5))
+    # Then it gave up before its deadline, and dead-lettered nothing
+    assert time.monotonic() - started < 2.5
+    assert _dead_letters(dev, dlq) == []
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 405, 302])
+def test_an_api_refusing_the_relay_fails_the_batch_instead_of_dead_lettering(
+    template: Template,
+    dev: DevServer,
+    dlq: str,
+    tenant: str,
+    scripted_api: ScriptedApi,
+    monkeypatch: pytest.MonkeyPatch,
+    status: int,
+) -> None:
+    scripted_api.responder = lambda _: (status, {}, b'{"message": "Forbidden"}')
+    _point_relay_at(monkeypatch, dev, scripted_api.url, dlq)
+    handler = template.load_handler("InboxRelayFunction")
+
+    with pytest.raises(AdmissionApiRefused):
+        handler(
+            msk_event([_record(tenant, SPAWN, offset=i, key=f"k{i}".encode()) for i in range(3)]),
+            LocalLambdaContext("InboxRelayFunction", timeout_seconds=30),
+        )
+
+    assert _dead_letters(dev, dlq) == []
+
+
+def test_tombstones_keyless_records_and_oversize_values(relay: Relay, dev: DevServer, tenant: str, dlq: str) -> None:
+    tombstone = KafkaRecord(
+        topic=f"poimen.{tenant}.dispatch", partition=0, offset=1, timestamp_ms=0, value=None, key=b"k"
+    )
+    oversize = _record(tenant, b"x" * (1024 * 1024), offset=2, key=None)  # not JSON, and too big for SQS whole
+    keyless_dispatch = _record(tenant, {"workflow_ref": "wf/no-key", "input": {}}, offset=3, key=None)
+
+    relay([tombstone, oversize, keyless_dispatch])
+
+    letters = {letter["record"]["offset"]: letter for letter in _dead_letters(dev, dlq)}
+    assert set(letters) == {1, 2}
+    assert letters[1]["reason"]["kind"] == "empty-value"
+    assert letters[1]["record"]["value"] is None
+    assert letters[2]["reason"]["kind"] == "invalid-json"
+    assert letters[2]["record"]["value"] is None
+    assert letters[2]["record"]["valueOmitted"]["base64Length"] > 1024 * 1024
+    runs = count_runs(dev.dynamodb(), dev.table_name, tenant)
+    assert [run["workflow_ref"]["S"] for run in runs] == ["wf/no-key"]
+
+
+def test_a_dead_letter_that_cannot_be_sent_fails_the_batch(
+    relay: Relay, dev: DevServer, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing_queue = f"{dev.aws_endpoint}/000000000000/no-such-queue-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("DLQ_URL", missing_queue)
+    relay_service.cache_clear()
+
+    with pytest.raises(ClientError):
+        relay([_record(tenant, b"{not json")])

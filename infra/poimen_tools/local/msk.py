@@ -16,7 +16,7 @@ class KafkaRecord:
     partition: int
     offset: int
     timestamp_ms: int
-    value: bytes
+    value: bytes | None  # None: a tombstone
     key: bytes | None = None
     headers: list[tuple[str, bytes]] = field(default_factory=list)
 
@@ -25,21 +25,22 @@ def msk_event(
     records: Iterable[KafkaRecord], bootstrap_servers: str = "127.0.0.1:9092", cluster_arn: str = LOCAL_CLUSTER_ARN
 ) -> dict[str, Any]:
     """`aws:kafka` event: records grouped under "<topic>-<partition>", key and value base64,
-    each header a one-entry object of its byte values, timestamps in milliseconds."""
+    each header a one-entry object of its byte values, timestamps in milliseconds. As Lambda does, a
+    null key is left out and a null value (tombstone) is sent as null."""
     grouped: dict[str, list[dict[str, Any]]] = {}
     for record in records:
-        grouped.setdefault(f"{record.topic}-{record.partition}", []).append(
-            {
-                "topic": record.topic,
-                "partition": record.partition,
-                "offset": record.offset,
-                "timestamp": record.timestamp_ms,
-                "timestampType": "CREATE_TIME",
-                "key": None if record.key is None else base64.b64encode(record.key).decode("ascii"),
-                "value": base64.b64encode(record.value).decode("ascii"),
-                "headers": [{name: list(value)} for name, value in record.headers],
-            }
-        )
+        entry: dict[str, Any] = {
+            "topic": record.topic,
+            "partition": record.partition,
+            "offset": record.offset,
+            "timestamp": record.timestamp_ms,
+            "timestampType": "CREATE_TIME",
+        }
+        if record.key is not None:
+            entry["key"] = base64.b64encode(record.key).decode("ascii")
+        entry["value"] = None if record.value is None else base64.b64encode(record.value).decode("ascii")
+        entry["headers"] = [{name: list(value)} for name, value in record.headers]
+        grouped.setdefault(f"{record.topic}-{record.partition}", []).append(entry)
     return {
         "eventSource": "aws:kafka",
         "eventSourceArn": cluster_arn,

@@ -33,12 +33,9 @@ class Settings:
         table_name = env.get("TABLE_NAME", "").strip()
         if not table_name:
             raise ConfigurationError("TABLE_NAME must name the admission table")
-        region = (env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "").strip()
-        if not region:
-            raise ConfigurationError("AWS_REGION (or AWS_DEFAULT_REGION) must be set")
         settings = cls(
             table_name=table_name,
-            region=region,
+            region=_region(env),
             grants_cache_seconds=_number(env, "GRANTS_CACHE_SECONDS", cls.grants_cache_seconds, float),
             dynamodb_max_attempts=_number(env, "DYNAMODB_MAX_ATTEMPTS", cls.dynamodb_max_attempts, int),
             dynamodb_timeout_seconds=_number(env, "DYNAMODB_TIMEOUT_SECONDS", cls.dynamodb_timeout_seconds, float),
@@ -51,6 +48,13 @@ class Settings:
         if settings.dynamodb_timeout_seconds <= 0 or settings.dynamodb_max_connections < 1:
             raise ConfigurationError("DynamoDB timeout and pool size must be positive")
         return settings
+
+
+def _region(env: Mapping[str, str]) -> str:
+    region = (env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "").strip()
+    if not region:
+        raise ConfigurationError("AWS_REGION (or AWS_DEFAULT_REGION) must be set")
+    return region
 
 
 def _number(env: Mapping[str, str], name: str, default: N, kind: type[N]) -> N:
@@ -87,17 +91,19 @@ class RelaySettings:
         dlq_url = env.get("DLQ_URL", "").strip()
         if not dlq_url:
             raise ConfigurationError("DLQ_URL must name the relay's dead-letter queue")
-        region = (env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "").strip()
-        if not region:
-            raise ConfigurationError("AWS_REGION (or AWS_DEFAULT_REGION) must be set")
         settings = cls(
             admission_api_url=url,
             dlq_url=dlq_url,
-            region=region,
+            region=_region(env),
             max_concurrency=_number(env, "RELAY_MAX_CONCURRENCY", cls.max_concurrency, int),
             http_timeout_seconds=_number(env, "RELAY_HTTP_TIMEOUT_SECONDS", cls.http_timeout_seconds, float),
             time_margin_seconds=_number(env, "RELAY_TIME_MARGIN_SECONDS", cls.time_margin_seconds, float),
+            retry_base_seconds=_number(env, "RELAY_RETRY_BASE_SECONDS", cls.retry_base_seconds, float),
+            retry_cap_seconds=_number(env, "RELAY_RETRY_CAP_SECONDS", cls.retry_cap_seconds, float),
         )
-        if settings.max_concurrency < 1 or settings.http_timeout_seconds <= 0 or settings.time_margin_seconds < 0:
-            raise ConfigurationError("relay concurrency and timeout must be positive, the margin not negative")
+        positive = (settings.max_concurrency, settings.http_timeout_seconds, settings.retry_base_seconds)
+        if min(positive) <= 0 or settings.retry_cap_seconds < settings.retry_base_seconds:
+            raise ConfigurationError("relay concurrency, timeout and backoff must be positive (cap >= base)")
+        if settings.time_margin_seconds < 0:
+            raise ConfigurationError("RELAY_TIME_MARGIN_SECONDS must not be negative")
         return settings

@@ -22,6 +22,7 @@ from functools import lru_cache
 from typing import Any
 
 import boto3
+import botocore.config
 import botocore.session
 import urllib3
 from aws_lambda_powertools.metrics import MetricUnit
@@ -36,6 +37,10 @@ from poimen.kafka import tenant_of_dispatch_topic
 from poimen.observability import logger, metrics
 
 RETRYABLE_STATUSES = frozenset({408, 429}) | frozenset(range(500, 600))
+# The answers that blame the record itself: dead-letter it and drain on. Any other refusal (401, 403,
+# 404, 405, 3xx, ...) says the relay or the API is misconfigured, which every record would hit alike:
+# the batch fails instead, so a fix lets the same records through rather than into the DLQ.
+RECORD_FAULT_STATUSES = frozenset({400, 413, 415, 422})
 # SQS takes messages up to 1 MiB; a dead letter keeps the record's coordinates even when its value
 # must be left out (the value can then be read again from Kafka at that partition and offset).
 MAX_DEAD_LETTER_BYTES = 1024 * 1024 - 4096
@@ -45,9 +50,17 @@ class AdmissionApiUnavailable(Exception):
     """The API could not be reached within the invocation's budget; the event source retries the batch."""
 
 
+class _Aborted(Exception):
+    """A record stopped retrying because another record already failed the batch."""
+
+
+class AdmissionApiRefused(Exception):
+    """The API refused the relay itself (authorization, URL); the event source retries the batch."""
+
+
 @dataclass(frozen=True)
 class DeadLetterReason:
-    kind: str  # invalid-topic | undecodable | invalid-json | rejected
+    kind: str  # invalid-topic | empty-value | undecodable | invalid-json | rejected
     detail: str
     status: int | None = None
     problem: Any = None
@@ -94,33 +107,42 @@ class Relay:
         *,
         sqs: Any | None = None,
         credentials: Any | None = None,
-        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._settings = settings
         self._runs_url = f"{settings.admission_api_url}/v1/runs"
         self._http = urllib3.PoolManager(maxsize=settings.max_concurrency, block=True, retries=False)
-        # AWS endpoints come from the standard SDK configuration (AWS_ENDPOINT_URL_SQS, ...).
-        self._sqs = sqs or boto3.client("sqs", region_name=settings.region)
+        # AWS endpoints come from the standard SDK configuration (AWS_ENDPOINT_URL_SQS, ...). Short
+        # timeouts: a dead letter must not hold the batch past the function's deadline.
+        self._sqs = sqs or boto3.client(
+            "sqs",
+            region_name=settings.region,
+            config=botocore.config.Config(
+                connect_timeout=settings.http_timeout_seconds,
+                read_timeout=settings.http_timeout_seconds,
+                retries={"mode": "standard", "total_max_attempts": 3},
+                max_pool_connections=settings.max_concurrency,
+            ),
+        )
         found = credentials or botocore.session.get_session().get_credentials()
         if found is None:
             raise RuntimeError("no AWS credentials to sign admission API calls with")
         self._credentials: Any = found
-        self._sleep = sleep
 
     def relay_batch(self, event: KafkaEvent, remaining_ms: Callable[[], int], outcome: BatchOutcome) -> None:
-        """Relay every record; raise AdmissionApiUnavailable if the API stayed down past the budget."""
+        """Relay every record; raise if the batch must be retried (API down past the budget or refusing
+        the relay, a dead letter that could not be sent). Nothing is dead-lettered for those reasons."""
         deadline = time.monotonic() + remaining_ms() / 1000 - self._settings.time_margin_seconds
         groups = _ordered_groups(event.records)
-        outage = threading.Event()
+        abort = threading.Event()
 
         def relay_group(records: list[KafkaEventRecord]) -> None:
             for record in records:
-                if outage.is_set():
+                if abort.is_set():
                     return  # the batch will be retried whole; later records must not overtake
                 try:
-                    self._relay_record(record, deadline, outcome)
-                except AdmissionApiUnavailable:
-                    outage.set()
+                    self._relay_record(record, deadline, outcome, abort)
+                except BaseException:
+                    abort.set()
                     raise
 
         workers = max(1, min(self._settings.max_concurrency, len(groups)))
@@ -128,19 +150,28 @@ class Relay:
             failures = [f.exception() for f in [pool.submit(relay_group, group) for group in groups]]
         errors = [error for error in failures if error is not None]
         if errors:
-            raise errors[0]
+            # The first cause, not the groups that merely stopped because of it.
+            raise next((e for e in errors if not isinstance(e, _Aborted)), errors[0])
 
-    def _relay_record(self, record: KafkaEventRecord, deadline: float, outcome: BatchOutcome) -> None:
+    def _relay_record(
+        self, record: KafkaEventRecord, deadline: float, outcome: BatchOutcome, abort: threading.Event
+    ) -> None:
         tenant_id = tenant_of_dispatch_topic(record.topic)
         if tenant_id is None:
             self._dead_letter(
                 record, DeadLetterReason("invalid-topic", "topic is not poimen.<tenant>.dispatch"), outcome
             )
             return
+        if record.get("value") is None:  # a tombstone: Kafka's null value
+            self._dead_letter(record, DeadLetterReason("empty-value", "the record has no value"), outcome)
+            return
         try:
             body = base64.b64decode(record.value, validate=True)
             spawn = json.loads(body.decode("utf-8"))
-        except (binascii.Error, UnicodeDecodeError) as error:
+        except binascii.Error as error:
+            self._dead_letter(record, DeadLetterReason("undecodable", f"value is not base64: {error}"), outcome)
+            return
+        except UnicodeDecodeError as error:
             self._dead_letter(record, DeadLetterReason("undecodable", f"value is not UTF-8: {error}"), outcome)
             return
         except (ValueError, RecursionError) as error:
@@ -150,7 +181,11 @@ class Relay:
             self._dead_letter(record, DeadLetterReason("invalid-json", "value is not a JSON object"), outcome)
             return
         dispatch_key = spawn.get("dispatch_key")
-        status, answer = self._post(tenant_id, body, _traceparent(record), deadline, outcome)
+        if dispatch_key is None:
+            # Relayed, as the API admits keyless spawns; but a retry after a lost answer, or of the
+            # batch, can then admit it twice. Publishers should always set a dispatch_key.
+            logger.warning("dispatch without dispatch_key: delivered at least once", topic=record.topic)
+        status, answer = self._post(tenant_id, body, _traceparent(record), deadline, outcome, abort)
         if status in (200, 201):
             outcome.admitted(replayed=status == 200, lag_ms=max(0.0, time.time() * 1000 - record.timestamp))
             logger.info(
@@ -163,11 +198,19 @@ class Relay:
                 offset=record.offset,
             )
             return
+        if status not in RECORD_FAULT_STATUSES:
+            raise AdmissionApiRefused(f"the admission API refused the relay with {status}: {answer}")
         reason = DeadLetterReason("rejected", f"the admission API answered {status}", status, answer)
         self._dead_letter(record, reason, outcome, tenant_id=tenant_id, dispatch_key=dispatch_key)
 
     def _post(
-        self, tenant_id: str, body: bytes, traceparent: str | None, deadline: float, outcome: BatchOutcome
+        self,
+        tenant_id: str,
+        body: bytes,
+        traceparent: str | None,
+        deadline: float,
+        outcome: BatchOutcome,
+        abort: threading.Event,
     ) -> tuple[int, Any]:
         """POST the body verbatim, retrying transient failures with full-jitter backoff until the deadline."""
         headers = {"Content-Type": "application/json", TENANT_HEADER: tenant_id}
@@ -181,7 +224,12 @@ class Relay:
             retry_after = 0.0
             try:
                 response = self._http.request(
-                    "POST", self._runs_url, body=body, headers=self._signed(headers, body), timeout=timeout
+                    "POST",
+                    self._runs_url,
+                    body=body,
+                    headers=self._signed(headers, body),
+                    # total: a slow answer must not outlive the deadline (connect/read alone bound each read).
+                    timeout=urllib3.Timeout(total=timeout),
                 )
             except urllib3.exceptions.HTTPError as error:
                 failure = f"{type(error).__name__}: {error}"
@@ -198,7 +246,8 @@ class Relay:
             logger.warning("admission API call failed; retrying", failure=failure, delay_seconds=round(delay, 3))
             outcome.count("retries")
             attempt += 1
-            self._sleep(delay)
+            if abort.wait(delay):
+                raise _Aborted("another record failed the batch")
 
     def _backoff(self, attempt: int) -> float:
         return float(self._settings.retry_base_seconds * 2 ** min(attempt, 30))
@@ -242,12 +291,12 @@ def dead_letter_message(record: KafkaEventRecord, reason: DeadLetterReason, keep
         "offset": record.offset,
         "timestamp": record.timestamp,
         "timestampType": record.timestamp_type,
-        "key": record.key,
-        "value": record.value,
+        "key": record.get("key"),
+        "value": record.get("value"),
         "headers": record.headers,
     }
     if not keep_value:
-        raw = record.value.encode()
+        raw = (record.get("value") or "").encode()
         original["value"] = None
         original["valueOmitted"] = {"reason": "too large for SQS", "base64Length": len(raw)}
         original["valueSha256"] = hashlib.sha256(raw).hexdigest()
@@ -302,7 +351,7 @@ def relay_service() -> Relay:
     return Relay(RelaySettings.from_env())
 
 
-def relay_batch(event: KafkaEvent, context: LambdaContext) -> None:
+def handle_batch(event: KafkaEvent, context: LambdaContext) -> None:
     """The whole invocation: relay the batch, publish its metrics whether or not it succeeded."""
     outcome = BatchOutcome()
     try:

@@ -114,7 +114,14 @@ def invoke(handler: Callable[[dict[str, Any], Any], dict[str, Any]], granted: st
             event["body"] = base64.b64encode(text.encode()).decode() if base64_body else text
         event["isBase64Encoded"] = base64_body
         result = handler(event, LocalLambdaContext("AdmissionFunction"))
-        raw = result.get("body") or "{}"
-        return Answer(result["statusCode"], result.get("headers") or {}, json.loads(raw))
+        answer = Answer(result["statusCode"], result.get("headers") or {}, json.loads(result.get("body") or "{}"))
+        if answer.headers.get("Content-Type") == "application/problem+json":
+            # RFC 9457: the problem's status member, when present, equals the HTTP status.
+            assert answer.body["status"] == answer.status
+        else:
+            assert answer.status < 400
+        if answer.status == 201:
+            assert "Idempotent-Replayed" not in answer.headers
+        return answer
 
     return call

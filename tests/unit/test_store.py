@@ -57,6 +57,25 @@ def test_throttling_is_retried_a_bounded_number_of_times_then_unavailable(
     assert len(attempts) == 2
 
 
+@pytest.mark.parametrize("read", ["run", "grants"])
+def test_throttled_reads_are_unavailable_too(dynamodb: Any, monkeypatch: pytest.MonkeyPatch, read: str) -> None:
+    monkeypatch.setenv("DYNAMODB_MAX_ATTEMPTS", "1")
+    store = Store(Settings.from_env())
+    model = store.runs if read == "run" else store.grants
+    client = model._get_connection().connection.client
+
+    def throttle(**_: Any) -> AWSResponse:
+        body = b'{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException","message":"x"}'
+        return AWSResponse("https://local", 400, HTTPHeaders.from_dict({"x-amzn-requestid": "r"}), _Raw(body))
+
+    client.meta.events.register_first("before-send.dynamodb.GetItem", throttle)
+
+    call = (lambda: store.get_run("t", "r")) if read == "run" else (lambda: store.granted_tenants("arn:x"))
+
+    with pytest.raises(StoreUnavailable):
+        call()
+
+
 class _Raw:
     def __init__(self, body: bytes) -> None:
         self._body = body

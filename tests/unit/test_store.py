@@ -62,7 +62,7 @@ def test_throttled_reads_are_unavailable_too(dynamodb: Any, monkeypatch: pytest.
     monkeypatch.setenv("DYNAMODB_MAX_ATTEMPTS", "1")
     store = Store(Settings.from_env())
     model = store.runs if read == "run" else store.grants
-    client = model._get_connection().connection.client
+    client: Any = model._get_connection().connection.client
 
     def throttle(**_: Any) -> AWSResponse:
         body = b'{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException","message":"x"}'

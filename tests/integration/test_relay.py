@@ -61,15 +61,28 @@ def _point_relay_at(monkeypatch: pytest.MonkeyPatch, dev: DevServer, api_url: st
 
 
 @pytest.fixture
-def relay(template: Template, dev: DevServer, dlq: str, monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
-    """Invoke the relay's Lambda handler (from template.yaml) with an MSK event of the given records."""
-    _point_relay_at(monkeypatch, dev, dev.url, dlq)
+def relay_against(
+    template: Template, dev: DevServer, dlq: str, monkeypatch: pytest.MonkeyPatch
+) -> Callable[[str], Relay]:
+    """The relay's Lambda handler (from template.yaml) pointed at an API URL, with this test's DLQ."""
     handler = template.load_handler("InboxRelayFunction")
 
-    def invoke(records: list[KafkaRecord], timeout_seconds: float = 30) -> None:
-        handler(msk_event(records), LocalLambdaContext("InboxRelayFunction", timeout_seconds=timeout_seconds))
+    def pointed_at(api_url: str) -> Relay:
+        _point_relay_at(monkeypatch, dev, api_url, dlq)
+        relay_service.cache_clear()
 
-    return invoke
+        def invoke(records: list[KafkaRecord], timeout_seconds: float = 30) -> None:
+            handler(msk_event(records), LocalLambdaContext("InboxRelayFunction", timeout_seconds=timeout_seconds))
+
+        return invoke
+
+    return pointed_at
+
+
+@pytest.fixture
+def relay(relay_against: Callable[[str], Relay], dev: DevServer) -> Relay:
+    """The relay pointed at `poimen dev`."""
+    return relay_against(dev.url)
 
 
 def _record(tenant: str, body: Any, offset: int = 0, key: bytes | None = b"k", topic: str | None = None) -> KafkaRecord:
@@ -160,25 +173,24 @@ def test_malformed_records_are_dead_lettered_and_the_batch_drains(
 
 
 def test_api_down_raises_after_the_budget_then_the_retry_admits_once(
-    template: Template, dev: DevServer, dlq: str, tenant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    relay_against: Callable[[str], Relay], dev: DevServer, dlq: str, tenant: str, tmp_path: Path
 ) -> None:
     # Given the relay pointed at an API that is not running
     port = free_port()
-    _point_relay_at(monkeypatch, dev, f"http://127.0.0.1:{port}", dlq)
-    handler = template.load_handler("InboxRelayFunction")
-    event = msk_event([_record(tenant, SPAWN)])
+    relay = relay_against(f"http://127.0.0.1:{port}")
+    records = [_record(tenant, SPAWN)]
     # When the batch is relayed: it raises within the function's time, and dead-letters nothing
     started = time.monotonic()
     with pytest.raises(AdmissionApiUnavailable):
-        handler(event, LocalLambdaContext("InboxRelayFunction", timeout_seconds=3))
+        relay(records, timeout_seconds=3)
     assert time.monotonic() - started < 3
     assert _dead_letters(dev, dlq) == []
     assert count_runs(dev.dynamodb(), dev.table_name, tenant) == []
-    # When the API comes up on that address and the event source retries the batch
+    # When the API comes up on that address and the event source retries the batch (twice)
     api = start_dev(tmp_path, "--dynamodb-endpoint", dev.aws_endpoint, table_name=dev.table_name, port=port)
     try:
-        handler(event, LocalLambdaContext("InboxRelayFunction", timeout_seconds=30))
-        handler(event, LocalLambdaContext("InboxRelayFunction", timeout_seconds=30))  # and once more
+        relay(records)
+        relay(records)
     finally:
         assert api.stop() == 0
     # Then the run exists exactly once
@@ -206,12 +218,11 @@ def _single(value: Any) -> float:
 
 
 def test_transient_failures_are_retried_and_traceparent_forwarded(
-    template: Template,
+    relay_against: Callable[[str], Relay],
     dev: DevServer,
     dlq: str,
     tenant: str,
     scripted_api: ScriptedApi,
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # Given an API that answers 503, 429 (Retry-After: 0), 500 and then admits
@@ -221,13 +232,12 @@ def test_transient_failures_are_retried_and_traceparent_forwarded(
         (500, {}, b"{}"),
         (201, {}, json.dumps({"run_id": "r-1"}).encode()),
     ]
-    _point_relay_at(monkeypatch, dev, scripted_api.url, dlq)
-    handler = template.load_handler("InboxRelayFunction")
+    relay = relay_against(scripted_api.url)
     traceparent = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     record = _record(tenant, SPAWN)
     record = KafkaRecord(**{**record.__dict__, "headers": [("traceparent", traceparent)]})
     # When one record is relayed
-    handler(msk_event([record]), LocalLambdaContext("InboxRelayFunction", timeout_seconds=30))
+    relay([record])
     # Then it took four signed POSTs of the verbatim body, the trace context on each, and no dead letter
     assert len(scripted_api.received) == 4
     for headers, body in scripted_api.received:
@@ -243,12 +253,7 @@ def test_transient_failures_are_retried_and_traceparent_forwarded(
 
 
 def test_records_sharing_a_key_are_sent_in_offset_order(
-    template: Template,
-    dev: DevServer,
-    dlq: str,
-    tenant: str,
-    scripted_api: ScriptedApi,
-    monkeypatch: pytest.MonkeyPatch,
+    relay_against: Callable[[str], Relay], tenant: str, scripted_api: ScriptedApi
 ) -> None:
     # Given ten records under one Kafka key among twenty others (keyed and keyless), delivered shuffled,
     # and an API that fails the first POST of the first same-key record once
@@ -261,8 +266,7 @@ def test_records_sharing_a_key_are_sent_in_offset_order(
         return None
 
     scripted_api.responder = fail_first_of_key
-    _point_relay_at(monkeypatch, dev, scripted_api.url, dlq)
-    handler = template.load_handler("InboxRelayFunction")
+    relay = relay_against(scripted_api.url)
     same = [_record(tenant, {**SPAWN, "dispatch_key": f"same-{i}"}, offset=i, key=b"same") for i in range(10)]
     others = [
         _record(
@@ -272,7 +276,7 @@ def test_records_sharing_a_key_are_sent_in_offset_order(
     ]
     shuffled = [record for pair in zip(reversed(same), others[:10], strict=True) for record in pair] + others[10:]
     # When the batch is relayed
-    handler(msk_event(shuffled), LocalLambdaContext("InboxRelayFunction", timeout_seconds=30))
+    relay(shuffled)
     # Then the same-key records arrived in offset order, the failed one retried before its successor
     keys = [json.loads(body)["dispatch_key"] for _, body in scripted_api.received]
     assert [key for key in keys if key.startswith("same-")] == ["same-0"] + [f"same-{i}" for i in range(10)]
@@ -280,12 +284,11 @@ def test_records_sharing_a_key_are_sent_in_offset_order(
 
 
 def test_a_hanging_api_still_ends_the_invocation_within_its_time(
-    template: Template,
+    relay_against: Callable[[str], Relay],
     dev: DevServer,
     dlq: str,
     tenant: str,
     scripted_api: ScriptedApi,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Given an API that accepts the connection and answers only after 4 s
     def slow(_: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -293,12 +296,11 @@ def test_a_hanging_api_still_ends_the_invocation_within_its_time(
         return (201, {}, b'{"run_id": "late"}')
 
     scripted_api.responder = slow
-    _point_relay_at(monkeypatch, dev, scripted_api.url, dlq)
-    handler = template.load_handler("InboxRelayFunction")
+    relay = relay_against(scripted_api.url)
     # When the function has 2.5 s left
     started = time.monotonic()
     with pytest.raises(AdmissionApiUnavailable):
-        handler(msk_event([_record(tenant, SPAWN)]), LocalLambdaContext("InboxRelayFunction", timeout_seconds=2.5))
+        relay([_record(tenant, SPAWN)], timeout_seconds=2.5)
     # Then it gave up before its deadline, and dead-lettered nothing
     assert time.monotonic() - started < 2.5
     assert _dead_letters(dev, dlq) == []
@@ -306,23 +308,18 @@ def test_a_hanging_api_still_ends_the_invocation_within_its_time(
 
 @pytest.mark.parametrize("status", [401, 403, 404, 405, 302])
 def test_an_api_refusing_the_relay_fails_the_batch_instead_of_dead_lettering(
-    template: Template,
+    relay_against: Callable[[str], Relay],
     dev: DevServer,
     dlq: str,
     tenant: str,
     scripted_api: ScriptedApi,
-    monkeypatch: pytest.MonkeyPatch,
     status: int,
 ) -> None:
     scripted_api.responder = lambda _: (status, {}, b'{"message": "Forbidden"}')
-    _point_relay_at(monkeypatch, dev, scripted_api.url, dlq)
-    handler = template.load_handler("InboxRelayFunction")
+    relay = relay_against(scripted_api.url)
 
     with pytest.raises(AdmissionApiRefused):
-        handler(
-            msk_event([_record(tenant, SPAWN, offset=i, key=f"k{i}".encode()) for i in range(3)]),
-            LocalLambdaContext("InboxRelayFunction", timeout_seconds=30),
-        )
+        relay([_record(tenant, SPAWN, offset=i, key=f"k{i}".encode()) for i in range(3)])
 
     assert _dead_letters(dev, dlq) == []
 

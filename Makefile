@@ -23,6 +23,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/cfn-lint template.yaml
 
 test: lint
 	$(BIN)/pytest --cov --cov-report=term

@@ -31,6 +31,16 @@ def _intrinsic(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> dict[st
 _CloudFormationLoader.add_multi_constructor("!", _intrinsic)
 
 
+def _substitute(value: Any, identifier: str, replacement: str) -> Any:
+    if isinstance(value, str):
+        return value.replace(f"${{{identifier}}}", replacement)
+    if isinstance(value, list):
+        return [_substitute(item, identifier, replacement) for item in value]
+    if isinstance(value, dict):
+        return {key: _substitute(item, identifier, replacement) for key, item in value.items()}
+    return value
+
+
 def default_template_path() -> Path:
     """template.yaml of the checkout this package was installed from (editable install), else ./."""
     checkout = Path(__file__).resolve().parents[3] / "template.yaml"
@@ -44,7 +54,25 @@ class Template:
 
     @property
     def resources(self) -> dict[str, Any]:
-        return self.document["Resources"]  # type: ignore[no-any-return]
+        """The resources declared one by one (Fn::ForEach loops are in `expanded_resources`)."""
+        declared: dict[str, Any] = self.document["Resources"]
+        return {name: body for name, body in declared.items() if not name.startswith("Fn::ForEach::")}
+
+    def expanded_resources(self, parameters: Mapping[str, list[str]]) -> dict[str, Any]:
+        """Every resource, with each Fn::ForEach loop (AWS::LanguageExtensions) expanded over the list
+        given for its collection parameter: `&{Id}` in logical ids, `${Id}` in strings."""
+        expanded = dict(self.resources)
+        for name, loop in self.document["Resources"].items():
+            if not name.startswith("Fn::ForEach::"):
+                continue
+            identifier, collection, templates = loop
+            for value in parameters[collection["Ref"]]:
+                for logical_id, body in templates.items():
+                    alphanumeric = "".join(ch for ch in value if ch.isalnum())
+                    expanded[logical_id.replace(f"&{{{identifier}}}", alphanumeric)] = _substitute(
+                        body, identifier, value
+                    )
+        return expanded
 
     def properties(self, logical_id: str) -> dict[str, Any]:
         return self.resources[logical_id].get("Properties", {})  # type: ignore[no-any-return]

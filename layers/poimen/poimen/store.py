@@ -15,6 +15,7 @@ from typing import Any, TypeVar, cast
 
 from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
 from pynamodb.attributes import JSONAttribute, UnicodeAttribute, UnicodeSetAttribute
+from pynamodb.constants import STREAM_NEW_IMAGE
 from pynamodb.exceptions import DoesNotExist, PynamoDBException
 from pynamodb.models import Model
 
@@ -50,6 +51,8 @@ class RunRecord(Model):
 
     class Meta:
         table_name = "poimen-admission"  # rebound per table by Store
+        # New images feed the events outbox; template.yaml declares the same (a test holds them equal).
+        stream_view_type = STREAM_NEW_IMAGE
 
     pk = UnicodeAttribute(hash_key=True)
     run_id = UnicodeAttribute()

@@ -1,0 +1,142 @@
+"""template.yaml, read as data: least privilege, alarms, one MSK event source per tenant, the table."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from poimen.contract import TENANT_PATTERN
+from poimen.store import HASH_KEY, RunRecord
+from poimen_tools.local.template import Template
+
+# Actions that take no resource ARN (IAM's "*" is the only possible resource for them).
+RESOURCELESS_ACTIONS = {
+    "ec2:CreateNetworkInterface",
+    "ec2:DescribeNetworkInterfaces",
+    "ec2:DescribeVpcs",
+    "ec2:DeleteNetworkInterface",
+    "ec2:DescribeSubnets",
+    "ec2:DescribeSecurityGroups",
+}
+TENANTS = ["acme", "beta-2"]
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _statements(template: Template, function: str) -> list[dict[str, Any]]:
+    return [s for policy in template.properties(function).get("Policies", []) for s in policy["Statement"]]
+
+
+def _functions(template: Template) -> list[str]:
+    return [name for name, res in template.resources.items() if res["Type"] == "AWS::Serverless::Function"]
+
+
+def test_no_statement_uses_wildcards_where_a_resource_can_be_named(template: Template) -> None:
+    for function in _functions(template):
+        for statement in _statements(template, function):
+            actions = _as_list(statement["Action"])
+            assert not [a for a in actions if a == "*" or a.endswith(":*")], (function, statement["Sid"])
+            if statement["Resource"] == "*":
+                assert set(actions) <= RESOURCELESS_ACTIONS, (function, statement["Sid"])
+
+
+def test_admission_may_only_put_and_get_items_of_its_table(template: Template) -> None:
+    (statement,) = _statements(template, "AdmissionFunction")
+
+    assert sorted(_as_list(statement["Action"])) == ["dynamodb:GetItem", "dynamodb:PutItem"]
+    assert statement["Resource"] == {"Fn::GetAtt": ["AdmissionTable", "Arn"]}
+
+
+def test_every_route_needs_iam_authorization(template: Template) -> None:
+    api = template.properties("AdmissionApi")
+    events = [
+        event
+        for function in _functions(template)
+        for event in template.properties(function).get("Events", {}).values()
+        if event["Type"] == "HttpApi"
+    ]
+
+    assert api["Auth"]["DefaultAuthorizer"] == "AWS_IAM"
+    assert events
+    assert all("Auth" not in event["Properties"] for event in events)  # none opts out of the default
+    assert "AccessLogSettings" in api
+    assert api["DefaultRouteSettings"]["ThrottlingRateLimit"] > 0
+
+
+def test_one_msk_event_source_per_tenant_topic(template: Template) -> None:
+    resources = template.expanded_resources({"Tenants": TENANTS})
+    mappings = {
+        name: res["Properties"] for name, res in resources.items() if res["Type"] == "AWS::Lambda::EventSourceMapping"
+    }
+
+    assert sorted(mappings) == ["RelaySourceacme", "RelaySourcebeta2"]
+    for tenant in TENANTS:
+        mapping = mappings[f"RelaySource{tenant.replace('-', '')}"]
+        assert mapping["FunctionName"] == {"Ref": "InboxRelayFunction"}
+        assert mapping["Topics"] == [{"Fn::Sub": f"poimen.{tenant}.dispatch"}]
+        assert mapping["AmazonManagedKafkaEventSourceConfig"]["ConsumerGroupId"] == {
+            "Fn::Sub": f"poimen-relay-{tenant}"
+        }
+        assert mapping["StartingPosition"] == "TRIM_HORIZON"
+        assert mapping["DestinationConfig"]["OnFailure"]["Destination"] == {
+            "Fn::GetAtt": ["RelayDeadLetterQueue", "Arn"]
+        }
+        assert mapping["MaximumRetryAttempts"] == {"Ref": "RelayMaxRetryAttempts"}
+        assert set(mapping["ProvisionedPollerConfig"]) == {"MinimumPollers", "MaximumPollers"}
+        assert mapping["BatchSize"] == {"Ref": "RelayBatchSize"}
+
+
+def test_default_tenants_are_valid_tenant_ids(template: Template) -> None:
+    tenants = template.document["Parameters"]["Tenants"]["Default"].split(",")
+
+    assert all(re.fullmatch(TENANT_PATTERN, tenant) for tenant in tenants)
+
+
+def test_every_queue_has_an_alarm_that_notifies(template: Template) -> None:
+    resources = template.resources
+    queues = [name for name, res in resources.items() if res["Type"] == "AWS::SQS::Queue"]
+    alarmed = {
+        dimension["Value"]["Fn::GetAtt"][0]
+        for res in resources.values()
+        if res["Type"] == "AWS::CloudWatch::Alarm" and res["Properties"].get("AlarmActions")
+        for dimension in res["Properties"].get("Dimensions", [])
+        if dimension["Name"] == "QueueName"
+    }
+
+    assert queues
+    assert set(queues) <= alarmed
+
+
+@pytest.mark.parametrize("function", ["AdmissionFunction", "InboxRelayFunction"])
+@pytest.mark.parametrize("metric", ["Errors", "Throttles"])
+def test_each_function_alarms_on_errors_and_throttles(template: Template, function: str, metric: str) -> None:
+    alarms = [
+        res["Properties"]
+        for res in template.resources.values()
+        if res["Type"] == "AWS::CloudWatch::Alarm" and res["Properties"].get("MetricName") == metric
+    ]
+
+    assert any({"Name": "FunctionName", "Value": {"Ref": function}} in alarm["Dimensions"] for alarm in alarms)
+
+
+def test_table_matches_the_model_and_is_protected(template: Template) -> None:
+    table = template.properties("AdmissionTable")
+
+    assert table["KeySchema"] == [{"AttributeName": HASH_KEY, "KeyType": "HASH"}]
+    assert table["StreamSpecification"] == {"StreamViewType": RunRecord.Meta.stream_view_type}
+    assert table["BillingMode"] == "PAY_PER_REQUEST"
+    assert table["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
+    assert table["SSESpecification"] == {"SSEEnabled": True}
+    assert table["DeletionProtectionEnabled"] == {"Ref": "TableDeletionProtection"}
+    assert template.resources["AdmissionTable"]["DeletionPolicy"] == "Retain"
+
+
+def test_dead_letter_queue_is_encrypted_and_keeps_messages_14_days(template: Template) -> None:
+    queue = template.properties("RelayDeadLetterQueue")
+
+    assert queue["SqsManagedSseEnabled"] is True
+    assert queue["MessageRetentionPeriod"] == 14 * 24 * 3600

@@ -1,11 +1,18 @@
-# The verbs: `make run` serves the API locally, `make test` lints and runs every test, `make bench`
-# prints the admission benchmark. Each creates .venv and installs what it needs on first use.
+# The verbs: `make run` serves the API locally, `make test` lints, checks the deployable bundle and runs
+# every test, `make bench` prints the benchmarks. Each creates what it needs on first use: .venv for the
+# project, .venv-sam for the SAM CLI (its pins are its own), .cache/bin for actionlint.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+SAM_VERSION := 1.170.0
+SAM := .venv-sam/bin/sam
+ACTIONLINT_VERSION := v1.7.12
+ACTIONLINT := .cache/bin/actionlint
+# sam validate needs a region and no account: nothing here calls AWS.
+OFFLINE_AWS := SAM_CLI_TELEMETRY=0 AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1
 
-.PHONY: install run test lint format bench openapi clean
+.PHONY: install run test lint check-bundle format bench openapi clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,6 +20,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	rm -f $(VENV)/.installed-*
 	touch $@
+
+$(SAM):
+	$(PYTHON) -m venv .venv-sam
+	.venv-sam/bin/python -m pip install --quiet aws-sam-cli==$(SAM_VERSION)
+
+$(ACTIONLINT):
+	GOBIN=$(CURDIR)/.cache/bin go install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
 
 install: $(STAMP)
 
@@ -25,7 +39,17 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/cfn-lint template.yaml
 
-test: lint
+# The deployable bundle, offline: the template as `sam deploy` will see it, the deploy workflow, and
+# the layer's requirements as wheels for the Lambda runtime (python3.13, arm64), so `sam build` cannot
+# fail on a missing wheel.
+check-bundle: $(STAMP) $(SAM) $(ACTIONLINT)
+	$(OFFLINE_AWS) $(SAM) validate --lint --template template.yaml
+	$(ACTIONLINT) .github/workflows/deploy.yml
+	rm -rf .cache/layer-wheels
+	$(BIN)/python -m pip download --quiet --only-binary=:all: --platform manylinux2014_aarch64 \
+		--implementation cp --python-version 3.13 -r layers/poimen/requirements.txt -d .cache/layer-wheels
+
+test: lint check-bundle
 	$(BIN)/pytest --cov --cov-report=term
 
 format: $(STAMP)
@@ -40,4 +64,4 @@ openapi: $(STAMP)
 	$(BIN)/python -m poimen_tools.openapi > infra/openapi.json
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .coverage
+	rm -rf $(VENV) .venv-sam .cache .mypy_cache .ruff_cache .pytest_cache .coverage

@@ -144,6 +144,7 @@ def test_body_over_256_kib_is_413(invoke: Invoke, dynamodb: Any, table_name: str
     for answer in (plain, encoded):
         assert answer.status == 413
         assert answer.body["type"] == PROBLEM + "payload-too-large"
+        assert answer.body["title"] == "Content Too Large"  # RFC 9110, on every Python version
     assert count_runs(dynamodb, table_name, tenant) == []
 
 

@@ -48,6 +48,13 @@ from poimen.store import Store
 
 PROBLEM_JSON = "application/problem+json"
 PROBLEM_TYPE_PREFIX = "urn:poimen:problem:"
+# RFC 9110's reason phrases, fixed here: Python's HTTPStatus renamed 413 and 422 in 3.13, and the
+# problem titles must not change with the interpreter (3.11 locally, 3.13 on Lambda).
+_REASON_PHRASES = {413: "Content Too Large", 422: "Unprocessable Content"}
+
+
+def _title(status: HTTPStatus) -> str:
+    return _REASON_PHRASES.get(int(status), status.phrase)
 
 
 class AdmissionResolver(APIGatewayHttpResolver):
@@ -93,7 +100,7 @@ def admission_service() -> Admission:
 
 def _problems(*statuses: HTTPStatus) -> dict[int, OpenAPIResponse]:
     return {
-        int(status): {"description": status.phrase, "content": {PROBLEM_JSON: {"model": Problem}}}
+        int(status): {"description": _title(status), "content": {PROBLEM_JSON: {"model": Problem}}}
         for status in statuses
     }
 
@@ -185,7 +192,7 @@ def _record(admitted: Admitted) -> None:
 def _problem_body(status: HTTPStatus, kind: str, detail: str, **extensions: Any) -> dict[str, Any]:
     return {
         "type": PROBLEM_TYPE_PREFIX + kind,
-        "title": status.phrase,
+        "title": _title(status),
         "status": int(status),
         "detail": detail,
         **extensions,

@@ -12,7 +12,7 @@ ACTIONLINT := .cache/bin/actionlint
 # sam validate needs a region and no account: nothing here calls AWS.
 OFFLINE_AWS := SAM_CLI_TELEMETRY=0 AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1
 
-.PHONY: install run test lint check-bundle format bench openapi clean
+.PHONY: install run test lint check-bundle kafka-jars format bench openapi clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,7 @@ $(ACTIONLINT):
 
 install: $(STAMP)
 
-run: $(STAMP)
+run: $(STAMP) kafka-jars
 	$(BIN)/poimen dev
 
 lint: $(STAMP)
@@ -46,10 +46,14 @@ check-bundle: $(STAMP) $(SAM) $(ACTIONLINT)
 	$(OFFLINE_AWS) $(SAM) validate --lint --template template.yaml
 	$(ACTIONLINT) .github/workflows/deploy.yml
 	rm -rf .cache/layer-wheels
-	$(BIN)/python -m pip download --quiet --only-binary=:all: --platform manylinux2014_aarch64 \
+	$(BIN)/python -m pip download --quiet --only-binary=:all: --platform manylinux_2_28_aarch64 \
 		--implementation cp --python-version 3.13 -r layers/poimen/requirements.txt -d .cache/layer-wheels
 
-test: lint check-bundle
+# The local Kafka broker's jars, from Maven Central into .cache/kafka (needs Java 17 and Maven).
+kafka-jars: $(STAMP)
+	$(BIN)/python -c "from poimen_tools.local.kafka_broker import kafka_jars; print(kafka_jars())"
+
+test: lint check-bundle kafka-jars
 	$(BIN)/pytest --cov --cov-report=term
 
 format: $(STAMP)

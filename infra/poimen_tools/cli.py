@@ -1,13 +1,20 @@
-"""The `poimen` command line: `poimen dev` runs the admission API locally against moto server."""
+"""The `poimen` command line: `poimen dev` runs the whole path locally; `topics ensure` declares a
+tenant's topics; `dispatch publish` publishes a spawn request to its dispatch topic."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from poimen.contract import TENANT_PATTERN, RunRequest
+from poimen.dispatch import DispatchPublisher
+from poimen.kafka import dispatch_topic
 from poimen_tools.local.dev import DevOptions, run_dev
+from poimen_tools.topics import SEVEN_DAYS_MS, ensure_topics
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -43,7 +50,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="execution environments (worker processes), each running one request at a time (default: %(default)s)",
     )
     dev.add_argument("--template", type=Path, help="SAM template to serve (default: the checkout's)")
+    dev.add_argument("--no-kafka", action="store_true", help="serve the API only: no broker, no relay")
+    dev.add_argument(
+        "--kafka-port", type=int, default=defaults.kafka_port, help="local broker port (default: %(default)s)"
+    )
+    dev.add_argument("--kafka-bootstrap", metavar="HOST:PORT", help="use this broker instead of a local one")
+
+    topics = commands.add_parser("topics", help="Kafka topics").add_subparsers(dest="action", required=True)
+    ensure = topics.add_parser("ensure", help="create poimen.<tenant>.events and .dispatch if missing")
+    ensure.add_argument("--tenant", required=True, type=_tenant)
+    ensure.add_argument("--partitions", type=int, default=6, help="(default: %(default)s)")
+    ensure.add_argument("--replication-factor", type=int, default=3, help="(default: %(default)s)")
+    ensure.add_argument("--retention-ms", type=int, default=SEVEN_DAYS_MS, help="(default: 7 days)")
+    _connection_arguments(ensure)
+
+    dispatch = commands.add_parser("dispatch", help="dispatch topic").add_subparsers(dest="action", required=True)
+    publish = dispatch.add_parser("publish", help="publish one spawn request to poimen.<tenant>.dispatch")
+    publish.add_argument("--tenant", required=True, type=_tenant)
+    publish.add_argument("--workflow-ref", required=True)
+    publish.add_argument("--input", required=True, type=json.loads, help="a JSON object")
+    publish.add_argument("--goal-id")
+    publish.add_argument("--dispatch-key")
+    _connection_arguments(publish)
+
     args = parser.parse_args(argv)
+    if args.command == "topics":
+        result = ensure_topics(
+            args.bootstrap_servers,
+            args.tenant,
+            partitions=args.partitions,
+            replication_factor=args.replication_factor,
+            retention_ms=args.retention_ms,
+            iam_region=args.region if args.iam else None,
+        )
+        for topic, state in result.items():
+            print(f"{topic}: {state}")
+        return 0
+    if args.command == "dispatch":
+        request = RunRequest(
+            workflow_ref=args.workflow_ref, input=args.input, goal_id=args.goal_id, dispatch_key=args.dispatch_key
+        )
+        publisher = DispatchPublisher(args.bootstrap_servers, args.region if args.iam else None)
+        run_id = publisher.publish(args.tenant, request)
+        publisher.flush()
+        print(f"published to {dispatch_topic(args.tenant)}" + (f"; run_id {run_id}" if run_id else ""))
+        return 0
     return run_dev(
         DevOptions(
             host=args.host,
@@ -56,8 +107,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             template_path=args.template,
             concurrency=args.concurrency,
             dlq_name=args.dlq_name,
+            kafka=not args.no_kafka,
+            kafka_port=args.kafka_port,
+            kafka_bootstrap=args.kafka_bootstrap,
         )
     )
+
+
+def _tenant(value: str) -> str:
+    if not re.fullmatch(TENANT_PATTERN, value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a tenant id ({TENANT_PATTERN})")
+    return value
+
+
+def _connection_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--bootstrap-servers",
+        default="127.0.0.1:9092",
+        help="(default: %(default)s, the broker of `poimen dev`)",
+    )
+    parser.add_argument("--iam", action="store_true", help="authenticate to MSK with IAM (SASL_SSL/OAUTHBEARER)")
+    parser.add_argument("--region", default="us-east-1", help="MSK region with --iam (default: %(default)s)")
 
 
 if __name__ == "__main__":

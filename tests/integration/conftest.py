@@ -47,6 +47,7 @@ class DevServer:
     table_name: str
     dlq_url: str
     log: Path
+    kafka_bootstrap: str | None = None
 
     def dynamodb(self) -> Any:
         return boto3.client("dynamodb", endpoint_url=self.aws_endpoint)
@@ -78,9 +79,14 @@ class DevServer:
 
 
 def start_dev(
-    tmp_path: Path, *extra: str, table_name: str = "poimen-admission-local", port: int | None = None
+    tmp_path: Path,
+    *extra: str,
+    table_name: str = "poimen-admission-local",
+    port: int | None = None,
+    kafka: bool = False,
 ) -> DevServer:
     port = port or free_port()
+    extra = ("--kafka-port", "0", *extra) if kafka else ("--no-kafka", *extra)
     log = tmp_path / f"poimen-dev-{port}.log"
     with log.open("ab") as out:  # append mode: the worker processes share this file
         process = subprocess.Popen(
@@ -95,17 +101,25 @@ def start_dev(
         if process.poll() is not None:
             raise AssertionError(f"poimen dev exited with {process.returncode}:\n{log.read_text()}")
         lines = dict(line.split(": ", 1) for line in log.read_text().splitlines() if ": " in line)
-        return lines if "Relay dead-letter queue" in lines and "Admission API" in lines else None
+        ready = "Relay dead-letter queue" in lines and "Admission API" in lines
+        return lines if ready and (not kafka or "Kafka bootstrap" in lines) else None
 
     try:
-        lines = wait_for(announced, what="poimen dev to announce its URLs")
+        lines = wait_for(announced, timeout=120, what="poimen dev to announce its URLs")
     except BaseException:
         process.kill()
         process.wait()
         raise
     endpoint = lines["Local AWS (DynamoDB, SQS)"].split()[0]
+    kafka_line = lines.get("Kafka bootstrap")
     return DevServer(
-        process, lines["Admission API"].strip(), endpoint, table_name, lines["Relay dead-letter queue"].strip(), log
+        process,
+        lines["Admission API"].strip(),
+        endpoint,
+        table_name,
+        lines["Relay dead-letter queue"].strip(),
+        log,
+        kafka_line.split()[0] if kafka_line else None,
     )
 
 
@@ -170,3 +184,27 @@ def scripted_api() -> Iterator[ScriptedApi]:
     server.shutdown()
     server.server_close()
     thread.join(timeout=5)
+
+
+@pytest.fixture
+def no_admission_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Admission entered in this process (relay code) fails the test; the API runs in `poimen dev`."""
+    from poimen.admission import Admission
+    from poimen.store import Store
+
+    def forbidden(*_: Any, **__: Any) -> Any:
+        raise AssertionError("admission was entered from relay code, not through POST /v1/runs")
+
+    monkeypatch.setattr(Admission, "admit_run", forbidden)
+    monkeypatch.setattr(Store, "put_run_if_absent", forbidden)
+
+
+def dead_letters(dev: DevServer, queue_url: str) -> list[dict[str, Any]]:
+    """Every message in a queue of the dev server's moto (consumed)."""
+    letters: list[dict[str, Any]] = []
+    while True:
+        batch = dev.sqs().receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0)
+        messages = batch.get("Messages", [])
+        if not messages:
+            return letters
+        letters.extend(json.loads(message["Body"]) for message in messages)

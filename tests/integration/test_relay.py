@@ -13,29 +13,19 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from poimen.admission import Admission
 from poimen.contract import MAX_BODY_BYTES
 from poimen.ids import keyed_run_id
 from poimen.relay import AdmissionApiRefused, AdmissionApiUnavailable, relay_service
-from poimen.store import Store
 from poimen_tools.local.devserver import LocalLambdaContext
 from poimen_tools.local.msk import KafkaRecord, msk_event
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs
-from tests.integration.conftest import DevServer, ScriptedApi, free_port, start_dev
+from tests.integration.conftest import DevServer, ScriptedApi, dead_letters, free_port, start_dev
 
 Relay = Callable[..., None]
 
 
-@pytest.fixture(autouse=True)
-def no_admission_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Admission entered from relay code (this process) fails the test; the API runs in `poimen dev`."""
-
-    def forbidden(*_: Any, **__: Any) -> Any:
-        raise AssertionError("admission was entered from relay code, not through POST /v1/runs")
-
-    monkeypatch.setattr(Admission, "admit_run", forbidden)
-    monkeypatch.setattr(Store, "put_run_if_absent", forbidden)
+pytestmark = pytest.mark.usefixtures("no_admission_in_process")
 
 
 @pytest.fixture(autouse=True)
@@ -97,16 +87,6 @@ def _record(tenant: str, body: Any, offset: int = 0, key: bytes | None = b"k", t
     )
 
 
-def _dead_letters(dev: DevServer, queue_url: str) -> list[dict[str, Any]]:
-    letters: list[dict[str, Any]] = []
-    while True:
-        batch = dev.sqs().receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0)
-        messages = batch.get("Messages", [])
-        if not messages:
-            return letters
-        letters.extend(json.loads(message["Body"]) for message in messages)
-
-
 SPAWN = {"workflow_ref": "wf/hello", "input": {"greeting": "hi"}, "goal_id": None, "dispatch_key": "order-42"}
 
 
@@ -116,7 +96,7 @@ def test_one_message_is_one_run_through_one_post(relay: Relay, dev: DevServer, t
     runs = count_runs(dev.dynamodb(), dev.table_name, tenant)
     assert [run["run_id"]["S"] for run in runs] == [keyed_run_id(tenant, "order-42")]
     assert [entry["message"] for entry in dev.admissions(tenant)] == ["run admitted"]
-    assert _dead_letters(dev, dlq) == []
+    assert dead_letters(dev, dlq) == []
 
 
 def test_redelivery_in_one_batch_and_a_later_one_is_still_one_run(relay: Relay, dev: DevServer, tenant: str) -> None:
@@ -158,7 +138,7 @@ def test_malformed_records_are_dead_lettered_and_the_batch_drains(
 
     relay(records)
 
-    letters = _dead_letters(dev, dlq)
+    letters = dead_letters(dev, dlq)
     got = sorted((letter["reason"]["kind"], letter["reason"]["status"]) for letter in letters)
     want = sorted([(kind, status) for kind, status, _ in bad] + [("invalid-topic", None)])
     assert got == want
@@ -184,7 +164,7 @@ def test_api_down_raises_after_the_budget_then_the_retry_admits_once(
     with pytest.raises(AdmissionApiUnavailable):
         relay(records, timeout_seconds=3)
     assert time.monotonic() - started < 3
-    assert _dead_letters(dev, dlq) == []
+    assert dead_letters(dev, dlq) == []
     assert count_runs(dev.dynamodb(), dev.table_name, tenant) == []
     # When the API comes up on that address and the event source retries the batch (twice)
     api = start_dev(tmp_path, "--dynamodb-endpoint", dev.aws_endpoint, table_name=dev.table_name, port=port)
@@ -195,7 +175,7 @@ def test_api_down_raises_after_the_budget_then_the_retry_admits_once(
         assert api.stop() == 0
     # Then the run exists exactly once
     assert len(count_runs(dev.dynamodb(), dev.table_name, tenant)) == 1
-    assert _dead_letters(dev, dlq) == []
+    assert dead_letters(dev, dlq) == []
 
 
 def test_inbox_lag_is_emitted_as_emf(relay: Relay, tenant: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -246,7 +226,7 @@ def test_transient_failures_are_retried_and_traceparent_forwarded(
         assert headers["traceparent"] == traceparent.decode()
         assert headers["authorization"].startswith("AWS4-HMAC-SHA256 Credential=")
         assert "/us-east-1/execute-api/aws4_request" in headers["authorization"]
-    assert _dead_letters(dev, dlq) == []
+    assert dead_letters(dev, dlq) == []
     (document,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')]
     assert _single(document["RelayRetries"]) == 3
     assert _single(document["DispatchRelayed"]) == 1
@@ -303,7 +283,7 @@ def test_a_hanging_api_still_ends_the_invocation_within_its_time(
         relay([_record(tenant, SPAWN)], timeout_seconds=2.5)
     # Then it gave up before its deadline, and dead-lettered nothing
     assert time.monotonic() - started < 2.5
-    assert _dead_letters(dev, dlq) == []
+    assert dead_letters(dev, dlq) == []
 
 
 @pytest.mark.parametrize("status", [401, 403, 404, 405, 302])
@@ -321,7 +301,7 @@ def test_an_api_refusing_the_relay_fails_the_batch_instead_of_dead_lettering(
     with pytest.raises(AdmissionApiRefused):
         relay([_record(tenant, SPAWN, offset=i, key=f"k{i}".encode()) for i in range(3)])
 
-    assert _dead_letters(dev, dlq) == []
+    assert dead_letters(dev, dlq) == []
 
 
 def test_tombstones_keyless_records_and_oversize_values(relay: Relay, dev: DevServer, tenant: str, dlq: str) -> None:
@@ -333,7 +313,7 @@ def test_tombstones_keyless_records_and_oversize_values(relay: Relay, dev: DevSe
 
     relay([tombstone, oversize, keyless_dispatch])
 
-    letters = {letter["record"]["offset"]: letter for letter in _dead_letters(dev, dlq)}
+    letters = {letter["record"]["offset"]: letter for letter in dead_letters(dev, dlq)}
     assert set(letters) == {1, 2}
     assert letters[1]["reason"]["kind"] == "empty-value"
     assert letters[1]["record"]["value"] is None

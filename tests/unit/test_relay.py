@@ -134,6 +134,15 @@ def test_the_relay_never_imports_the_store_or_admission() -> None:
     assert not {"poimen.store", "poimen.admission", "poimen.api"} & set(loaded)
 
 
+@pytest.mark.parametrize("module", ["poimen.relay", "poimen.api"])
+def test_the_functions_do_not_load_the_kafka_client(module: str) -> None:
+    # confluent-kafka is for publishers and tools; the Lambda functions would only pay its cold start.
+    code = f"import sys, {module}; print('confluent_kafka' in sys.modules)"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+
+    assert loaded.strip() == "False"
+
+
 def test_the_relay_role_cannot_touch_dynamodb(template: Template) -> None:
     statements = [
         statement

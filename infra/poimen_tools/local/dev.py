@@ -1,11 +1,14 @@
-"""`poimen dev`: the admission API of template.yaml on loopback, against an embedded moto server."""
+"""`poimen dev`: the admission API of template.yaml on loopback, against an embedded moto server, and
+a local Kafka broker whose dispatch topics feed the relay handler through a local MSK event source."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +19,8 @@ import boto3
 from poimen.config import Settings
 from poimen.store import Store
 from poimen_tools.local.devserver import ExecutionEnvironments, LocalApiServer, Route
+from poimen_tools.local.event_source import LocalMskEventSource
+from poimen_tools.local.kafka_broker import KafkaBroker
 from poimen_tools.local.moto import EmbeddedMoto
 from poimen_tools.local.template import Template, default_template_path
 
@@ -23,6 +28,7 @@ DEFAULT_PRINCIPAL = "arn:aws:iam::000000000000:user/poimen-dev"
 ADMISSION_FUNCTION = "AdmissionFunction"
 ADMISSION_TABLE = "AdmissionTable"
 RELAY_DLQ = "RelayDeadLetterQueue"
+RELAY_FUNCTION = "InboxRelayFunction"
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,9 @@ class DevOptions:
     template_path: Path | None = None
     concurrency: int = 4
     dlq_name: str = "poimen-relay-dlq-local"
+    kafka: bool = True
+    kafka_port: int = 9092
+    kafka_bootstrap: str | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,7 @@ class DevStack:
     aws_endpoint: str
     table_name: str
     dlq_url: str
+    kafka_bootstrap: str | None
 
 
 @contextlib.contextmanager
@@ -69,11 +79,13 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
         environments = ExecutionEnvironments(str(template.path), ADMISSION_FUNCTION, options.concurrency)
         routes = [Route(method, path) for method, path in template.http_routes(ADMISSION_FUNCTION)]
         server = LocalApiServer((options.host, options.port), environments, routes, principal_arn=options.principal)
-        try:
-            yield DevStack(server, endpoint, options.table_name, dlq_url)
-        finally:
-            server.server_close()
-            environments.close()
+        with contextlib.ExitStack() as cleanup:
+            cleanup.callback(environments.close)
+            cleanup.callback(server.server_close)
+            bootstrap = None
+            if options.kafka:
+                bootstrap = _start_kafka(template, options, server.url, dlq_url, cleanup)
+            yield DevStack(server, endpoint, options.table_name, dlq_url, bootstrap)
 
 
 def run_dev(options: DevOptions) -> int:
@@ -84,6 +96,13 @@ def run_dev(options: DevOptions) -> int:
         print(f"Admission API: {url}", flush=True)
         print(f"Local AWS (DynamoDB, SQS): {stack.aws_endpoint}  table: {stack.table_name}", flush=True)
         print(f"Relay dead-letter queue: {stack.dlq_url}", flush=True)
+        if stack.kafka_bootstrap:
+            print(f"Kafka bootstrap: {stack.kafka_bootstrap}  (relay consuming poimen.<tenant>.dispatch)", flush=True)
+            print(
+                f"Publish: poimen dispatch publish --bootstrap-servers {stack.kafka_bootstrap} --tenant acme "
+                "--workflow-ref wf/hello --input '{}' --dispatch-key k-2",
+                flush=True,
+            )
         print(
             "Try: curl -si -X POST "
             f"{url}/v1/runs -H 'Content-Type: application/json' -H 'X-Poimen-Tenant: acme' "
@@ -95,6 +114,28 @@ def run_dev(options: DevOptions) -> int:
         except KeyboardInterrupt:
             print("Stopping.", file=sys.stderr, flush=True)
     return 0
+
+
+def _start_kafka(
+    template: Template, options: DevOptions, api_url: str, dlq_url: str, cleanup: contextlib.ExitStack
+) -> str:
+    """A local broker (unless one is given) and the local MSK event source feeding the relay handler."""
+    bootstrap = options.kafka_bootstrap
+    if bootstrap is None:
+        data = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="poimen-kafka-")))
+        broker = cleanup.enter_context(KafkaBroker(data, port=options.kafka_port))
+        bootstrap = broker.bootstrap_servers
+    # The relay's own configuration, as its function environment would carry it in AWS.
+    os.environ.update({"ADMISSION_API_URL": api_url, "DLQ_URL": dlq_url})
+    sqs = boto3.client("sqs")
+    source = LocalMskEventSource(
+        bootstrap,
+        template.load_handler(RELAY_FUNCTION),
+        on_failure=lambda record: sqs.send_message(QueueUrl=dlq_url, MessageBody=json.dumps(record)),
+    )
+    source.start()
+    cleanup.callback(source.stop)
+    return bootstrap
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

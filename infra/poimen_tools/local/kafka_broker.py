@@ -1,0 +1,182 @@
+"""A real single-node Apache Kafka broker (KRaft: broker and controller) on 127.0.0.1, without Docker.
+
+The jars come from Maven Central (infra/kafka/pom.xml) into a cache folder git ignores; Java 17 runs
+`kafka.tools.StorageTool format` once per data folder, then `kafka.Kafka`. Data survives restarts.
+"""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from types import TracebackType
+
+from confluent_kafka.admin import AdminClient
+
+REPO = Path(__file__).resolve().parents[3]
+POM = REPO / "infra" / "kafka" / "pom.xml"
+KAFKA_VERSION = "4.1.1"
+DEFAULT_CACHE = REPO / ".cache" / "kafka"
+
+
+class BrokerError(RuntimeError):
+    """The broker could not be fetched, formatted or started."""
+
+
+def kafka_jars(cache: Path = DEFAULT_CACHE) -> Path:
+    """The folder of broker jars, fetched by Maven on first use (needs `mvn` and Maven Central)."""
+    lib = cache / KAFKA_VERSION / "lib"
+    done = lib / ".complete"
+    if done.exists():
+        return lib
+    if shutil.which("mvn") is None:
+        raise BrokerError("Maven (mvn) is needed to fetch the Kafka broker jars")
+    lib.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [
+            "mvn",
+            "-B",
+            "-q",
+            "-f",
+            str(POM),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={lib}",
+            "-DincludeScope=runtime",
+        ],
+        check=True,
+    )
+    done.touch()
+    return lib
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class KafkaBroker:
+    """`with KafkaBroker(folder) as broker: broker.bootstrap_servers`; `stop()`/`start()` keep the data."""
+
+    def __init__(self, data_dir: Path, port: int = 0, controller_port: int = 0, jars: Path | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.controller_port = controller_port or free_port()
+        self._jars = jars
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "broker.log"
+
+    def _java(self, main_class: str, *arguments: str) -> list[str]:
+        jars = self._jars or kafka_jars()
+        return [
+            "java",
+            "-Xms128m",
+            "-Xmx512m",
+            f"-Dlog4j2.configurationFile={self._write_log_config()}",
+            "-cp",
+            f"{jars}/*",
+            main_class,
+            *arguments,
+        ]
+
+    def _write_config(self) -> Path:
+        config = self.data_dir / "server.properties"
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.data_dir / "logs"),
+            "num.partitions": "1",
+            "offsets.topic.replication.factor": "1",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "group.initial.rebalance.delay.ms": "0",
+        }
+        config.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
+        return config
+
+    def _write_log_config(self) -> Path:
+        path = self.data_dir / "log4j2.properties"
+        path.write_text(
+            "rootLogger.level = WARN\n"
+            "rootLogger.appenderRef.file.ref = file\n"
+            "appender.file.type = File\n"
+            "appender.file.name = file\n"
+            f"appender.file.fileName = {self.log_file}\n"
+            "appender.file.layout.type = PatternLayout\n"
+            "appender.file.layout.pattern = [%d] %p %m (%c)%n\n"
+        )
+        return path
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Format the storage on first start, start the broker, and wait until it answers."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        config = self._write_config()
+        if not (self.data_dir / "logs" / "meta.properties").exists():
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            subprocess.run(
+                self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
+                check=True,
+                capture_output=True,
+            )
+        with (self.data_dir / "broker.out").open("ab") as out:
+            self._process = subprocess.Popen(
+                self._java("kafka.Kafka", str(config)), stdout=out, stderr=subprocess.STDOUT
+            )
+        self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        # log_level 0: no "connection refused" lines while the broker is still starting.
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        while time.monotonic() < deadline:
+            if self._process is not None and self._process.poll() is not None:
+                raise BrokerError(f"the broker exited with {self._process.returncode}; see {self.log_file}")
+            try:
+                metadata = admin.list_topics(timeout=1)
+            except Exception:
+                time.sleep(0.2)
+                continue
+            if metadata.brokers:
+                return
+        raise BrokerError(f"the broker did not answer within {timeout} s; see {self.log_file}")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """A clean shutdown (SIGTERM), so a later start keeps every committed record."""
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def __enter__(self) -> KafkaBroker:
+        self.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -1,0 +1,289 @@
+"""Real Kafka end to end: a KRaft broker, the local MSK event source, the relay, `poimen dev`, moto SQS."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from poimen.contract import RunRequest
+from poimen.dispatch import DispatchPublisher
+from poimen.ids import keyed_run_id
+from poimen.kafka import dispatch_topic
+from poimen.relay import relay_service
+from poimen_tools.local.event_source import LocalMskEventSource
+from poimen_tools.local.kafka_broker import KafkaBroker
+from poimen_tools.local.template import Template
+from poimen_tools.topics import ensure_topics
+from tests.conftest import count_runs
+from tests.integration.conftest import POIMEN, DevServer, dead_letters, start_dev, wait_for
+
+pytestmark = pytest.mark.usefixtures("no_admission_in_process")
+
+SPAWN = RunRequest(workflow_ref="wf/hello", input={"greeting": "hi"}, dispatch_key="order-42")
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    with KafkaBroker(tmp_path_factory.mktemp("kafka")) as running:
+        yield running
+
+
+@pytest.fixture
+def topic(broker: KafkaBroker, tenant: str) -> str:
+    ensure_topics(broker.bootstrap_servers, tenant, partitions=3, replication_factor=1)
+    return dispatch_topic(tenant)
+
+
+@pytest.fixture
+def dlq(dev: DevServer) -> str:
+    url: str = dev.sqs().create_queue(QueueName=f"dlq-{uuid.uuid4().hex[:12]}")["QueueUrl"]
+    return url
+
+
+EventSourceFactory = Callable[..., LocalMskEventSource]
+
+
+@pytest.fixture
+def event_source(
+    template: Template, dev: DevServer, dlq: str, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[EventSourceFactory]:
+    """The local MSK event source on this test's topic, feeding the relay handler pointed at `poimen dev`."""
+    monkeypatch.setenv("ADMISSION_API_URL", dev.url)
+    monkeypatch.setenv("DLQ_URL", dlq)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SQS", dev.aws_endpoint)
+    relay_service.cache_clear()
+    handler = template.load_handler("InboxRelayFunction")
+    sqs = dev.sqs()
+    started: list[LocalMskEventSource] = []
+
+    def create(bootstrap: str, group_id: str | None = None) -> LocalMskEventSource:
+        source = LocalMskEventSource(
+            bootstrap,
+            handler,
+            on_failure=lambda record: sqs.send_message(QueueUrl=dlq, MessageBody=json.dumps(record)),
+            group_id=group_id or f"relay-{uuid.uuid4().hex[:8]}",
+            batching_window_seconds=0.2,
+            max_attempts=2,
+            retry_base_seconds=0.1,
+            function_timeout_seconds=20,
+            topics=[topic],
+        )
+        source.start()
+        started.append(source)
+        return source
+
+    yield create
+    for source in started:
+        source.stop()
+    relay_service.cache_clear()
+
+
+def _partitions(admin: AdminClient, topic: str, offset: int = -1001) -> list[TopicPartition]:
+    metadata = admin.list_topics(topic, timeout=10)
+    return [TopicPartition(topic, partition, offset) for partition in metadata.topics[topic].partitions]
+
+
+def _committed(bootstrap: str, group_id: str, topic: str) -> int:
+    """Records the group has committed on the topic (sum of its partitions' committed offsets)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    request = ConsumerGroupTopicPartitions(group_id, _partitions(admin, topic))
+    (future,) = admin.list_consumer_group_offsets([request]).values()
+    return sum(max(tp.offset, 0) for tp in future.result().topic_partitions)
+
+
+def _runs(dev: DevServer, tenant: str) -> list[dict[str, Any]]:
+    return count_runs(dev.dynamodb(), dev.table_name, tenant)
+
+
+def test_one_published_message_is_one_run_through_one_post(
+    broker: KafkaBroker, dev: DevServer, tenant: str, event_source: EventSourceFactory, dlq: str
+) -> None:
+    source = event_source(broker.bootstrap_servers)
+    publisher = DispatchPublisher(broker.bootstrap_servers)
+
+    run_id = publisher.publish(tenant, SPAWN)
+    publisher.flush()
+
+    wait_for(lambda: _committed(broker.bootstrap_servers, source.group_id, dispatch_topic(tenant)) == 1)
+    assert [run["run_id"]["S"] for run in _runs(dev, tenant)] == [run_id] == [keyed_run_id(tenant, "order-42")]
+    assert [entry["message"] for entry in dev.admissions(tenant)] == ["run admitted"]
+    assert dead_letters(dev, dlq) == []
+
+
+def test_forced_redelivery_is_still_one_run(
+    broker: KafkaBroker, dev: DevServer, tenant: str, event_source: EventSourceFactory
+) -> None:
+    # Given a message relayed and committed by a consumer group
+    group = f"relay-{uuid.uuid4().hex[:8]}"
+    source = event_source(broker.bootstrap_servers, group)
+    publisher = DispatchPublisher(broker.bootstrap_servers)
+    publisher.publish(tenant, SPAWN)
+    publisher.flush()
+    wait_for(lambda: _committed(broker.bootstrap_servers, group, dispatch_topic(tenant)) == 1)
+    source.stop()
+    # When the group's offsets are reset to the start and the same message is published again
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    metadata = admin.list_topics(dispatch_topic(tenant), timeout=10)
+    beginning = [
+        TopicPartition(dispatch_topic(tenant), p, 0) for p in metadata.topics[dispatch_topic(tenant)].partitions
+    ]
+    (future,) = admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(group, beginning)]).values()
+    future.result()
+    publisher.publish(tenant, SPAWN)
+    publisher.flush()
+    event_source(broker.bootstrap_servers, group)
+    # Then both deliveries of both copies were admitted as one run
+    wait_for(lambda: _committed(broker.bootstrap_servers, group, dispatch_topic(tenant)) == 2)
+    assert len(_runs(dev, tenant)) == 1
+    assert sorted(entry["message"] for entry in dev.admissions(tenant)) == [
+        "run admitted",
+        "run replayed",
+        "run replayed",
+    ]
+
+
+def test_a_broker_outage_loses_nothing_and_the_api_keeps_admitting(
+    dev: DevServer, tenant: str, template: Template, tmp_path: Path, event_source: EventSourceFactory
+) -> None:
+    # Given a broker of this test's own, with one message in the log before it stops
+    broker = KafkaBroker(tmp_path / "kafka")
+    broker.start()
+    try:
+        ensure_topics(broker.bootstrap_servers, tenant, partitions=3, replication_factor=1)
+        publisher = DispatchPublisher(broker.bootstrap_servers)
+        before = publisher.publish(tenant, RunRequest(workflow_ref="wf/a", input={}, dispatch_key="before-stop"))
+        publisher.flush()
+        broker.stop()
+        # When a message is published while it is down (the producer buffers it)
+        during = publisher.publish(tenant, RunRequest(workflow_ref="wf/b", input={}, dispatch_key="during-outage"))
+        event_source(broker.bootstrap_servers)
+        # Then direct admissions keep working meanwhile
+        direct = requests.post(
+            f"{dev.url}/v1/runs",
+            json={"workflow_ref": "wf/direct", "input": {}, "dispatch_key": "direct"},
+            headers={"X-Poimen-Tenant": tenant},
+            timeout=30,
+        )
+        assert direct.status_code == 201
+        # And once the broker is back, both messages become runs
+        broker.start()
+        publisher.flush(60)
+        wait_for(lambda: len(_runs(dev, tenant)) == 3, timeout=60)
+    finally:
+        broker.stop()
+    assert {run["run_id"]["S"] for run in _runs(dev, tenant)} >= {before, during}
+
+
+def test_a_malformed_message_is_dead_lettered_and_later_ones_admitted(
+    broker: KafkaBroker, dev: DevServer, tenant: str, topic: str, event_source: EventSourceFactory, dlq: str
+) -> None:
+    raw = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    raw.produce(topic, key=b"same", value=b"{not json")
+    raw.produce(topic, key=b"same", value=json.dumps(SPAWN.model_dump()).encode())
+    assert raw.flush(30) == 0
+
+    event_source(broker.bootstrap_servers)
+
+    wait_for(lambda: len(_runs(dev, tenant)) == 1)
+    letters = wait_for(lambda: dead_letters(dev, dlq))
+    assert [letter["reason"]["kind"] for letter in letters] == ["invalid-json"]
+
+
+def test_a_batch_failing_every_attempt_goes_to_the_on_failure_destination(
+    broker: KafkaBroker,
+    dev: DevServer,
+    tenant: str,
+    event_source: EventSourceFactory,
+    dlq: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a relay that the API refuses (a URL that is no admission API answers 404)
+    monkeypatch.setenv("ADMISSION_API_URL", f"{dev.url}/not-the-api")
+    publisher = DispatchPublisher(broker.bootstrap_servers)
+    publisher.publish(tenant, SPAWN)
+    publisher.flush()
+    # When the event source has tried the batch max_attempts times
+    source = event_source(broker.bootstrap_servers)
+    (record,) = wait_for(lambda: dead_letters(dev, dlq))
+    # Then Lambda's OnFailure record names the batch, and the group moved past it
+    assert record["requestContext"]["condition"] == "RetryAttemptsExhausted"
+    assert record["requestContext"]["approximateInvokeCount"] == 2
+    assert next(iter(record["KafkaBatchInfo"]["recordsInfo"])).startswith(f"{dispatch_topic(tenant)}-")
+    wait_for(lambda: _committed(broker.bootstrap_servers, source.group_id, dispatch_topic(tenant)) == 1)
+    assert _runs(dev, tenant) == []
+
+
+def test_inbox_lag_is_emitted(
+    broker: KafkaBroker, tenant: str, event_source: EventSourceFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = event_source(broker.bootstrap_servers)
+    publisher = DispatchPublisher(broker.bootstrap_servers)
+    publisher.publish(tenant, SPAWN)
+    publisher.flush()
+
+    wait_for(lambda: _committed(broker.bootstrap_servers, source.group_id, dispatch_topic(tenant)) == 1)
+
+    documents = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')]
+    lags = [doc["InboxLag"] for doc in documents if "InboxLag" in doc]
+    assert lags
+    assert all(0 <= (lag[0] if isinstance(lag, list) else lag) < 60_000 for lag in lags)
+
+
+def test_poimen_dev_runs_the_whole_path(tmp_path: Path, tenant: str) -> None:
+    # Given `poimen dev` with its own broker and event source
+    dev = start_dev(tmp_path, kafka=True)
+    try:
+        assert dev.kafka_bootstrap is not None
+        # When a dispatch message is published with the CLI
+        published = subprocess.run(
+            [
+                str(POIMEN),
+                "dispatch",
+                "publish",
+                "--bootstrap-servers",
+                dev.kafka_bootstrap,
+                "--tenant",
+                tenant,
+                "--workflow-ref",
+                "wf/hello",
+                "--input",
+                '{"n": 1}',
+                "--dispatch-key",
+                "cli-1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        # Then one run appears, admitted through the API
+        run_id = keyed_run_id(tenant, "cli-1")
+        assert run_id in published.stdout
+        wait_for(lambda: len(count_runs(dev.dynamodb(), dev.table_name, tenant)) == 1, timeout=60)
+        assert [entry["message"] for entry in dev.admissions(tenant)] == ["run admitted"]
+    finally:
+        assert dev.stop() == 0
+
+
+def test_topics_ensure_is_idempotent(broker: KafkaBroker, tenant: str) -> None:
+    command = [str(POIMEN), "topics", "ensure", "--tenant", tenant, "--bootstrap-servers", broker.bootstrap_servers]
+    command += ["--partitions", "2", "--replication-factor", "1", "--retention-ms", "3600000"]
+
+    first = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
+    again = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
+
+    assert first.splitlines() == [f"poimen.{tenant}.dispatch: created", f"poimen.{tenant}.events: created"]
+    assert again.splitlines() == [f"poimen.{tenant}.dispatch: exists", f"poimen.{tenant}.events: exists"]
+    metadata = AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=10)
+    assert len(metadata.topics[f"poimen.{tenant}.dispatch"].partitions) == 2

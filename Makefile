@@ -46,7 +46,7 @@ check-bundle: $(STAMP) $(SAM) $(ACTIONLINT)
 	$(OFFLINE_AWS) $(SAM) validate --lint --template template.yaml
 	$(ACTIONLINT) .github/workflows/deploy.yml
 	rm -rf .cache/layer-wheels
-	$(BIN)/python -m pip download --quiet --only-binary=:all: --platform manylinux_2_28_aarch64 \
+	$(BIN)/python -m pip download --quiet --only-binary=:all: --platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64 \
 		--implementation cp --python-version 3.13 -r layers/poimen/requirements.txt -d .cache/layer-wheels
 
 # The local Kafka broker's jars, from Maven Central into .cache/kafka (needs Java 17 and Maven).

@@ -60,7 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ensure = topics.add_parser("ensure", help="create poimen.<tenant>.events and .dispatch if missing")
     ensure.add_argument("--tenant", required=True, type=_tenant)
     ensure.add_argument("--partitions", type=int, default=6, help="(default: %(default)s)")
-    ensure.add_argument("--replication-factor", type=int, default=3, help="(default: %(default)s)")
+    ensure.add_argument(
+        "--replication-factor", type=int, default=-1, help="(default: -1, the broker's default.replication.factor)"
+    )
     ensure.add_argument("--retention-ms", type=int, default=SEVEN_DAYS_MS, help="(default: 7 days)")
     _connection_arguments(ensure)
 

@@ -16,11 +16,14 @@ def ensure_topics(
     tenant_id: str,
     *,
     partitions: int = 6,
-    replication_factor: int = 3,
+    replication_factor: int = -1,
     retention_ms: int = SEVEN_DAYS_MS,
     iam_region: str | None = None,
 ) -> dict[str, str]:
     """Create `poimen.<tenant>.events` and `.dispatch` unless they exist; {topic: "created"|"exists"}.
+
+    A replication factor of -1 takes the broker's `default.replication.factor` (3 on MSK, 1 locally).
+    An existing topic is reported as it is, not altered.
 
     `.dispatch` retention must not exceed how long admission remembers a dispatch_key. Run items are
     never deleted, so with run-scoped keys that is forever, and any retention is safe.

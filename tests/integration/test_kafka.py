@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -92,9 +94,14 @@ def _partitions(admin: AdminClient, topic: str, offset: int = -1001) -> list[Top
     return [TopicPartition(topic, partition, offset) for partition in metadata.topics[topic].partitions]
 
 
+@functools.cache
+def _admin(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
 def _committed(bootstrap: str, group_id: str, topic: str) -> int:
     """Records the group has committed on the topic (sum of its partitions' committed offsets)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = _admin(bootstrap)
     request = ConsumerGroupTopicPartitions(group_id, _partitions(admin, topic))
     (future,) = admin.list_consumer_group_offsets([request]).values()
     return sum(max(tp.offset, 0) for tp in future.result().topic_partitions)
@@ -154,7 +161,7 @@ def test_forced_redelivery_is_still_one_run(
 
 
 def test_a_broker_outage_loses_nothing_and_the_api_keeps_admitting(
-    dev: DevServer, tenant: str, template: Template, tmp_path: Path, event_source: EventSourceFactory
+    dev: DevServer, tenant: str, tmp_path: Path, event_source: EventSourceFactory, dlq: str
 ) -> None:
     # Given a broker of this test's own, with one message in the log before it stops
     broker = KafkaBroker(tmp_path / "kafka")
@@ -167,7 +174,7 @@ def test_a_broker_outage_loses_nothing_and_the_api_keeps_admitting(
         broker.stop()
         # When a message is published while it is down (the producer buffers it)
         during = publisher.publish(tenant, RunRequest(workflow_ref="wf/b", input={}, dispatch_key="during-outage"))
-        event_source(broker.bootstrap_servers)
+        source = event_source(broker.bootstrap_servers)
         # Then direct admissions keep working meanwhile
         direct = requests.post(
             f"{dev.url}/v1/runs",
@@ -176,13 +183,15 @@ def test_a_broker_outage_loses_nothing_and_the_api_keeps_admitting(
             timeout=30,
         )
         assert direct.status_code == 201
-        # And once the broker is back, both messages become runs
+        # And once the broker is back, both messages become runs, and nothing was dead-lettered
         broker.start()
         publisher.flush(60)
         wait_for(lambda: len(_runs(dev, tenant)) == 3, timeout=60)
+        source.stop()
     finally:
         broker.stop()
-    assert {run["run_id"]["S"] for run in _runs(dev, tenant)} >= {before, during}
+    assert {run["run_id"]["S"] for run in _runs(dev, tenant)} == {before, during, direct.json()["run_id"]}
+    assert dead_letters(dev, dlq) == []
 
 
 def test_a_malformed_message_is_dead_lettered_and_later_ones_admitted(
@@ -210,6 +219,7 @@ def test_a_batch_failing_every_attempt_goes_to_the_on_failure_destination(
 ) -> None:
     # Given a relay that the API refuses (a URL that is no admission API answers 404)
     monkeypatch.setenv("ADMISSION_API_URL", f"{dev.url}/not-the-api")
+    relay_service.cache_clear()
     publisher = DispatchPublisher(broker.bootstrap_servers)
     publisher.publish(tenant, SPAWN)
     publisher.flush()
@@ -287,3 +297,38 @@ def test_topics_ensure_is_idempotent(broker: KafkaBroker, tenant: str) -> None:
     assert again.splitlines() == [f"poimen.{tenant}.dispatch: exists", f"poimen.{tenant}.events: exists"]
     metadata = AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=10)
     assert len(metadata.topics[f"poimen.{tenant}.dispatch"].partitions) == 2
+
+
+def test_stopping_while_a_batch_fails_commits_nothing(
+    broker: KafkaBroker, dev: DevServer, tenant: str, topic: str, template: Template, event_source: EventSourceFactory
+) -> None:
+    # Given a function that fails, and an event source backing off between attempts
+    failed = threading.Event()
+
+    def failing(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        failed.set()
+        raise RuntimeError("the function failed")
+
+    group = f"relay-{uuid.uuid4().hex[:8]}"
+    stalled = LocalMskEventSource(
+        broker.bootstrap_servers,
+        failing,
+        on_failure=lambda _: None,
+        group_id=group,
+        batching_window_seconds=0.2,
+        max_attempts=3,
+        retry_base_seconds=30,
+        topics=[topic],
+    )
+    publisher = DispatchPublisher(broker.bootstrap_servers)
+    publisher.publish(tenant, SPAWN)
+    publisher.flush()
+    stalled.start()
+    assert failed.wait(30)
+    # When it is stopped during the backoff
+    stalled.stop()
+    # Then nothing was committed, and the next consumer of the group relays the record
+    assert _committed(broker.bootstrap_servers, group, topic) == 0
+    event_source(broker.bootstrap_servers, group)
+    wait_for(lambda: _committed(broker.bootstrap_servers, group, topic) == 1)
+    assert len(_runs(dev, tenant)) == 1

@@ -125,7 +125,8 @@ def _start_kafka(
         data = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="poimen-kafka-")))
         broker = cleanup.enter_context(KafkaBroker(data, port=options.kafka_port))
         bootstrap = broker.bootstrap_servers
-    # The relay's own configuration, as its function environment would carry it in AWS.
+    # The relay's two variables. Its other ones (service name) are left out: this process's environment
+    # is also what the admission execution environments inherit when they start.
     os.environ.update({"ADMISSION_API_URL": api_url, "DLQ_URL": dlq_url})
     sqs = boto3.client("sqs")
     source = LocalMskEventSource(

@@ -1,9 +1,10 @@
 """The local stand-in for Lambda's MSK event source mapping: consume, build the MSK event, invoke.
 
 It consumes `poimen.<tenant>.dispatch` topics with a consumer group, builds events in the `aws:kafka`
-shape (poimen_tools.local.msk), invokes the *same* relay handler in-process, and commits offsets only
-after the handler returns. A failed batch is retried with backoff; after `max_attempts` its metadata
-goes to the on-failure destination (as Lambda's OnFailure record) and the group moves on.
+shape (poimen_tools.local.msk), one topic per event as a mapping per tenant topic would, invokes the
+*same* relay handler in-process, and commits a batch's offsets only once it is handled: the handler
+returned, or, after `max_attempts` failures, its metadata went to the on-failure destination (as
+Lambda's OnFailure record). Stopping while a batch is still failing commits nothing: it comes again.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, Message, TopicPartition
 
 from poimen.kafka import DISPATCH_TOPIC_PATTERN
 from poimen_tools.local.devserver import LambdaHandler, LocalLambdaContext
@@ -56,9 +57,10 @@ class LocalMskEventSource:
         self._topics = topics or [DISPATCH_TOPIC_PATTERN]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.invocations = 0
 
     def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("the event source is already running")
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="local-msk-event-source", daemon=True)
         self._thread.start()
@@ -66,77 +68,115 @@ class LocalMskEventSource:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=self._timeout + 30)
+            self._thread.join()
             self._thread = None
 
     def _run(self) -> None:
+        # A batch may take max_attempts invocations plus backoff; the group must not evict us meanwhile.
+        budget_ms = int(self._max_attempts * (self._timeout + self._retry_base * 2**self._max_attempts) * 1000)
         consumer = Consumer(
             {
                 "bootstrap.servers": self.bootstrap_servers,
                 "group.id": self.group_id,
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
+                "max.poll.interval.ms": budget_ms + 60_000,
                 # New tenant topics are picked up within a second, as a new mapping would start them.
                 "topic.metadata.refresh.interval.ms": 1000,
             }
         )
-        consumer.subscribe(self._topics)
         try:
+            consumer.subscribe(self._topics)
             while not self._stop.is_set():
-                messages = [m for m in consumer.consume(self._batch_size, self._window) if m.error() is None]
-                if messages:
-                    self._deliver(messages)
-                    self._commit(consumer, messages)
+                try:
+                    self._poll_once(consumer)
+                except Exception:  # keep the relay alive: log, back off, go on (uncommitted records return)
+                    log.exception("local MSK event source failed a cycle")
+                    self._stop.wait(1.0)
         finally:
             consumer.close()
 
-    def _deliver(self, messages: list[Message]) -> None:
+    def _poll_once(self, consumer: Consumer) -> None:
+        messages = []
+        for message in consumer.consume(self._batch_size, self._window):
+            error = message.error()
+            if error is None:
+                messages.append(message)
+            elif error.code() != KafkaError._PARTITION_EOF:
+                log.warning("consumer: %s", error)
+        by_topic: dict[str, list[Message]] = {}
+        for message in messages:
+            by_topic.setdefault(message.topic() or "", []).append(message)
+        for batch in by_topic.values():  # one topic per event, as one mapping per tenant topic delivers
+            try:
+                handled = self._deliver(batch)
+            except BaseException:
+                _rewind(consumer, batch)  # e.g. the on-failure destination unreachable: deliver it again
+                raise
+            if not handled:
+                return  # stopping: nothing committed, the batch comes again after a restart
+            self._commit(consumer, batch)
+
+    def _deliver(self, messages: list[Message]) -> bool:
+        """True once the batch is handled (by the function, or sent to the on-failure destination)."""
         event = msk_event((_record(message) for message in messages), self.bootstrap_servers)
         for attempt in range(1, self._max_attempts + 1):
-            self.invocations += 1
             try:
                 self._handler(event, LocalLambdaContext(self._function_name, timeout_seconds=self._timeout))
             except Exception as error:  # the function failed: retry the same batch, as the mapping does
                 log.warning("relay invocation %d/%d failed: %s", attempt, self._max_attempts, error)
                 if attempt == self._max_attempts:
                     self._on_failure(on_failure_record(messages, event, attempt, self.bootstrap_servers))
-                    return
+                    return True
                 if self._stop.wait(self._retry_base * 2 ** (attempt - 1)):
-                    return
+                    return False
             else:
-                return
+                return True
+        return False
 
     @staticmethod
     def _commit(consumer: Consumer, messages: list[Message]) -> None:
+        # Only partitions this member still owns: a commit for a revoked one could rewind its new owner.
+        owned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
         last: dict[tuple[str, int], int] = {}
         for message in messages:
             key = (message.topic() or "", message.partition() or 0)
-            last[key] = max(last.get(key, -1), message.offset() or 0)
+            if key in owned:
+                last[key] = max(last.get(key, -1), message.offset() or 0)
+        if not last:
+            return
+        offsets = [TopicPartition(topic, partition, offset + 1) for (topic, partition), offset in last.items()]
         try:
-            consumer.commit(
-                offsets=[TopicPartition(topic, partition, offset + 1) for (topic, partition), offset in last.items()],
-                asynchronous=False,
-            )
-        except Exception as error:  # broker away: the records come again later, and are replays
+            results = consumer.commit(offsets=offsets, asynchronous=False) or []
+        except Exception as error:  # the broker is away: the records come again after a restart
             log.warning("offset commit failed: %s", error)
+            return
+        for result in results:
+            if result.error is not None:
+                log.warning("offset commit failed for %s-%d: %s", result.topic, result.partition, result.error)
+
+
+def _rewind(consumer: Consumer, messages: list[Message]) -> None:
+    first: dict[tuple[str, int], int] = {}
+    for message in messages:
+        key = (message.topic() or "", message.partition() or 0)
+        first[key] = min(first.get(key, message.offset() or 0), message.offset() or 0)
+    for (topic, partition), offset in first.items():
+        consumer.seek(TopicPartition(topic, partition, offset))
 
 
 def _record(message: Message) -> KafkaRecord:
-    _kind, timestamp = message.timestamp()
+    kind, timestamp = message.timestamp()
     return KafkaRecord(
         topic=message.topic() or "",
         partition=message.partition() or 0,
         offset=message.offset() or 0,
         timestamp_ms=timestamp,
+        timestamp_type="LOG_APPEND_TIME" if kind == TIMESTAMP_LOG_APPEND_TIME else "CREATE_TIME",
         value=_bytes(message.value()),
         key=_bytes(message.key()),
-        headers=_headers(message.headers()),
+        headers=[(str(name), _bytes(value) or b"") for name, value in list(message.headers() or [])],
     )
-
-
-def _headers(raw: Any) -> list[tuple[str, bytes]]:
-    pairs = raw.items() if isinstance(raw, dict) else raw or []
-    return [(str(name), _bytes(value) or b"") for name, value in pairs]
 
 
 def _bytes(value: str | bytes | None) -> bytes | None:

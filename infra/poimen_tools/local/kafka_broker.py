@@ -109,6 +109,8 @@ class KafkaBroker:
             "transaction.state.log.replication.factor": "1",
             "transaction.state.log.min.isr": "1",
             "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "offsets.topic.num.partitions": "1",  # 50 by default: slow to create on a 2-core machine
             "group.initial.rebalance.delay.ms": "0",
         }
         config.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
@@ -131,20 +133,34 @@ class KafkaBroker:
         """Format the storage on first start, start the broker, and wait until it answers."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = self._write_config()
-        if not (self.data_dir / "logs" / "meta.properties").exists():
+        if self._process is not None:
+            raise BrokerError("the broker is already running")
+        meta = self.data_dir / "logs" / "meta.properties"
+        if not meta.exists():
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-            subprocess.run(
+            formatted = subprocess.run(
                 self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
-                check=True,
                 capture_output=True,
+                text=True,
             )
+            if formatted.returncode != 0:
+                raise BrokerError(f"formatting {self.data_dir} failed: {formatted.stderr[-2000:]}")
+        cluster_id = next(
+            line.split("=", 1)[1] for line in meta.read_text().splitlines() if line.startswith("cluster.id=")
+        )
         with (self.data_dir / "broker.out").open("ab") as out:
+            # Its own session: a Ctrl-C meant for `poimen dev` must not kill the broker under it.
             self._process = subprocess.Popen(
-                self._java("kafka.Kafka", str(config)), stdout=out, stderr=subprocess.STDOUT
+                self._java("kafka.Kafka", str(config)), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
-        self.wait_ready(timeout)
+        try:
+            self.wait_ready(timeout, cluster_id)
+        except BaseException:
+            self.stop()
+            raise
 
-    def wait_ready(self, timeout: float) -> None:
+    def wait_ready(self, timeout: float, cluster_id: str) -> None:
+        """Until this broker (not another one on the port) answers metadata requests."""
         deadline = time.monotonic() + timeout
         # log_level 0: no "connection refused" lines while the broker is still starting.
         admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
@@ -156,6 +172,8 @@ class KafkaBroker:
             except Exception:
                 time.sleep(0.2)
                 continue
+            if metadata.cluster_id != cluster_id:
+                raise BrokerError(f"another Kafka cluster answers on {self.bootstrap_servers}")
             if metadata.brokers:
                 return
         raise BrokerError(f"the broker did not answer within {timeout} s; see {self.log_file}")

@@ -19,6 +19,7 @@ class KafkaRecord:
     value: bytes | None  # None: a tombstone
     key: bytes | None = None
     headers: list[tuple[str, bytes]] = field(default_factory=list)
+    timestamp_type: str = "CREATE_TIME"  # or LOG_APPEND_TIME
 
 
 def msk_event(
@@ -34,7 +35,7 @@ def msk_event(
             "partition": record.partition,
             "offset": record.offset,
             "timestamp": record.timestamp_ms,
-            "timestampType": "CREATE_TIME",
+            "timestampType": record.timestamp_type,
         }
         if record.key is not None:
             entry["key"] = base64.b64encode(record.key).decode("ascii")

@@ -25,7 +25,8 @@ class DispatchPublisher:
     """
 
     def __init__(self, bootstrap_servers: str, iam_region: str | None = None, **extra: Any) -> None:
-        settings = {"enable.idempotence": True, "acks": "all", **extra}
+        # murmur2: the partitioner of Java producers, so every producer puts a partition key in one place.
+        settings = {"enable.idempotence": True, "acks": "all", "partitioner": "murmur2_random", **extra}
         self._producer = Producer(client_config(bootstrap_servers, iam_region, **settings))
         self._failures: list[str] = []
         self._producer.poll(0)  # serves oauth_cb before the first request (librdkafka calls it from poll)

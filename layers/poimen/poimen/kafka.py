@@ -6,9 +6,10 @@ import re
 
 from poimen.contract import TENANT_PATTERN
 
-_DISPATCH_TOPIC = re.compile(rf"^poimen\.(?P<tenant>{TENANT_PATTERN.strip('^$')})\.dispatch$")
-# Every tenant's dispatch topic, as a librdkafka subscription pattern.
-DISPATCH_TOPIC_PATTERN = r"^poimen\.[a-z0-9][a-z0-9-]{0,62}\.dispatch$"
+_TENANT = TENANT_PATTERN.strip("^$")
+_DISPATCH_TOPIC = re.compile(rf"^poimen\.(?P<tenant>{_TENANT})\.dispatch$")
+# Every tenant's dispatch topic, as a librdkafka subscription pattern (a leading ^ marks a regex).
+DISPATCH_TOPIC_PATTERN = rf"^poimen\.{_TENANT}\.dispatch$"
 
 
 def dispatch_topic(tenant_id: str) -> str:
@@ -29,7 +30,8 @@ def partition_key(tenant_id: str, run_id: str) -> bytes:
     """The Kafka key of every record about one run, on `.dispatch` and `.events` alike.
 
     Byte format: UTF-8 of `<tenant_id>/<run_id>`, e.g. `acme/3d7b1368-cb64-8e4b-b3d9-a9f4d69125b4`. A
-    tenant id cannot contain `/`, so the key splits unambiguously; the default partitioner (murmur2 of
-    these bytes) sends a run's dispatch and its events to the same partition number.
+    tenant id cannot contain `/`, so the key splits unambiguously. Producers partition it with murmur2
+    (Java's default; `DispatchPublisher` sets librdkafka's `murmur2_random` to match), so on topics with
+    equal partition counts a run's dispatch and its events land on the same partition number.
     """
     return f"{tenant_id}/{run_id}".encode()

@@ -77,13 +77,14 @@ class BatchOutcome:
     max_lag_ms: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def admitted(self, replayed: bool, lag_ms: float) -> None:
+    def admitted(self, replayed: bool, lag_ms: float | None) -> None:
         with self._lock:
             if replayed:
                 self.replayed += 1
             else:
                 self.relayed += 1
-            self.max_lag_ms = lag_ms if self.max_lag_ms is None else max(self.max_lag_ms, lag_ms)
+            if lag_ms is not None:
+                self.max_lag_ms = lag_ms if self.max_lag_ms is None else max(self.max_lag_ms, lag_ms)
 
     def count(self, name: str, amount: int = 1) -> None:
         with self._lock:
@@ -187,7 +188,9 @@ class Relay:
             logger.warning("dispatch without dispatch_key: delivered at least once", topic=record.topic)
         status, answer = self._post(tenant_id, body, _traceparent(record), deadline, outcome, abort)
         if status in (200, 201):
-            outcome.admitted(replayed=status == 200, lag_ms=max(0.0, time.time() * 1000 - record.timestamp))
+            # A record without a timestamp (-1) has no lag to tell.
+            lag_ms = max(0.0, time.time() * 1000 - record.timestamp) if record.timestamp > 0 else None
+            outcome.admitted(replayed=status == 200, lag_ms=lag_ms)
             logger.info(
                 "dispatch replayed" if status == 200 else "dispatch relayed",
                 tenant_id=tenant_id,

@@ -20,8 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 os.environ.update(
     {
-        "AWS_ACCESS_KEY_ID": "bench",
-        "AWS_SECRET_ACCESS_KEY": "bench",
+        # The relay signs with these: the dev key `poimen dev` knows and grants every tenant.
+        "AWS_ACCESS_KEY_ID": "POIMENDEVACCESSKEY",
+        "AWS_SECRET_ACCESS_KEY": "poimen-dev-secret-access-key",
         "POWERTOOLS_SERVICE_NAME": "poimen-bench",
         "POWERTOOLS_METRICS_NAMESPACE": "PoimenBench",
         "POWERTOOLS_LOG_LEVEL": "WARNING",
@@ -35,6 +36,7 @@ from poimen.relay import relay_service
 from poimen_tools.local.dev import DevOptions, dev_stack
 from poimen_tools.local.devserver import LocalLambdaContext
 from poimen_tools.local.msk import KafkaRecord, msk_event
+from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY, signed_headers
 from poimen_tools.local.template import Template, default_template_path
 
 TENANT = "bench"
@@ -71,7 +73,9 @@ def floor_rate(url: str, bodies: list[bytes], concurrency: int) -> float:
     headers = {"Content-Type": "application/json", "X-Poimen-Tenant": TENANT}
 
     def post(body: bytes) -> int:
-        return pool.request("POST", f"{url}/v1/runs", body=body, headers=headers).status
+        # Signed like the relay's requests: IAM authorization takes a signature from every client.
+        signed = signed_headers("POST", f"{url}/v1/runs", headers, body, DEV_ACCESS_KEY, DEV_SECRET_KEY, "us-east-1")
+        return pool.request("POST", f"{url}/v1/runs", body=body, headers=signed).status
 
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as executor:
@@ -129,7 +133,7 @@ def main() -> None:
     parser.add_argument("--environments", type=int, default=4, help="API execution environments")
     args = parser.parse_args()
 
-    with _silenced(), dev_stack(DevOptions(port=0, concurrency=args.environments)) as stack:
+    with _silenced(), dev_stack(DevOptions(port=0, concurrency=args.environments, kafka=False)) as stack:
         thread = threading.Thread(target=stack.server.serve_forever, daemon=True)
         thread.start()
         os.environ.update(

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from poimen.admission import normalise_principal
+from poimen.config import Settings
 from poimen.contract import TENANT_PATTERN, RunRequest
 from poimen.dispatch import DispatchPublisher
 from poimen.kafka import dispatch_topic
+from poimen.store import Store
 from poimen_tools.local.dev import DevOptions, run_dev
 from poimen_tools.topics import SEVEN_DAYS_MS, ensure_topics
 
@@ -38,8 +42,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     dev.add_argument(
         "--principal",
         default=defaults.principal,
-        help="IAM principal put in the authorizer context of every request; granted every tenant "
-        "(default: %(default)s)",
+        help="principal ARN of the default dev key (see README); granted every tenant (default: %(default)s)",
+    )
+    dev.add_argument(
+        "--principals",
+        type=Path,
+        help="JSON: access key id -> {secret, arn, tenants}; also POIMEN_LOCAL_PRINCIPALS (default: the dev key)",
     )
     dev.add_argument("--dlq-name", default=defaults.dlq_name, help="(default: %(default)s)")
     dev.add_argument("--region", default=defaults.region, help="(default: %(default)s)")
@@ -75,7 +83,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     publish.add_argument("--dispatch-key")
     _connection_arguments(publish)
 
+    grants = commands.add_parser("grants", help="which tenants each principal may act for")
+    grant_actions = grants.add_subparsers(dest="action", required=True)
+    for action in ("add", "remove"):
+        change = grant_actions.add_parser(action, help=f"{action} one grant")
+        change.add_argument("--principal", required=True, help="IAM ARN; assumed-role sessions count as their role")
+        change.add_argument("--tenant", required=True, type=_tenant_or_all, help="a tenant id, or * for every tenant")
+        _table_arguments(change)
+    _table_arguments(grant_actions.add_parser("list", help="every principal and its tenants"))
+
     args = parser.parse_args(argv)
+    if args.command == "grants":
+        return _grants(args)
     if args.command == "topics":
         result = ensure_topics(
             args.bootstrap_servers,
@@ -105,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             moto_port=args.moto_port,
             table_name=args.table_name,
             principal=args.principal,
+            principals_file=args.principals,
             region=args.region,
             template_path=args.template,
             concurrency=args.concurrency,
@@ -114,6 +134,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             kafka_bootstrap=args.kafka_bootstrap,
         )
     )
+
+
+def _grants(args: argparse.Namespace) -> int:
+    if args.dynamodb_endpoint:
+        os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = args.dynamodb_endpoint
+    store = Store(Settings.from_env({"TABLE_NAME": args.table_name, "AWS_REGION": args.region}))
+    if args.action == "list":
+        for principal, tenants in sorted(store.all_grants().items()):
+            print(f"{principal}\t{','.join(sorted(tenants))}")
+        return 0
+    principal = normalise_principal(args.principal)
+    (store.grant if args.action == "add" else store.revoke)(principal, args.tenant)
+    print(f"{args.action}: {principal} {args.tenant}")
+    return 0
+
+
+def _table_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--table-name", default=os.environ.get("TABLE_NAME", "poimen-admission-local"))
+    parser.add_argument("--dynamodb-endpoint", metavar="URL", help="a local endpoint, e.g. that of `poimen dev`")
+    parser.add_argument("--region", default=os.environ.get("AWS_REGION", "us-east-1"))
+
+
+def _tenant_or_all(value: str) -> str:
+    return value if value == "*" else _tenant(value)
 
 
 def _tenant(value: str) -> str:

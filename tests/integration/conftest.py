@@ -18,6 +18,8 @@ import boto3
 import pytest
 import requests
 
+from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY, signed_headers
+
 POIMEN = Path(sys.executable).parent / "poimen"
 
 
@@ -78,6 +80,33 @@ class DevServer:
         return self.process.returncode
 
 
+# The relay signs with the process's AWS credentials (tests/conftest.py: testing/testing).
+RELAY_ROLE = "arn:aws:iam::123456789012:role/poimen-relay"
+
+
+class SigV4(requests.auth.AuthBase):
+    """Signs each request as the dev key of `poimen dev` (or another principal) for execute-api."""
+
+    def __init__(self, access_key: str = DEV_ACCESS_KEY, secret_key: str = DEV_SECRET_KEY) -> None:
+        self.access_key, self.secret_key = access_key, secret_key
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        body = request.body or b""
+        body = body.encode() if isinstance(body, str) else body
+        kept = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "x-poimen-tenant")}
+        signed = signed_headers(
+            request.method or "GET", request.url or "", kept, body, self.access_key, self.secret_key, "us-east-1"
+        )
+        request.headers.update(signed)
+        return request
+
+
+def signed_session() -> requests.Session:
+    session = requests.Session()
+    session.auth = SigV4()
+    return session
+
+
 def start_dev(
     tmp_path: Path,
     *extra: str,
@@ -87,6 +116,9 @@ def start_dev(
 ) -> DevServer:
     port = port or free_port()
     extra = ("--kafka-port", "0", *extra) if kafka else ("--no-kafka", *extra)
+    principals = tmp_path / "principals.json"
+    principals.write_text(json.dumps({"testing": {"secret": "testing", "arn": RELAY_ROLE, "tenants": ["*"]}}))
+    extra = ("--principals", str(principals), *extra)
     log = tmp_path / f"poimen-dev-{port}.log"
     with log.open("ab") as out:  # append mode: the worker processes share this file
         process = subprocess.Popen(
@@ -132,7 +164,7 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
 
 @pytest.fixture
 def http() -> Iterator[requests.Session]:
-    with requests.Session() as session:
+    with signed_session() as session:
         yield session
 
 

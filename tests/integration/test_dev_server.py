@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -10,8 +12,9 @@ from moto.server import ThreadedMotoServer
 
 from poimen.ids import keyed_run_id
 from poimen_tools.local.moto import serialise_dynamodb_writes
+from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY
 from tests.conftest import count_runs
-from tests.integration.conftest import DevServer, free_port, start_dev
+from tests.integration.conftest import POIMEN, DevServer, SigV4, free_port, signed_session, start_dev
 
 SPAWN = {"workflow_ref": "wf/hello", "input": {"greeting": "hi"}, "dispatch_key": "k-1"}
 
@@ -34,7 +37,7 @@ def test_keyed_spawn_then_replay_is_one_run(dev: DevServer, http: requests.Sessi
 def test_twenty_concurrent_duplicates_over_http_make_one_run(dev: DevServer, tenant: str) -> None:
     def spawn(_: int) -> requests.Response:
         # One connection per thread: twenty requests really are in flight together.
-        with requests.Session() as session:
+        with signed_session() as session:
             return _post(session, dev, tenant, SPAWN)
 
     with ThreadPoolExecutor(max_workers=20) as pool:
@@ -94,7 +97,7 @@ def test_dev_uses_an_already_running_dynamodb_endpoint(tmp_path: Path, tenant: s
         server = start_dev(tmp_path, "--dynamodb-endpoint", endpoint, table_name="external-table")
         try:
             # When a run is admitted through it
-            with requests.Session() as session:
+            with signed_session() as session:
                 assert _post(session, server, tenant, SPAWN).status_code == 201
         finally:
             # Then it stops cleanly on Ctrl-C, and the run is in the external endpoint's table
@@ -110,7 +113,7 @@ def test_concurrent_requests_of_different_tenants_are_never_mixed(dev: DevServer
     tenants = [f"mix-{i % 2}-{dev.url.rsplit(':', 1)[1]}" for i in range(20)]
 
     def spawn(i: int) -> tuple[int, requests.Response]:
-        with requests.Session() as session:
+        with signed_session() as session:
             return i, _post(session, dev, tenants[i], {"workflow_ref": f"wf/{i}", "input": {"i": i}})
 
     with ThreadPoolExecutor(max_workers=20) as pool:
@@ -126,7 +129,7 @@ def test_one_key_with_two_payloads_concurrently_is_one_run(dev: DevServer, tenan
     bodies = [{**SPAWN, "input": {"variant": i % 2}} for i in range(20)]
 
     def spawn(body: dict[str, object]) -> requests.Response:
-        with requests.Session() as session:
+        with signed_session() as session:
             return _post(session, dev, tenant, body)
 
     with ThreadPoolExecutor(max_workers=20) as pool:
@@ -144,3 +147,59 @@ def test_routes_outside_the_template_are_answered_by_the_gateway(dev: DevServer,
     answer = http.delete(f"{dev.url}/v1/runs", timeout=30)
 
     assert (answer.status_code, answer.json()) == (404, {"message": "Not Found"})
+
+
+def test_curl_aws_sigv4_is_accepted_and_unsigned_requests_are_refused(dev: DevServer, tenant: str) -> None:
+    body = json.dumps({"workflow_ref": "wf/curl", "input": {}, "dispatch_key": "curl-1"})
+    base = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", f"{dev.url}/v1/runs"]
+    base += ["-H", "Content-Type: application/json", "-H", f"X-Poimen-Tenant: {tenant}", "-d", body]
+    signing = ["--aws-sigv4", "aws:amz:us-east-1:execute-api", "--user", f"{DEV_ACCESS_KEY}:{DEV_SECRET_KEY}"]
+
+    signed = subprocess.run([*base, *signing], capture_output=True, text=True, timeout=30, check=True).stdout
+    unsigned = subprocess.run(base, capture_output=True, text=True, timeout=30, check=True).stdout
+    wrong = [*base, "--aws-sigv4", "aws:amz:us-east-1:execute-api", "--user", f"{DEV_ACCESS_KEY}:not-the-secret"]
+    badly_signed = subprocess.run(wrong, capture_output=True, text=True, timeout=30, check=True).stdout
+
+    assert (signed, unsigned, badly_signed) == ("201", "403", "403")
+    assert len(count_runs(dev.dynamodb(), dev.table_name, tenant)) == 1
+
+
+def test_a_principal_is_held_to_its_grants(dev: DevServer, tmp_path: Path, tenant: str) -> None:
+    # Given a principal granted only `tenant` (in the principals file of its own dev server)
+    principals = tmp_path / "alice.json"
+    alice = {"AKIDALICE": {"secret": "alice-secret", "arn": "arn:aws:iam::1:user/alice", "tenants": [tenant]}}
+    principals.write_text(json.dumps(alice))
+    server = start_dev(
+        tmp_path, "--principals", str(principals), "--dynamodb-endpoint", dev.aws_endpoint, table_name=dev.table_name
+    )
+    try:
+        with requests.Session() as session:
+            session.auth = SigV4("AKIDALICE", "alice-secret")
+            own = _post(session, server, tenant, SPAWN)
+            other = _post(session, server, f"{tenant}-other", SPAWN)
+            # a run of the other tenant, made by the dev key, is not found by alice under her tenant
+            theirs = _post(signed_session(), server, f"{tenant}-other", {**SPAWN, "dispatch_key": "theirs"}).json()
+            by_id = session.get(f"{server.url}/v1/runs/{theirs['run_id']}", headers={"X-Poimen-Tenant": tenant})
+    finally:
+        assert server.stop() == 0
+    assert (own.status_code, other.status_code, by_id.status_code) == (201, 403, 404)
+    assert count_runs(dev.dynamodb(), dev.table_name, f"{tenant}-other") != []
+
+
+def test_grants_are_managed_with_the_cli(dev: DevServer, tenant: str) -> None:
+    def grants(*arguments: str) -> str:
+        command = [str(POIMEN), "grants", *arguments, "--table-name", dev.table_name]
+        command += ["--dynamodb-endpoint", dev.aws_endpoint]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
+
+    session_arn = "arn:aws:sts::123456789012:assumed-role/orchestrator/session-7"
+    role_arn = "arn:aws:iam::123456789012:role/orchestrator"
+
+    grants("add", "--principal", session_arn, "--tenant", tenant)
+    grants("add", "--principal", role_arn, "--tenant", "*")
+    listed = grants("list")
+    grants("remove", "--principal", role_arn, "--tenant", "*")
+    after = grants("list")
+
+    assert f"{role_arn}\t*,{tenant}" in listed.splitlines()  # the session's grant belongs to its role
+    assert f"{role_arn}\t{tenant}" in after.splitlines()

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
@@ -26,7 +25,7 @@ from poimen_tools.local.kafka_broker import KafkaBroker
 from poimen_tools.local.template import Template
 from poimen_tools.topics import ensure_topics
 from tests.conftest import count_runs
-from tests.integration.conftest import POIMEN, DevServer, dead_letters, start_dev, wait_for
+from tests.integration.conftest import POIMEN, DevServer, dead_letters, signed_session, start_dev, wait_for
 
 pytestmark = pytest.mark.usefixtures("no_admission_in_process")
 
@@ -176,7 +175,7 @@ def test_a_broker_outage_loses_nothing_and_the_api_keeps_admitting(
         during = publisher.publish(tenant, RunRequest(workflow_ref="wf/b", input={}, dispatch_key="during-outage"))
         source = event_source(broker.bootstrap_servers)
         # Then direct admissions keep working meanwhile
-        direct = requests.post(
+        direct = signed_session().post(
             f"{dev.url}/v1/runs",
             json={"workflow_ref": "wf/direct", "input": {}, "dispatch_key": "direct"},
             headers={"X-Poimen-Tenant": tenant},

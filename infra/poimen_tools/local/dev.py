@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -22,6 +22,7 @@ from poimen_tools.local.devserver import ExecutionEnvironments, LocalApiServer, 
 from poimen_tools.local.event_source import LocalMskEventSource
 from poimen_tools.local.kafka_broker import KafkaBroker
 from poimen_tools.local.moto import EmbeddedMoto
+from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY, Principal, dev_principal, load_principals, verify
 from poimen_tools.local.template import Template, default_template_path
 
 DEFAULT_PRINCIPAL = "arn:aws:iam::000000000000:user/poimen-dev"
@@ -39,6 +40,8 @@ class DevOptions:
     moto_port: int = 0
     table_name: str = "poimen-admission-local"
     principal: str = DEFAULT_PRINCIPAL
+    # More principals (access key → secret, ARN, tenants); the dev key of `principal` is always there.
+    principals_file: Path | None = None
     region: str = "us-east-1"
     template_path: Path | None = None
     concurrency: int = 4
@@ -72,13 +75,19 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
     with _local_aws(options.dynamodb_endpoint, options.moto_port) as endpoint:
         os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = endpoint
         os.environ["AWS_ENDPOINT_URL_SQS"] = endpoint
-        _prepare_table(template, options.table_name, options.principal)
+        principals = _principals(options)
+        _prepare_table(template, options.table_name, principals.values())
         queue = template.create_queue_request(RELAY_DLQ, options.dlq_name)
         dlq_url = boto3.client("sqs").create_queue(**queue)["QueueUrl"]
         os.environ.update(template.function_environment(ADMISSION_FUNCTION, {ADMISSION_TABLE: options.table_name}))
         environments = ExecutionEnvironments(str(template.path), ADMISSION_FUNCTION, options.concurrency)
         routes = [Route(method, path) for method, path in template.http_routes(ADMISSION_FUNCTION)]
-        server = LocalApiServer((options.host, options.port), environments, routes, principal_arn=options.principal)
+        server = LocalApiServer(
+            (options.host, options.port),
+            environments,
+            routes,
+            lambda method, target, headers, body: verify(principals, method, target, headers, body).arn,
+        )
         with contextlib.ExitStack() as cleanup:
             cleanup.callback(environments.close)
             cleanup.callback(server.server_close)
@@ -103,9 +112,10 @@ def run_dev(options: DevOptions) -> int:
                 "--workflow-ref wf/hello --input '{}' --dispatch-key k-2",
                 flush=True,
             )
+        print(f"Credentials (SigV4, execute-api): {DEV_ACCESS_KEY}:{DEV_SECRET_KEY}", flush=True)
         print(
-            "Try: curl -si -X POST "
-            f"{url}/v1/runs -H 'Content-Type: application/json' -H 'X-Poimen-Tenant: acme' "
+            f"Try: curl -si --aws-sigv4 aws:amz:{options.region}:execute-api --user {DEV_ACCESS_KEY}:{DEV_SECRET_KEY} "
+            f"-X POST {url}/v1/runs -H 'Content-Type: application/json' -H 'X-Poimen-Tenant: acme' "
             '-d \'{"workflow_ref": "wf/hello", "input": {}, "dispatch_key": "k-1"}\'',
             flush=True,
         )
@@ -152,11 +162,24 @@ def _local_aws(endpoint: str | None, moto_port: int) -> Iterator[str]:
         yield moto.endpoint
 
 
-def _prepare_table(template: Template, table_name: str, principal: str) -> None:
-    """Create the table as template.yaml declares it (if absent) and grant the local principal `*`."""
+def _principals(options: DevOptions) -> dict[str, Principal]:
+    principals = {DEV_ACCESS_KEY: dev_principal(options.principal)}
+    path = options.principals_file or (
+        Path(os.environ["POIMEN_LOCAL_PRINCIPALS"]) if os.environ.get("POIMEN_LOCAL_PRINCIPALS") else None
+    )
+    if path is not None:
+        principals |= load_principals(path)
+    return principals
+
+
+def _prepare_table(template: Template, table_name: str, principals: Iterable[Principal]) -> None:
+    """Create the table as template.yaml declares it (if absent) and grant each principal its tenants."""
     client = boto3.client("dynamodb")
     if table_name not in client.list_tables()["TableNames"]:
         client.create_table(**template.create_table_request(ADMISSION_TABLE, table_name))
         client.get_waiter("table_exists").wait(TableName=table_name)
     settings = Settings.from_env({"TABLE_NAME": table_name, "AWS_REGION": client.meta.region_name})
-    Store(settings).grant(principal, "*")
+    store = Store(settings)
+    for principal in principals:
+        for tenant in principal.tenants:
+            store.grant(principal.arn, tenant)

@@ -6,6 +6,7 @@ This translation is the only local-only code on the request path; routes live in
 from __future__ import annotations
 
 import base64
+import json
 import multiprocessing
 import re
 import time
@@ -20,7 +21,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from poimen_tools.local.sigv4 import Unauthorized
+
 LambdaHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
+# (method, target, headers, body) -> the caller's principal ARN, or raise Unauthorized.
+Authenticator = Callable[[str, str, list[tuple[str, str]], bytes], str]
 
 
 @dataclass
@@ -214,12 +219,12 @@ class LocalApiServer(ThreadingHTTPServer):
         address: tuple[str, int],
         environments: ExecutionEnvironments,
         routes: list[Route],
-        principal_arn: str | None,
+        authenticate: Authenticator,
     ) -> None:
         super().__init__(address, _RequestHandler)
         self.environments = environments
         self.routes = routes
-        self.principal_arn = principal_arn
+        self.authenticate = authenticate
 
     @property
     def url(self) -> str:
@@ -249,12 +254,18 @@ class _RequestHandler(BaseHTTPRequestHandler):
         else:  # API Gateway answers unknown routes itself; the function never sees them
             self._answer(404, [("Content-Type", "application/json")], b'{"message":"Not Found"}')
             return
+        headers = list(self.headers.items())
+        try:  # IAM authorization, before the function, as API Gateway does it
+            principal_arn = self.server.authenticate(self.command, self.path, headers, body)
+        except Unauthorized as refusal:
+            self._answer(403, [("Content-Type", "application/json")], json.dumps({"message": str(refusal)}).encode())
+            return
         event = http_api_event(
             method=self.command,
             target=self.path,
-            headers=list(self.headers.items()),
+            headers=headers,
             body=body,
-            principal_arn=self.server.principal_arn,
+            principal_arn=principal_arn,
             source_ip=self.client_address[0],
             route_key=route.key,
             path_parameters=parameters,

@@ -83,8 +83,11 @@ def run_pk(tenant_id: str, run_id: str) -> str:
     return f"RUN#{tenant_id}#{run_id}"
 
 
+GRANT_PREFIX = "GRANT#"
+
+
 def grant_pk(principal: str) -> str:
-    return f"GRANT#{principal}"
+    return f"{GRANT_PREFIX}{principal}"
 
 
 M = TypeVar("M", bound=Model)
@@ -164,6 +167,18 @@ class Store:
     def grant(self, principal: str, tenant_id: str) -> None:
         with _translated_errors():
             self.grants(grant_pk(principal)).update(actions=[GrantRecord.tenants.add({tenant_id})])
+
+    def revoke(self, principal: str, tenant_id: str) -> None:
+        with _translated_errors():
+            self.grants(grant_pk(principal)).update(actions=[GrantRecord.tenants.delete({tenant_id})])
+
+    def all_grants(self) -> dict[str, frozenset[str]]:
+        """Every principal with its tenants. A scan: for operators, never on a request path."""
+        with _translated_errors():
+            records = self.grants.scan(self.grants.pk.startswith(GRANT_PREFIX), consistent_read=True)
+            return {
+                record.pk.removeprefix(GRANT_PREFIX): frozenset(record.tenants) for record in records if record.tenants
+            }
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from poimen.relay import AdmissionApiRefused, AdmissionApiUnavailable, relay_ser
 from poimen_tools.local.devserver import LocalLambdaContext
 from poimen_tools.local.msk import KafkaRecord, msk_event
 from poimen_tools.local.template import Template
-from tests.conftest import count_runs
+from tests.conftest import count_runs, load_event
 from tests.integration.conftest import DevServer, ScriptedApi, dead_letters, free_port, start_dev
 
 Relay = Callable[..., None]
@@ -333,3 +333,38 @@ def test_a_dead_letter_that_cannot_be_sent_fails_the_batch(
 
     with pytest.raises(ClientError):
         relay([_record(tenant, b"{not json")])
+
+
+def test_the_malformed_record_corpus_is_dead_lettered_and_never_stops_the_batch(
+    relay: Relay, dev: DevServer, tenant: str, dlq: str
+) -> None:
+    corpus = load_event("relay_malformed_records.json")["records"]
+    records = []
+    for offset, entry in enumerate(corpus):
+        if "value_base64" in entry:
+            value: bytes | None = base64.b64decode(entry["value_base64"])
+        elif entry.get("value_null"):
+            value = None
+        else:
+            text = (
+                entry["value_text"]
+                .replace("{big}", "x" * (256 * 1024))
+                .replace("{deep}", "[" * 100_000 + "]" * 100_000)
+            )
+            value = text.encode("utf-8", "surrogatepass")
+        topic = entry.get("topic", "poimen.{tenant}.dispatch").replace("{tenant}", tenant)
+        records.append(KafkaRecord(topic=topic, partition=0, offset=offset, timestamp_ms=0, value=value, key=b"same"))
+    records.append(_record(tenant, SPAWN, offset=len(corpus)))  # valid, after all of them, same key
+
+    relay(records)
+
+    letters = {letter["record"]["offset"]: letter["reason"] for letter in dead_letters(dev, dlq)}
+    assert len(corpus) >= 20
+    for offset, entry in enumerate(corpus):
+        assert (letters[offset]["kind"], letters[offset]["status"]) == (entry["kind"], entry.get("status")), entry[
+            "name"
+        ]
+    assert len(letters) == len(corpus)
+    assert [run["run_id"]["S"] for run in count_runs(dev.dynamodb(), dev.table_name, tenant)] == [
+        keyed_run_id(tenant, "order-42")
+    ]

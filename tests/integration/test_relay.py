@@ -10,17 +10,22 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 from botocore.exceptions import ClientError
+from moto.dynamodb.exceptions import DynamodbException
+from moto.dynamodb.models import DynamoDBBackend
+from moto.server import ThreadedMotoServer
 
 from poimen.contract import MAX_BODY_BYTES
 from poimen.ids import keyed_run_id
 from poimen.relay import AdmissionApiRefused, AdmissionApiUnavailable, relay_service
 from poimen_tools.local.devserver import LocalLambdaContext
+from poimen_tools.local.moto import serialise_dynamodb_writes
 from poimen_tools.local.msk import KafkaRecord, msk_event
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs, load_event
-from tests.integration.conftest import DevServer, ScriptedApi, dead_letters, free_port, start_dev
+from tests.integration.conftest import DevServer, ScriptedApi, dead_letters, free_port, signed_session, start_dev
 
 Relay = Callable[..., None]
 
@@ -368,3 +373,49 @@ def test_the_malformed_record_corpus_is_dead_lettered_and_never_stops_the_batch(
     assert [run["run_id"]["S"] for run in count_runs(dev.dynamodb(), dev.table_name, tenant)] == [
         keyed_run_id(tenant, "order-42")
     ]
+
+
+def test_dynamodb_throttling_is_503_and_the_relay_retries_until_one_run(
+    relay_against: Callable[[str], Relay],
+    dev: DevServer,
+    dlq: str,
+    tenant: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given an API whose DynamoDB (a moto server in this process) throttles the next run writes
+    serialise_dynamodb_writes()
+    throttled = {"remaining": 0}
+    original = DynamoDBBackend.put_item
+
+    def throttling(self: DynamoDBBackend, *args: Any, **kwargs: Any) -> Any:
+        if throttled["remaining"] > 0:
+            throttled["remaining"] -= 1
+            raise DynamodbException("ProvisionedThroughputExceededException", "injected throttling")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(DynamoDBBackend, "put_item", throttling)
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    moto.start()
+    host, port = moto.get_host_and_port()
+    api = start_dev(tmp_path, "--dynamodb-endpoint", f"http://{host}:{port}", table_name="throttled")
+    try:
+        # When the store throttles every attempt of a request (3, DYNAMODB_MAX_ATTEMPTS)
+        throttled["remaining"] = 3
+        direct = signed_session().post(
+            f"{api.url}/v1/runs", json={"workflow_ref": "wf", "input": {}}, headers={"X-Poimen-Tenant": tenant}
+        )
+        # Then the API answers 503 with Retry-After, having retried
+        assert (direct.status_code, direct.headers["Retry-After"]) == (503, "1")
+        assert direct.json()["type"] == "urn:poimen:problem:store-unavailable"
+        assert throttled["remaining"] == 0
+        # When it throttles one request and one more attempt, and the relay sends a dispatch
+        throttled["remaining"] = 4
+        relay_against(api.url)([_record(tenant, SPAWN)])
+        # Then the relay retried the 503 and the run exists exactly once, nothing dead-lettered
+        runs = count_runs(boto3.client("dynamodb", endpoint_url=f"http://{host}:{port}"), "throttled", tenant)
+        assert [run["run_id"]["S"] for run in runs] == [keyed_run_id(tenant, "order-42")]
+        assert dead_letters(dev, dlq) == []
+    finally:
+        assert api.stop() == 0
+        moto.stop()

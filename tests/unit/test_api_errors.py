@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from poimen.errors import StoreUnavailable
+from poimen.ids import keyed_run_id
 from poimen.store import Store
 from tests.conftest import count_runs
 from tests.unit.conftest import Invoke
@@ -163,7 +164,7 @@ def test_no_identity_is_403(invoke: Invoke) -> None:
 def test_tenant_not_granted_is_403_for_every_route(invoke: Invoke, dynamodb: Any, table_name: str) -> None:
     for method, path, query in (
         ("POST", "/v1/runs", ""),
-        ("GET", "/v1/runs/x", ""),
+        ("GET", f"/v1/runs/{keyed_run_id('not-granted', 'k')}", ""),
         ("GET", "/v1/runs", "dispatch_key=k"),
     ):
         answer = invoke(method, path, body=GOOD if method == "POST" else None, tenant="not-granted", query=query)
@@ -185,6 +186,13 @@ def test_missing_tenant_header_is_400(invoke: Invoke) -> None:
 
     assert answer.status == 400
     assert _fields(answer.body) == {"header.x-poimen-tenant"}
+
+
+def test_a_run_id_that_is_no_uuid_is_400(invoke: Invoke) -> None:
+    answer = invoke("GET", "/v1/runs/not-a-run-id")
+
+    assert answer.status == 400
+    assert _fields(answer.body) == {"path.run_id"}
 
 
 def test_lookup_without_dispatch_key_is_400(invoke: Invoke) -> None:
@@ -225,3 +233,15 @@ def test_unexpected_error_is_a_500_problem(invoke: Invoke, monkeypatch: pytest.M
     assert answer.status == 500
     assert answer.body["type"] == PROBLEM + "internal-error"
     assert "boom" not in json.dumps(answer.body)
+
+
+def test_unicode_and_hash_keys_are_valid_and_never_collide(
+    invoke: Invoke, dynamodb: Any, table_name: str, tenant: str
+) -> None:
+    keys = ["k", "k#", "#k", "k#1", "ключ", "ключ#", "🔑", "k\u00e9", "ke\u0301"]  # é composed and decomposed
+
+    answers = [invoke(body={**GOOD, "dispatch_key": key}) for key in keys]
+
+    assert [answer.status for answer in answers] == [201] * len(keys)
+    assert len({answer.body["run_id"] for answer in answers}) == len(keys)
+    assert len(count_runs(dynamodb, table_name, tenant)) == len(keys)

@@ -284,6 +284,12 @@ class _RequestHandler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
-        self.wfile.write(payload)
+        if self.command != "HEAD":
+            self.wfile.write(payload)
 
-    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _invoke
+    def __getattr__(self, name: str) -> Any:
+        # Every method (do_GET, do_QUERY, ...) reaches the route table: API Gateway answers 404 for
+        # any method and path it has no route for, never 501.
+        if name.startswith("do_"):
+            return self._invoke
+        raise AttributeError(name)

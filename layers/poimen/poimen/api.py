@@ -29,6 +29,7 @@ from poimen.config import Settings
 from poimen.contract import (
     MAX_BODY_BYTES,
     REPLAYED_HEADER,
+    RUN_ID_PATTERN,
     TENANT_HEADER,
     DispatchKey,
     Problem,
@@ -149,7 +150,9 @@ def create_run(body: RunRequest, tenant_id: TenantHeader, admission: AdmissionSe
     summary="One run of the tenant",
     responses=_problems(*_COMMON_PROBLEMS, HTTPStatus.NOT_FOUND),
 )
-def get_run(run_id: Annotated[str, Path(max_length=64)], tenant_id: TenantHeader, admission: AdmissionService) -> Run:
+def get_run(
+    run_id: Annotated[str, Path(pattern=RUN_ID_PATTERN)], tenant_id: TenantHeader, admission: AdmissionService
+) -> Run:
     return admission.get_run(_caller(), tenant_id, run_id)
 
 

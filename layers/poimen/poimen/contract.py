@@ -14,6 +14,8 @@ TENANT_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 # 1-255 characters, none of them a C0/C1 control character or DEL.
 DISPATCH_KEY_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]{1,255}$"
 MAX_BODY_BYTES = 256 * 1024
+# Run ids are UUIDs (v8 when derived from a dispatch_key, v7 otherwise), lower-case as the API writes them.
+RUN_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 
 TENANT_HEADER = "X-Poimen-Tenant"
 REPLAYED_HEADER = "Idempotent-Replayed"

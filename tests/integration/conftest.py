@@ -63,7 +63,10 @@ class DevServer:
         for line in self.log.read_text().splitlines():
             if not line.startswith("{"):
                 continue
-            entry = json.loads(line)
+            try:
+                entry = json.loads(line)
+            except ValueError:  # another process's line (a traceback, say); ours are whole lines
+                continue
             if entry.get("message") in ("run admitted", "run replayed") and entry.get("tenant_id") == tenant:
                 entries.append(entry)
         return entries

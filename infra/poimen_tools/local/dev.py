@@ -4,6 +4,7 @@ a local Kafka broker whose dispatch topics feed the relay handler through a loca
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import cast
 
 import boto3
 
@@ -100,6 +102,8 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
 def run_dev(options: DevOptions) -> int:
     """`poimen dev`: serve until Ctrl-C (or SIGTERM)."""
     signal.signal(signal.SIGTERM, _interrupt)
+    # Whole lines only: the relay logs from this process into the stdout the environments share.
+    cast(io.TextIOWrapper, sys.stdout).reconfigure(line_buffering=True)
     with dev_stack(options) as stack:
         url = stack.server.url
         print(f"Admission API: {url}", flush=True)

@@ -6,9 +6,11 @@ This translation is the only local-only code on the request path; routes live in
 from __future__ import annotations
 
 import base64
+import io
 import json
 import multiprocessing
 import re
+import sys
 import time
 import traceback
 import uuid
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl, urlsplit
 
 from poimen_tools.local.sigv4 import Unauthorized
@@ -197,6 +199,9 @@ _loaded: tuple[LambdaHandler, str] | None = None
 def _load_handler(template_path: str, logical_id: str) -> None:
     from poimen_tools.local.template import Template
 
+    # One write per line, as Lambda's log stream takes them: the environments share one stdout, and
+    # block-buffered flushes would splice their JSON lines into each other.
+    cast(io.TextIOWrapper, sys.stdout).reconfigure(line_buffering=True)
     global _loaded
     _loaded = (Template(Path(template_path)).load_handler(logical_id), logical_id)
 

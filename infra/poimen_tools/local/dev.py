@@ -4,7 +4,6 @@ a local Kafka broker whose dispatch topics feed the relay handler through a loca
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import signal
@@ -14,13 +13,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import cast
 
 import boto3
 
 from poimen.config import Settings
 from poimen.store import Store
-from poimen_tools.local.devserver import ExecutionEnvironments, LocalApiServer, Route
+from poimen_tools.local.devserver import ExecutionEnvironments, LineWriter, LocalApiServer, Route
 from poimen_tools.local.event_source import LocalMskEventSource
 from poimen_tools.local.kafka_broker import KafkaBroker
 from poimen_tools.local.moto import EmbeddedMoto
@@ -103,7 +101,7 @@ def run_dev(options: DevOptions) -> int:
     """`poimen dev`: serve until Ctrl-C (or SIGTERM)."""
     signal.signal(signal.SIGTERM, _interrupt)
     # Whole lines only: the relay logs from this process into the stdout the environments share.
-    cast(io.TextIOWrapper, sys.stdout).reconfigure(line_buffering=True)
+    sys.stdout = LineWriter(sys.stdout.fileno())
     with dev_stack(options) as stack:
         url = stack.server.url
         print(f"Admission API: {url}", flush=True)

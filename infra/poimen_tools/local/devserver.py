@@ -9,8 +9,10 @@ import base64
 import io
 import json
 import multiprocessing
+import os
 import re
 import sys
+import threading
 import time
 import traceback
 import uuid
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from poimen_tools.local.sigv4 import Unauthorized
@@ -193,6 +195,27 @@ class ExecutionEnvironments:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
+class LineWriter(io.TextIOBase):
+    """A text stream that hands the OS whole lines, each in one write() (atomic on an O_APPEND file)."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+        self._pending = ""
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            self._pending += text
+            head, newline, self._pending = self._pending.rpartition("\n")
+            if newline:
+                os.write(self._fd, (head + newline).encode("utf-8", "backslashreplace"))
+        return len(text)
+
+    def writable(self) -> bool:
+        return True
+
+
 _loaded: tuple[LambdaHandler, str] | None = None
 
 
@@ -200,8 +223,9 @@ def _load_handler(template_path: str, logical_id: str) -> None:
     from poimen_tools.local.template import Template
 
     # One write per line, as Lambda's log stream takes them: the environments share one stdout, and
-    # block-buffered flushes would splice their JSON lines into each other.
-    cast(io.TextIOWrapper, sys.stdout).reconfigure(line_buffering=True)
+    # buffered writes would splice their JSON lines into each other. Before the handler's import, so
+    # the loggers it creates write here.
+    sys.stdout = LineWriter(sys.stdout.fileno())
     global _loaded
     _loaded = (Template(Path(template_path)).load_handler(logical_id), logical_id)
 

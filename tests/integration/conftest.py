@@ -116,11 +116,14 @@ def start_dev(
     table_name: str = "poimen-admission-local",
     port: int | None = None,
     kafka: bool = False,
+    test_principal: bool = True,
 ) -> DevServer:
     port = port or free_port()
     extra = ("--kafka-port", "0", *extra) if kafka else ("--no-kafka", *extra)
     principals = tmp_path / "principals.json"
-    principals.write_text(json.dumps({"testing": {"secret": "testing", "arn": RELAY_ROLE, "tenants": ["*"]}}))
+    # The relays these tests run in their own process sign as "testing"; `poimen dev` adds its dev key.
+    known = {"testing": {"secret": "testing", "arn": RELAY_ROLE, "tenants": ["*"]}} if test_principal else {}
+    principals.write_text(json.dumps(known))
     extra = ("--principals", str(principals), *extra)
     log = tmp_path / f"poimen-dev-{port}.log"
     with log.open("ab") as out:  # append mode: the worker processes share this file

@@ -68,9 +68,11 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
     execution environments it starts inherit it.
     """
     template = Template(options.template_path or default_template_path())
-    # The same defaults a developer shell would give boto: fake credentials only if none are set.
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "local")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "local")
+    # This process's AWS identity is the documented dev key: moto takes any key, and the relay that
+    # runs here signs its calls to the API with it, the one principal `poimen dev` always knows.
+    os.environ["AWS_ACCESS_KEY_ID"] = DEV_ACCESS_KEY
+    os.environ["AWS_SECRET_ACCESS_KEY"] = DEV_SECRET_KEY
+    os.environ.pop("AWS_SESSION_TOKEN", None)
     os.environ["AWS_REGION"] = os.environ["AWS_DEFAULT_REGION"] = options.region
     with _local_aws(options.dynamodb_endpoint, options.moto_port) as endpoint:
         os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = endpoint

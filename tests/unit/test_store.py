@@ -45,8 +45,7 @@ def test_throttling_is_retried_a_bounded_number_of_times_then_unavailable(
 
     def throttle(**_: Any) -> AWSResponse:
         attempts.append(1)
-        body = b'{"__type":"com.amazonaws.dynamodb.v20120810#ThrottlingException","message":"slow down"}'
-        return AWSResponse("https://local", 400, HTTPHeaders.from_dict({"x-amzn-requestid": "r"}), _Raw(body))
+        return _dynamodb_error("ThrottlingException")
 
     store.client.meta.events.register_first("before-send.dynamodb.PutItem", throttle)
     record = store.runs("RUN#t#1", run_id="1", tenant_id="t", workflow_ref="w", input={}, fingerprint="f")
@@ -65,8 +64,7 @@ def test_throttled_reads_are_unavailable_too(dynamodb: Any, monkeypatch: pytest.
     client: Any = model._get_connection().connection.client
 
     def throttle(**_: Any) -> AWSResponse:
-        body = b'{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException","message":"x"}'
-        return AWSResponse("https://local", 400, HTTPHeaders.from_dict({"x-amzn-requestid": "r"}), _Raw(body))
+        return _dynamodb_error("ProvisionedThroughputExceededException")
 
     client.meta.events.register_first("before-send.dynamodb.GetItem", throttle)
 
@@ -74,6 +72,12 @@ def test_throttled_reads_are_unavailable_too(dynamodb: Any, monkeypatch: pytest.
 
     with pytest.raises(StoreUnavailable):
         call()
+
+
+def _dynamodb_error(code: str) -> AWSResponse:
+    """The HTTP answer DynamoDB gives for `code`, handed to botocore in place of sending the request."""
+    body = f'{{"__type":"com.amazonaws.dynamodb.v20120810#{code}","message":"injected"}}'.encode()
+    return AWSResponse("https://local", 400, HTTPHeaders.from_dict({"x-amzn-requestid": "r"}), _Raw(body))
 
 
 class _Raw:

@@ -123,16 +123,13 @@ class LocalMskEventSource:
         for attempt in range(1, self._max_attempts + 1):
             try:
                 self._handler(event, LocalLambdaContext(self._function_name, timeout_seconds=self._timeout))
+                return True
             except Exception as error:  # the function failed: retry the same batch, as the mapping does
                 log.warning("relay invocation %d/%d failed: %s", attempt, self._max_attempts, error)
-                if attempt == self._max_attempts:
-                    self._on_failure(on_failure_record(messages, event, attempt, self.bootstrap_servers))
-                    return True
-                if self._stop.wait(self._retry_base * 2 ** (attempt - 1)):
-                    return False
-            else:
-                return True
-        return False
+            if attempt < self._max_attempts and self._stop.wait(self._retry_base * 2 ** (attempt - 1)):
+                return False
+        self._on_failure(on_failure_record(messages, event, self._max_attempts, self.bootstrap_servers))
+        return True
 
     @staticmethod
     def _commit(consumer: Consumer, messages: list[Message]) -> None:

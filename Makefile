@@ -1,6 +1,7 @@
 # The verbs: `make run` serves the API locally, `make test` lints, checks the deployable bundle and runs
-# every test, `make bench` prints the benchmarks. Each creates what it needs on first use: .venv for the
-# project, .venv-sam for the SAM CLI (its pins are its own), .cache/bin for actionlint.
+# every test, `make bench` prints the benchmarks, `make build` / `make deploy` are what the deploy
+# workflow runs. Each creates what it needs on first use: .venv for the project, .venv-sam for the SAM
+# CLI (its pins are its own), .cache/bin for actionlint.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,10 +10,24 @@ SAM_VERSION := 1.170.0
 SAM := .venv-sam/bin/sam
 ACTIONLINT_VERSION := v1.7.12
 ACTIONLINT := .cache/bin/actionlint
-# sam validate needs a region and no account: nothing here calls AWS.
-OFFLINE_AWS := SAM_CLI_TELEMETRY=0 AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1
+# sam validate and sam build need a region and no account: nothing they do calls AWS.
+OFFLINE_AWS := SAM_CLI_TELEMETRY=0 AWS_REGION=$${AWS_REGION:-us-east-1} AWS_DEFAULT_REGION=$${AWS_DEFAULT_REGION:-us-east-1}
+# sam build runs the Lambda runtime's interpreter (python3.13, BuildMethod in template.yaml): the one on
+# PATH if it runs, else pyenv's newest 3.13.
+PYTHON313 := $(shell for p in python3.13 $$(pyenv root 2>/dev/null)/versions/3.13*/bin/python3.13; do \
+	"$$p" -c '' 2>/dev/null && { command -v "$$p"; break; }; done)
+# Deploying: the samconfig.toml environment, and the parameters only the deploying account knows.
+# TENANTS also reaches `make build`, so a tenant list SAM CLI cannot expand fails before anything ships.
+CONFIG_ENV ?= default
+TENANTS ?=
+MSK_CLUSTER_ARN ?=
+ALARM_EMAIL ?=
+# --parameter-overrides on the command line replaces samconfig.toml's, so the deploy repeats the
+# environment's own overrides, read from that file (one source for them).
+STAGE_PARAMETERS = $(shell $(PYTHON) -c "import tomllib; \
+	print(tomllib.load(open('samconfig.toml', 'rb'))['$(CONFIG_ENV)']['deploy']['parameters']['parameter_overrides'])")
 
-.PHONY: install run test lint check-bundle kafka-jars format bench openapi clean
+.PHONY: install run test lint check-bundle build deploy kafka-jars format bench openapi clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,14 +55,25 @@ lint: $(STAMP)
 	$(BIN)/cfn-lint template.yaml
 
 # The deployable bundle, offline: the template as `sam deploy` will see it, the deploy workflow, and
-# the layer's requirements as wheels for the Lambda runtime (python3.13, arm64), so `sam build` cannot
-# fail on a missing wheel.
+# `sam build` for two tenants (tests/integration/test_bundle.py inspects what it built).
 check-bundle: $(STAMP) $(SAM) $(ACTIONLINT)
 	$(OFFLINE_AWS) $(SAM) validate --lint --template template.yaml
 	$(ACTIONLINT) .github/workflows/deploy.yml
-	rm -rf .cache/layer-wheels
-	$(BIN)/python -m pip download --quiet --only-binary=:all: --platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64 \
-		--implementation cp --python-version 3.13 -r layers/poimen/requirements.txt -d .cache/layer-wheels
+	$(MAKE) build TENANTS=acme,globex
+
+# The bundle as the deploy workflow builds it: .aws-sam/build, layer wheels for python3.13 on arm64.
+build: $(SAM)
+	@test -n "$(PYTHON313)" || { echo "make build: python3.13 not found; sam build needs the Lambda runtime's" \
+		"interpreter: install it (pyenv install 3.13) or put it on PATH" >&2; exit 1; }
+	$(OFFLINE_AWS) PATH="$(dir $(PYTHON313)):$$PATH" $(SAM) build --config-env $(CONFIG_ENV) \
+		$(if $(TENANTS),--parameter-overrides "Tenants=$(TENANTS)")
+
+# Package and deploy what `make build` built to the stack of CONFIG_ENV, with the caller's AWS credentials.
+deploy: build
+	@test -n "$(TENANTS)" -a -n "$(MSK_CLUSTER_ARN)" || { echo "make deploy: set TENANTS=<ids> and" \
+		"MSK_CLUSTER_ARN=<arn> (README, Deploy)" >&2; exit 1; }
+	SAM_CLI_TELEMETRY=0 $(SAM) deploy --config-env $(CONFIG_ENV) --parameter-overrides $(STAGE_PARAMETERS) \
+		"MskClusterArn=$(MSK_CLUSTER_ARN)" "Tenants=$(TENANTS)" $(if $(ALARM_EMAIL),"AlarmEmail=$(ALARM_EMAIL)")
 
 # The local Kafka broker's jars, from Maven Central into .cache/kafka (needs Java 17 and Maven).
 kafka-jars: $(STAMP)
@@ -68,4 +94,4 @@ openapi: $(STAMP)
 	$(BIN)/python -m poimen_tools.openapi > infra/openapi.json
 
 clean:
-	rm -rf $(VENV) .venv-sam .cache .mypy_cache .ruff_cache .pytest_cache .coverage
+	rm -rf $(VENV) .venv-sam .cache .aws-sam .mypy_cache .ruff_cache .pytest_cache .coverage

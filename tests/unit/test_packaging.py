@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import tomllib
 
+import yaml
+
 from poimen.api import openapi_document
 from poimen_tools.local.template import Template
 from tests.conftest import REPO
@@ -37,3 +39,14 @@ def test_committed_openapi_document_is_current() -> None:
     committed = json.loads((REPO / "infra/openapi.json").read_text())
 
     assert committed == openapi_document(), "run `make openapi`"
+
+
+def test_deploy_workflow_runs_only_the_makefile_commands() -> None:
+    workflow = yaml.safe_load((REPO / ".github/workflows/deploy.yml").read_text())
+    runs = {name: [step["run"] for step in job["steps"] if "run" in step] for name, job in workflow["jobs"].items()}
+
+    assert runs == {
+        "test": ["make test PYTHON=python3.13"],
+        "staging": ["make deploy CONFIG_ENV=staging PYTHON=python3.13"],
+        "prod": ["make deploy CONFIG_ENV=prod PYTHON=python3.13"],
+    }

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from confluent_kafka import TopicPartition
 
 from poimen_tools.local.event_source import LocalMskEventSource
@@ -25,11 +26,36 @@ class _Message:
     def offset(self) -> int:
         return self._offset
 
+    def error(self) -> None:
+        return None
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 1_700_000_000_000)
+
+    def value(self) -> bytes:
+        return b"{}"
+
+    def key(self) -> None:
+        return None
+
+    def headers(self) -> None:
+        return None
+
 
 @dataclass
 class _Consumer:
     owned: list[tuple[str, int]]
     committed: list[tuple[str, int, int]] = field(default_factory=list)
+    polled: list[_Message] = field(default_factory=list)
+    positions: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def consume(self, num_messages: int, timeout: float) -> list[_Message]:
+        for message in self.polled:
+            self.positions[(message.topic(), message.partition())] = message.offset() + 1
+        return self.polled
+
+    def seek(self, partition: TopicPartition) -> None:
+        self.positions[(partition.topic, partition.partition)] = partition.offset
 
     def assignment(self) -> list[TopicPartition]:
         return [TopicPartition(topic, partition) for topic, partition in self.owned]
@@ -47,3 +73,27 @@ def test_commits_the_next_offset_of_each_owned_partition_only() -> None:
     LocalMskEventSource._commit(consumer, batch)  # type: ignore[arg-type]
 
     assert sorted(consumer.committed) == [("t", 0, 8), ("t", 1, 3)]  # partition 2 was revoked: not ours
+
+
+def test_a_failed_topic_batch_rewinds_every_uncommitted_topic_of_the_poll() -> None:
+    # Given one poll holding records of two tenant topics, and a relay and on-failure destination both down
+    polled = [
+        _Message("poimen.a.dispatch", 0, 0),
+        _Message("poimen.a.dispatch", 0, 1),
+        _Message("poimen.b.dispatch", 0, 0),
+    ]
+    polled += [_Message("poimen.b.dispatch", 0, 1), _Message("poimen.b.dispatch", 0, 2)]
+    consumer = _Consumer(owned=[("poimen.a.dispatch", 0), ("poimen.b.dispatch", 0)], polled=polled)
+
+    def down(*_: Any) -> None:
+        raise ConnectionError("unreachable")
+
+    source = LocalMskEventSource("127.0.0.1:1", down, down, max_attempts=1)
+
+    # When the first topic's batch cannot be handled
+    with pytest.raises(ConnectionError):
+        source._poll_once(consumer)  # type: ignore[arg-type]
+
+    # Then nothing is committed and both topics read again from their first record of the poll
+    assert consumer.committed == []
+    assert consumer.positions == {("poimen.a.dispatch", 0): 0, ("poimen.b.dispatch", 0): 0}

@@ -107,11 +107,15 @@ class LocalMskEventSource:
         by_topic: dict[str, list[Message]] = {}
         for message in messages:
             by_topic.setdefault(message.topic() or "", []).append(message)
-        for batch in by_topic.values():  # one topic per event, as one mapping per tenant topic delivers
+        batches = list(by_topic.values())  # one topic per event, as one mapping per tenant topic delivers
+        for index, batch in enumerate(batches):
             try:
                 handled = self._deliver(batch)
             except BaseException:
-                _rewind(consumer, batch)  # e.g. the on-failure destination unreachable: deliver it again
+                # E.g. the on-failure destination unreachable. This batch and every later one of this
+                # poll are not committed: rewind them all, or the consumer's position would move past
+                # the later topics' records and a later commit would skip them.
+                _rewind(consumer, [message for pending in batches[index:] for message in pending])
                 raise
             if not handled:
                 return  # stopping: nothing committed, the batch comes again after a restart

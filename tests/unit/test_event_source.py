@@ -85,7 +85,7 @@ def test_a_failed_topic_batch_rewinds_every_uncommitted_topic_of_the_poll() -> N
     polled += [_Message("poimen.b.dispatch", 0, 1), _Message("poimen.b.dispatch", 0, 2)]
     consumer = _Consumer(owned=[("poimen.a.dispatch", 0), ("poimen.b.dispatch", 0)], polled=polled)
 
-    def down(*_: Any) -> None:
+    def down(*_: Any) -> Any:
         raise ConnectionError("unreachable")
 
     source = LocalMskEventSource("127.0.0.1:1", down, down, max_attempts=1)

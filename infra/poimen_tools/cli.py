@@ -16,6 +16,7 @@ from poimen.config import Settings
 from poimen.contract import TENANT_PATTERN, RunRequest
 from poimen.dispatch import DispatchPublisher
 from poimen.kafka import dispatch_topic
+from poimen.principals import GrantPrincipal, InvalidPrincipal, grant_principal
 from poimen.store import Store
 from poimen_tools.local.dev import DevOptions, run_dev
 from poimen_tools.topics import SEVEN_DAYS_MS, ensure_topics
@@ -87,7 +88,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     grant_actions = grants.add_subparsers(dest="action", required=True)
     for action in ("add", "remove"):
         change = grant_actions.add_parser(action, help=f"{action} one grant")
-        change.add_argument("--principal", required=True, help="IAM ARN; assumed-role sessions count as their role")
+        change.add_argument(
+            "--principal",
+            required=True,
+            help="IAM or STS principal ARN; assumed-role sessions count as their role, roles are named without path"
+            + ("" if action == "add" else " (any other string is removed as given)"),
+        )
         change.add_argument("--tenant", required=True, type=_tenant_or_all, help="a tenant id, or * for every tenant")
         _table_arguments(change)
     _table_arguments(grant_actions.add_parser("list", help="every principal and its tenants"))
@@ -137,17 +143,31 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _grants(args: argparse.Namespace) -> int:
-    if args.dynamodb_endpoint:
-        os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = args.dynamodb_endpoint
-    store = Store(Settings.from_env({"TABLE_NAME": args.table_name, "AWS_REGION": args.region}))
     if args.action == "list":
-        for principal, tenants in sorted(store.all_grants().items()):
+        for principal, tenants in sorted(_store(args).all_grants().items()):
             print(f"{principal}\t{','.join(sorted(tenants))}")
         return 0
-    principal = normalise_principal(args.principal)
+    try:
+        granted = grant_principal(args.principal)
+    except InvalidPrincipal as error:
+        if args.action == "add":
+            print(f"poimen grants add: {error}", file=sys.stderr)
+            return 2
+        # Remove takes what `grants list` shows, even a grant added before principals were checked.
+        granted = GrantPrincipal(args.principal)
+    if granted.note:
+        print(f"note: {granted.note}", file=sys.stderr)
+    principal = normalise_principal(granted.arn)
+    store = _store(args)
     (store.grant if args.action == "add" else store.revoke)(principal, args.tenant)
     print(f"{args.action}: {principal} {args.tenant}")
     return 0
+
+
+def _store(args: argparse.Namespace) -> Store:
+    if args.dynamodb_endpoint:
+        os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = args.dynamodb_endpoint
+    return Store(Settings.from_env({"TABLE_NAME": args.table_name, "AWS_REGION": args.region}))
 
 
 def _table_arguments(parser: argparse.ArgumentParser) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -12,14 +13,19 @@ from typing import Any
 
 import boto3
 import pytest
-from botocore.exceptions import ClientError
 from moto.dynamodb.exceptions import DynamodbException
 from moto.dynamodb.models import DynamoDBBackend
 from moto.server import ThreadedMotoServer
 
+from poimen.config import Settings
 from poimen.contract import MAX_BODY_BYTES
 from poimen.ids import keyed_run_id
-from poimen.relay import AdmissionApiRefused, AdmissionApiUnavailable, relay_service
+from poimen.relay import (
+    AdmissionApiRefused,
+    AdmissionApiUnavailable,
+    DeadLetterQueueUnavailable,
+    relay_service,
+)
 from poimen_tools.local.devserver import LocalLambdaContext
 from poimen_tools.local.moto import serialise_dynamodb_writes
 from poimen_tools.local.msk import KafkaRecord, msk_event
@@ -324,7 +330,7 @@ def test_tombstones_keyless_records_and_oversize_values(relay: Relay, dev: DevSe
     assert letters[1]["record"]["value"] is None
     assert letters[2]["reason"]["kind"] == "invalid-json"
     assert letters[2]["record"]["value"] is None
-    assert letters[2]["record"]["valueOmitted"]["base64Length"] > 1024 * 1024
+    assert letters[2]["record"]["valueOmitted"]["length"] > 1024 * 1024
     runs = count_runs(dev.dynamodb(), dev.table_name, tenant)
     assert [run["workflow_ref"]["S"] for run in runs] == ["wf/no-key"]
 
@@ -336,8 +342,52 @@ def test_a_dead_letter_that_cannot_be_sent_fails_the_batch(
     monkeypatch.setenv("DLQ_URL", missing_queue)
     relay_service.cache_clear()
 
-    with pytest.raises(ClientError):
+    with pytest.raises(DeadLetterQueueUnavailable, match="NonExistentQueue"):
         relay([_record(tenant, b"{not json")])
+
+
+@pytest.fixture
+def silent_endpoint() -> Iterator[str]:
+    """A loopback address that takes connections (the kernel's backlog) and never answers."""
+    with socket.create_server(("127.0.0.1", 0), backlog=64) as server:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+
+
+def test_a_dlq_that_does_not_answer_fails_the_batch_within_the_functions_time(
+    relay: Relay, dev: DevServer, tenant: str, silent_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a dead-letter queue endpoint that never answers, and a valid record beside a malformed one
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SQS", silent_endpoint)
+    relay_service.cache_clear()
+    records = [_record(tenant, b"{not json", offset=0, key=b"bad"), _record(tenant, SPAWN, offset=1, key=b"good")]
+    # When the function has 5 s (0.5 s of margin)
+    started = time.monotonic()
+    with pytest.raises(DeadLetterQueueUnavailable, match="ReadTimeoutError"):
+        relay(records, timeout_seconds=5)
+    # Then the batch failed before the function's deadline, so the event source retries it: nothing lost
+    assert time.monotonic() - started < 5
+
+
+def test_a_crlf_traceparent_stalls_no_record_of_the_batch(
+    relay_against: Callable[[str], Relay], dev: DevServer, dlq: str, tenant: str, scripted_api: ScriptedApi
+) -> None:
+    # Given 21 records over 20 Kafka keys, the first of the shared key with a CR/LF in its traceparent
+    traceparent = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    records = [
+        _record(tenant, {**SPAWN, "dispatch_key": f"d-{i}"}, offset=i, key=f"k{min(i, 19)}".encode()) for i in range(21)
+    ]
+    records = [
+        KafkaRecord(**{**record.__dict__, "headers": [("traceparent", traceparent + (b"\r\n" if i == 19 else b""))]})
+        for i, record in enumerate(records)
+    ]
+    # When the batch is relayed
+    relay_against(scripted_api.url)(records)
+    # Then every record was posted, the malformed trace context left behind and the others forwarded
+    by_key = {json.loads(body)["dispatch_key"]: headers for headers, body in scripted_api.received}
+    assert sorted(by_key) == sorted(f"d-{i}" for i in range(21))
+    assert "traceparent" not in by_key["d-19"]
+    assert {headers["traceparent"] for key, headers in by_key.items() if key != "d-19"} == {traceparent.decode()}
+    assert dead_letters(dev, dlq) == []
 
 
 def test_the_malformed_record_corpus_is_dead_lettered_and_never_stops_the_batch(
@@ -358,7 +408,12 @@ def test_the_malformed_record_corpus_is_dead_lettered_and_never_stops_the_batch(
             )
             value = text.encode("utf-8", "surrogatepass")
         topic = entry.get("topic", "poimen.{tenant}.dispatch").replace("{tenant}", tenant)
-        records.append(KafkaRecord(topic=topic, partition=0, offset=offset, timestamp_ms=0, value=value, key=b"same"))
+        headers = [(name, bytes([byte]) * count) for name, byte, count in entry.get("headers", [])]
+        records.append(
+            KafkaRecord(
+                topic=topic, partition=0, offset=offset, timestamp_ms=0, value=value, key=b"same", headers=headers
+            )
+        )
     records.append(_record(tenant, SPAWN, offset=len(corpus)))  # valid, after all of them, same key
 
     relay(records)
@@ -400,8 +455,8 @@ def test_dynamodb_throttling_is_503_and_the_relay_retries_until_one_run(
     host, port = moto.get_host_and_port()
     api = start_dev(tmp_path, "--dynamodb-endpoint", f"http://{host}:{port}", table_name="throttled")
     try:
-        # When the store throttles every attempt of a request (3, DYNAMODB_MAX_ATTEMPTS)
-        throttled["remaining"] = 3
+        # When the store throttles every attempt of a request (DYNAMODB_MAX_ATTEMPTS, by default)
+        throttled["remaining"] = Settings.dynamodb_max_attempts
         direct = signed_session().post(
             f"{api.url}/v1/runs", json={"workflow_ref": "wf", "input": {}}, headers={"X-Poimen-Tenant": tenant}
         )
@@ -410,7 +465,7 @@ def test_dynamodb_throttling_is_503_and_the_relay_retries_until_one_run(
         assert direct.json()["type"] == "urn:poimen:problem:store-unavailable"
         assert throttled["remaining"] == 0
         # When it throttles one request and one more attempt, and the relay sends a dispatch
-        throttled["remaining"] = 4
+        throttled["remaining"] = Settings.dynamodb_max_attempts + 1
         relay_against(api.url)([_record(tenant, SPAWN)])
         # Then the relay retried the 503 and the run exists exactly once, nothing dead-lettered
         runs = count_runs(boto3.client("dynamodb", endpoint_url=f"http://{host}:{port}"), "throttled", tenant)

@@ -1,14 +1,25 @@
+"""Settings (and the timeouts they must agree on with template.yaml), principals and grants."""
+
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from botocore.retries.standard import ExponentialBackoff, RetryContext, RetryEventAdapter, ThrottlingErrorDetector
 
 from poimen.admission import Admission, normalise_principal
-from poimen.config import ConfigurationError, Settings
+from poimen.config import API_GATEWAY_MAX_INTEGRATION_SECONDS, ConfigurationError, RelaySettings, Settings
 from poimen.contract import RunRequest
 from poimen.errors import IdentityMissing, TenantNotGranted
+from poimen.principals import InvalidPrincipal, grant_principal
 from poimen.store import Store
+from poimen_tools.cli import main
+from poimen_tools.local.template import Template
+
+# An admission makes at most two DynamoDB calls: the grant read (on a cache miss), then the conditional write.
+DYNAMODB_CALLS_PER_ADMISSION = 2
+# An on-demand function's init phase (at most 10 s) comes before its handler's timeout starts to run.
+LAMBDA_MAX_INIT_SECONDS = 10.0
 
 
 def test_settings_read_and_validated_from_a_mapping() -> None:
@@ -85,3 +96,137 @@ def test_grants_are_cached_for_the_configured_time(store: Store, monkeypatch: py
     admission.admit_run("arn:aws:iam::1:user/a", "t1", request)
     # Then the grant was read once per cache period
     assert reads == ["arn:aws:iam::1:user/a"] * 2
+
+
+def _function_timeout(template: Template, logical_id: str) -> float:
+    own = template.properties(logical_id).get("Timeout")
+    return float(own if own is not None else template.document["Globals"]["Function"]["Timeout"])
+
+
+def _dynamodb_call_seconds(settings: Settings) -> float:
+    """The longest one DynamoDB call can take: every attempt times out connecting and then reading, and
+    every wait is botocore's longest (standard mode, throttled, jitter at its maximum)."""
+    backoff = ExponentialBackoff(
+        random=lambda: 1.0, service_name="dynamodb", throttling_detector=ThrottlingErrorDetector(RetryEventAdapter())
+    )
+    throttled = {"Error": {"Code": "ThrottlingException"}}
+    waits = sum(
+        backoff.delay_amount(RetryContext(attempt_number=attempt, parsed_response=throttled))
+        for attempt in range(1, settings.dynamodb_max_attempts)
+    )
+    return settings.dynamodb_max_attempts * 2 * settings.dynamodb_timeout_seconds + waits
+
+
+def test_admission_answers_within_its_timeout_and_the_relay_outwaits_any_answer(template: Template) -> None:
+    # Given the settings each function reads from its environment in template.yaml (defaults otherwise)
+    admission = Settings.from_env(
+        {"AWS_REGION": "us-east-1", **template.function_environment("AdmissionFunction", {"AdmissionTable": "t"})}
+    )
+    relay = RelaySettings.from_env(
+        {
+            "AWS_REGION": "us-east-1",
+            "ADMISSION_API_URL": "https://api.example",
+            "DLQ_URL": "q",
+            **template.function_environment("InboxRelayFunction", {}),
+        }
+    )
+    admission_timeout = _function_timeout(template, "AdmissionFunction")
+    # Then admission's DynamoDB calls, retries and backoff included, end before its function times out:
+    # it answers (503 at worst) instead of being cut off while a write may still commit
+    assert DYNAMODB_CALLS_PER_ADMISSION * _dynamodb_call_seconds(admission) < admission_timeout
+    # And API Gateway does not give up (504) on a function that is still running
+    assert LAMBDA_MAX_INIT_SECONDS + admission_timeout <= API_GATEWAY_MAX_INTEGRATION_SECONDS
+    # And the relay waits for any answer, so it never abandons a call that admission may still commit
+    worst_answer = min(API_GATEWAY_MAX_INTEGRATION_SECONDS, LAMBDA_MAX_INIT_SECONDS + admission_timeout)
+    assert relay.http_timeout_seconds > worst_answer
+    # And one such call, and a dead letter after it, fit in one relay invocation
+    relay_timeout = _function_timeout(template, "InboxRelayFunction")
+    assert relay.http_timeout_seconds + 2 * relay.dlq_timeout_seconds + relay.time_margin_seconds < relay_timeout
+
+
+ROLE_WITH_PATH = "arn:aws:iam::123456789012:role/aws-reserved/sso.amazonaws.com/AWSReservedSSO_X_abc"
+ROLE = "arn:aws:iam::123456789012:role/AWSReservedSSO_X_abc"
+SESSION = "arn:aws:sts::123456789012:assumed-role/AWSReservedSSO_X_abc/alice@example.com"
+
+
+@pytest.mark.parametrize(
+    "arn",
+    [
+        "arn:aws:iam::123456789012:role/poimen-relay",
+        "arn:aws:iam::123456789012:user/alice",
+        "arn:aws:iam::123456789012:user/division/alice",
+        "arn:aws:iam::123456789012:root",
+        "arn:aws-cn:iam::123456789012:role/relay",
+        "arn:aws:sts::123456789012:assumed-role/relay/session-1",
+        "arn:aws:sts::123456789012:federated-user/bob",
+    ],
+)
+def test_principal_arns_are_granted_as_given(arn: str) -> None:
+    assert grant_principal(arn).arn == arn
+    assert grant_principal(arn).note is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "poimen-relay",
+        "*",
+        "arn:aws:iam::123456789012:role/",
+        "arn:aws:iam::1234:role/relay",
+        "arn:aws:iam::123456789012:group/admins",
+        "arn:aws:iam::123456789012:policy/p",
+        "arn:aws:s3:::bucket",
+        "arn:aws:sts::123456789012:assumed-role/relay",
+        " arn:aws:iam::123456789012:role/relay",
+        "arn:aws:iam::123456789012:role/relay\n",
+        "arn:aws:iam::123456789012:role/relé",
+    ],
+)
+def test_strings_that_are_not_principal_arns_are_refused(text: str) -> None:
+    with pytest.raises(InvalidPrincipal):
+        grant_principal(text)
+
+
+def test_a_role_path_is_dropped_as_sessions_of_the_role_present_none() -> None:
+    granted = grant_principal(ROLE_WITH_PATH)
+
+    assert granted.arn == ROLE == normalise_principal(SESSION)
+    assert granted.note is not None
+    assert "/aws-reserved/sso.amazonaws.com/" in granted.note
+
+
+def test_grants_add_refuses_a_string_that_is_no_principal(capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["grants", "add", "--principal", "poimen-relay", "--tenant", "acme"])
+
+    err = capsys.readouterr().err
+    assert status == 2
+    assert len(err.splitlines()) == 1
+    assert err.startswith("poimen grants add: 'poimen-relay' is not an IAM or STS principal ARN")
+
+
+def test_grants_add_names_a_role_without_its_path_so_its_sessions_are_granted(
+    store: Store, table_name: str, tenant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a grant added for an SSO role ARN with its path
+    status = main(["grants", "add", "--principal", ROLE_WITH_PATH, "--tenant", tenant, "--table-name", table_name])
+    # Then the CLI said what it granted and why
+    out, err = capsys.readouterr()
+    assert status == 0
+    assert out.splitlines() == [f"add: {ROLE} {tenant}"]
+    assert err.startswith("note: ")
+    # And a session of that role, as IAM authorization presents it, is granted the tenant
+    Admission(store, grants_cache_seconds=0).authorize(SESSION, tenant)
+    # And removing with the same ARN removes that grant
+    removed = main(["grants", "remove", "--principal", ROLE_WITH_PATH, "--tenant", tenant, "--table-name", table_name])
+    assert removed == 0
+    with pytest.raises(TenantNotGranted):
+        Admission(store, grants_cache_seconds=0).authorize(SESSION, tenant)
+
+
+def test_grants_remove_takes_a_grant_of_any_name_as_listed(store: Store, table_name: str, tenant: str) -> None:
+    store.grant("legacy-name", tenant)
+
+    assert main(["grants", "remove", "--principal", "legacy-name", "--tenant", tenant, "--table-name", table_name]) == 0
+
+    assert store.granted_tenants("legacy-name") == frozenset()

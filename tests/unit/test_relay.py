@@ -1,25 +1,48 @@
-"""The relay's pure parts: topics, ordering, dead-letter format, signing, settings, and no bypass."""
+"""The relay: topics, ordering, dead-letter format, signing, settings, no bypass; and whole batches
+in-process (tests/unit/relay_harness.py) where no record may stall the batch."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from aws_lambda_powertools.utilities.data_classes import KafkaEvent
 from botocore.credentials import Credentials
+from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
 from poimen.config import ConfigurationError, RelaySettings
 from poimen.kafka import dispatch_topic, tenant_of_dispatch_topic
-from poimen.relay import DeadLetterReason, Relay, _ordered_groups, dead_letter_message
+from poimen.relay import (
+    MAX_DEAD_LETTER_BYTES,
+    AdmissionApiRefused,
+    DeadLetterQueueUnavailable,
+    DeadLetterReason,
+    Relay,
+    _ordered_groups,
+    dead_letter_body,
+    dead_letter_message,
+)
+from poimen.store import Store
 from poimen_tools.local.msk import KafkaRecord, msk_event
 from poimen_tools.local.template import Template
 from tests.conftest import load_event
+from tests.unit.relay_harness import RelayHarness
 
 SETTINGS = RelaySettings(admission_api_url="https://api.example", dlq_url="https://sqs/dlq", region="us-east-1")
+SPAWN = {"workflow_ref": "wf/hello", "input": {"greeting": "hi"}, "goal_id": None}
+TRACEPARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.fixture
+def harness(template: Template, handler: Callable[[dict[str, Any], Any], dict[str, Any]], store: Store) -> RelayHarness:
+    return RelayHarness.start(template, handler, store)
 
 
 def test_built_events_have_the_shape_of_the_canonical_msk_event() -> None:
@@ -85,7 +108,6 @@ def test_dead_letter_keeps_the_record_as_delivered_and_the_reason() -> None:
     reason = DeadLetterReason("rejected", "the admission API answered 400", 400, {"type": "urn:x"})
 
     letter = dead_letter_message(record, reason)
-    without_value = dead_letter_message(record, reason, keep_value=False)
 
     assert letter["record"]["value"] == record.value
     assert letter["record"]["key"] == record.key
@@ -96,10 +118,55 @@ def test_dead_letter_keeps_the_record_as_delivered_and_the_reason() -> None:
         "status": 400,
         "problem": {"type": "urn:x"},
     }
-    assert without_value["record"]["value"] is None
-    assert without_value["record"]["valueOmitted"]["base64Length"] == len(record.value)
-    assert len(without_value["record"]["valueSha256"]) == 64
-    json.dumps(letter)
+    assert json.loads(dead_letter_body(record, reason))["record"] == letter["record"]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "omitted"),
+    [
+        ({"value": 1024 * 1024}, ["value"]),
+        ({"header": 300 * 1024}, ["value", "headers"]),  # headers are lists of integers: ~4 bytes a byte
+        ({"value": 1024 * 1024, "header": 300 * 1024, "key": 800 * 1024}, ["value", "headers", "key"]),
+        ({"problem": 2 * 1024 * 1024}, ["value", "headers", "key", "problem"]),
+    ],
+)
+def test_a_dead_letter_leaves_out_value_then_headers_then_key_until_it_fits(
+    sizes: dict[str, int], omitted: list[str]
+) -> None:
+    # Given a record (and an API answer) with parts of these sizes
+    record = KafkaRecord(
+        topic="poimen.acme.dispatch",
+        partition=3,
+        offset=42,
+        timestamp_ms=1795780800000,
+        value=b"v" * sizes.get("value", 10),
+        key=b"k" * sizes.get("key", 10),
+        headers=[("traceparent", TRACEPARENT), ("blob", b"\xff" * sizes.get("header", 10))],
+    )
+    delivered = next(KafkaEvent(msk_event([record])).records)
+    reason = DeadLetterReason("rejected", "the admission API answered 413", 413, "x" * sizes.get("problem", 10))
+    # When its dead letter is made
+    body = dead_letter_body(delivered, reason)
+    # Then it fits SQS, keeps the coordinates, and names each part left out by its length and SHA-256
+    assert len(body.encode()) <= MAX_DEAD_LETTER_BYTES
+    letter = json.loads(body)
+    original = letter["record"]
+    assert (original["topic"], original["partition"], original["offset"]) == ("poimen.acme.dispatch", 3, 42)
+    assert (letter["reason"]["kind"], letter["reason"]["status"]) == ("rejected", 413)
+    parts = {
+        "value": (original, delivered.value),
+        "headers": (original, json.dumps(delivered.headers, separators=(",", ":"))),
+        "key": (original, delivered.key),
+        "problem": (letter["reason"], reason.problem),
+    }
+    for name, (section, text) in parts.items():
+        if name in omitted:
+            assert section[name] is None
+            assert section[f"{name}Omitted"] == {"reason": "too large for SQS", "length": len(text)}
+            assert section[f"{name}Sha256"] == hashlib.sha256(text.encode()).hexdigest()
+        else:
+            assert f"{name}Omitted" not in section
+            assert section[name] is not None
 
 
 def test_requests_are_signed_for_execute_api() -> None:
@@ -113,11 +180,31 @@ def test_requests_are_signed_for_execute_api() -> None:
     assert headers["X-Amz-Security-Token"] == "token"
 
 
+def test_credentials_that_cannot_be_refreshed_fail_the_batch_not_the_record() -> None:
+    class Expired:
+        def get_frozen_credentials(self) -> Any:
+            raise NoCredentialsError()
+
+    relay = Relay(SETTINGS, sqs=object(), credentials=Expired())
+
+    with pytest.raises(AdmissionApiRefused, match="no credentials"):
+        relay._signed({"Content-Type": "application/json"}, b"{}")
+
+
 def test_relay_settings_are_validated() -> None:
     env = {"ADMISSION_API_URL": "https://api.example/", "DLQ_URL": "q", "AWS_REGION": "eu-west-1"}
+    timeouts = {"RELAY_HTTP_CONNECT_TIMEOUT_SECONDS": "0.5", "RELAY_DLQ_TIMEOUT_SECONDS": "0.25"}
 
     assert RelaySettings.from_env(env).admission_api_url == "https://api.example"
-    for broken in ({**env, "ADMISSION_API_URL": "api"}, {**env, "DLQ_URL": ""}, {**env, "RELAY_MAX_CONCURRENCY": "0"}):
+    tuned = RelaySettings.from_env({**env, **timeouts})
+    assert (tuned.http_connect_timeout_seconds, tuned.dlq_timeout_seconds) == (0.5, 0.25)
+    for broken in (
+        {**env, "ADMISSION_API_URL": "api"},
+        {**env, "DLQ_URL": ""},
+        {**env, "RELAY_MAX_CONCURRENCY": "0"},
+        {**env, "RELAY_HTTP_CONNECT_TIMEOUT_SECONDS": "0"},
+        {**env, "RELAY_DLQ_TIMEOUT_SECONDS": "-1"},
+    ):
         with pytest.raises(ConfigurationError):
             RelaySettings.from_env(broken)
 
@@ -159,3 +246,119 @@ def test_the_relay_role_cannot_touch_dynamodb(template: Template) -> None:
 
 def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
+
+
+@pytest.mark.parametrize(
+    ("value", "forwarded"),
+    [
+        (TRACEPARENT, True),
+        (TRACEPARENT + b"\r\nX-Injected: 1", False),
+        (TRACEPARENT + b"\n", False),
+        (TRACEPARENT.upper(), False),
+        (b"00-" + b"0" * 32 + b"-b7ad6b7169203331-01", False),
+        (b"00-0af7651916cd43dd8448eb211c80319c-" + b"0" * 16 + b"-01", False),
+        (b"ff" + TRACEPARENT[2:], False),
+        (TRACEPARENT[:-3], False),
+        (TRACEPARENT[:-1] + "\u00b9".encode(), False),
+        (b"", False),
+    ],
+)
+def test_only_a_well_formed_w3c_traceparent_is_forwarded(harness: RelayHarness, value: bytes, forwarded: bool) -> None:
+    harness.run([harness.record(SPAWN, 0, headers=[("traceparent", value)])])
+
+    (received,) = harness.api.received
+    assert received.get("traceparent") == (value.decode() if forwarded else None)
+    assert harness.dead_letters() == []
+
+
+def test_a_traceparent_with_cr_lf_stalls_no_record(harness: RelayHarness, store: Store) -> None:
+    # Given 21 records over 20 Kafka keys, the first of the shared key with a CR/LF in its traceparent
+    records = [harness.record({**SPAWN, "dispatch_key": f"d-{i}"}, i, key=f"k{min(i, 19)}".encode()) for i in range(21)]
+    records[19] = harness.record(
+        {**SPAWN, "dispatch_key": "d-19"}, 19, key=b"k19", headers=[("traceparent", TRACEPARENT + b"\r\nX: 1")]
+    )
+    # When the batch is relayed
+    outcome = harness.run(records)
+    # Then every record was posted and admitted, the bad header left behind, and nothing dead-lettered
+    assert (outcome.relayed, outcome.dead_lettered) == (21, 0)
+    assert len(harness.api.received) == 21
+    assert all("traceparent" not in headers for headers in harness.api.received)
+    assert harness.dead_letters() == []
+
+
+@pytest.mark.parametrize("header", [[256], "not a list of bytes", [None]])
+def test_an_unforeseen_fault_of_a_record_is_its_dead_letter(harness: RelayHarness, header: Any) -> None:
+    # Given a batch whose second record carries a header no Kafka client could have produced
+    records = [harness.record({**SPAWN, "dispatch_key": f"d-{i}"}, i, key=f"k{i}".encode()) for i in range(3)]
+    event = msk_event(records)
+    (partition,) = event["records"].values()
+    partition[1]["headers"] = [{"traceparent": header}]
+    # When it is relayed
+    outcome = harness.run_event(event)
+    # Then that record is a relay-error dead letter naming the exception, and the others are admitted
+    (letter,) = [letter for _, letter in harness.dead_letters()]
+    assert letter["record"]["offset"] == 1
+    assert letter["reason"]["kind"] == "relay-error"
+    assert letter["reason"]["detail"].startswith(("ValueError: ", "TypeError: "))
+    assert (outcome.relayed, outcome.dead_lettered) == (2, 1)
+
+
+def test_a_300_kb_header_makes_a_dead_letter_that_fits(harness: RelayHarness) -> None:
+    # Given a malformed record with a 300 KB header, and a valid record under the same key after it
+    big = harness.record(b"{not json", 0, key=b"k", headers=[("blob", b"\xff" * 300 * 1024)])
+    records = [big, harness.record({**SPAWN, "dispatch_key": "after"}, 1, key=b"k")]
+    # When the batch is relayed to a queue of the template's maximum message size
+    outcome = harness.run(records)
+    # Then the dead letter fits, without value and headers but with their digests and the coordinates
+    ((size, letter),) = harness.dead_letters()
+    assert size <= MAX_DEAD_LETTER_BYTES
+    assert (letter["record"]["offset"], letter["reason"]["kind"]) == (0, "invalid-json")
+    assert letter["record"]["value"] is letter["record"]["headers"] is None
+    assert len(letter["record"]["headersSha256"]) == 64
+    assert letter["record"]["key"] == base64.b64encode(b"k").decode()
+    assert (outcome.relayed, outcome.dead_lettered) == (1, 1)
+
+
+def test_max_dead_letter_size_is_the_queue_maximum(template: Template) -> None:
+    assert template.properties("RelayDeadLetterQueue")["MaximumMessageSize"] == MAX_DEAD_LETTER_BYTES
+
+
+class UnreachableQueue:
+    """An SQS client whose every SendMessage fails as given."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.attempts = 0
+
+    def send_message(self, **_: Any) -> None:
+        self.attempts += 1
+        raise self.error
+
+
+def test_an_unreachable_dlq_fails_the_batch_before_the_deadline(
+    template: Template, handler: Callable[[dict[str, Any], Any], dict[str, Any]], store: Store
+) -> None:
+    # Given a dead-letter queue that cannot be reached, and 5 s left (2 s of margin, 1 s + 1 s per attempt)
+    queue = UnreachableQueue(EndpointConnectionError(endpoint_url="https://sqs.invalid"))
+    harness = RelayHarness.start(template, handler, store, sqs=queue)
+    started = time.monotonic()
+    # When a record must be dead-lettered
+    with pytest.raises(DeadLetterQueueUnavailable, match="EndpointConnectionError"):
+        harness.run([harness.record(b"{not json", 0)], seconds=5)
+    # Then it was retried while an attempt still fitted before the deadline, and the batch failed
+    assert queue.attempts > 1
+    assert time.monotonic() - started < 3
+
+
+def test_a_dlq_refusing_the_relay_fails_the_batch_at_once(
+    template: Template, handler: Callable[[dict[str, Any], Any], dict[str, Any]], store: Store
+) -> None:
+    answer: Any = {"Error": {"Code": "AccessDenied", "Message": "no"}, "ResponseMetadata": {"HTTPStatusCode": 403}}
+    refusal = ClientError(answer, "SendMessage")
+    queue = UnreachableQueue(refusal)
+    harness = RelayHarness.start(template, handler, store, sqs=queue)
+
+    with pytest.raises(DeadLetterQueueUnavailable, match="AccessDenied"):
+        harness.run([harness.record(None, 0)])
+
+    assert queue.attempts == 1

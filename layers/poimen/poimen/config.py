@@ -9,6 +9,9 @@ from typing import TypeVar
 
 N = TypeVar("N", int, float)
 
+# API Gateway HTTP APIs give up on an integration after at most 30 s (and answer 504).
+API_GATEWAY_MAX_INTEGRATION_SECONDS = 30.0
+
 
 class ConfigurationError(ValueError):
     """The environment does not describe a usable configuration."""
@@ -21,9 +24,12 @@ class Settings:
     # Grants are cached per principal so that an admission stays one DynamoDB call; a revoked grant
     # stops working at most this many seconds later.
     grants_cache_seconds: float = 60.0
-    # Total attempts (first try included) for one DynamoDB call before the API answers 503.
-    dynamodb_max_attempts: int = 3
-    dynamodb_timeout_seconds: float = 2.0
+    # Total attempts (first try included) for one DynamoDB call before the API answers 503, and the
+    # connect and read timeout of each. An admission makes up to two calls (the grant on a cache miss,
+    # then the write); with botocore's backoff they must end before the function's timeout, so the
+    # function answers (503) rather than being cut off by it (tests/unit/test_config_and_grants.py).
+    dynamodb_max_attempts: int = 2
+    dynamodb_timeout_seconds: float = 0.75
     # Pool size of the DynamoDB client: one Lambda serves one request at a time, the dev server many.
     dynamodb_max_connections: int = 10
 
@@ -76,7 +82,14 @@ class RelaySettings:
     region: str
     # Records with different Kafka keys go out concurrently, at most this many at once.
     max_concurrency: int = 16
-    http_timeout_seconds: float = 5.0
+    # Longer than API Gateway ever holds a request, so the relay never abandons a call that admission may
+    # still commit (a keyless record would be admitted twice): the answer, or API Gateway's 504, comes first.
+    http_timeout_seconds: float = API_GATEWAY_MAX_INTEGRATION_SECONDS + 2.0
+    # Nothing is sent before the connection is up, so a short connect timeout cannot admit twice.
+    http_connect_timeout_seconds: float = 3.0
+    # Connect and read timeout of each SendMessage to the dead-letter queue; an attempt starts only if
+    # both fit before the deadline.
+    dlq_timeout_seconds: float = 1.0
     retry_base_seconds: float = 0.05
     retry_cap_seconds: float = 5.0
     # Give up retrying this long before the function's deadline, so the raise reaches the event source.
@@ -97,13 +110,23 @@ class RelaySettings:
             region=_region(env),
             max_concurrency=_number(env, "RELAY_MAX_CONCURRENCY", cls.max_concurrency, int),
             http_timeout_seconds=_number(env, "RELAY_HTTP_TIMEOUT_SECONDS", cls.http_timeout_seconds, float),
+            http_connect_timeout_seconds=_number(
+                env, "RELAY_HTTP_CONNECT_TIMEOUT_SECONDS", cls.http_connect_timeout_seconds, float
+            ),
+            dlq_timeout_seconds=_number(env, "RELAY_DLQ_TIMEOUT_SECONDS", cls.dlq_timeout_seconds, float),
             time_margin_seconds=_number(env, "RELAY_TIME_MARGIN_SECONDS", cls.time_margin_seconds, float),
             retry_base_seconds=_number(env, "RELAY_RETRY_BASE_SECONDS", cls.retry_base_seconds, float),
             retry_cap_seconds=_number(env, "RELAY_RETRY_CAP_SECONDS", cls.retry_cap_seconds, float),
         )
-        positive = (settings.max_concurrency, settings.http_timeout_seconds, settings.retry_base_seconds)
+        positive = (
+            settings.max_concurrency,
+            settings.http_timeout_seconds,
+            settings.http_connect_timeout_seconds,
+            settings.dlq_timeout_seconds,
+            settings.retry_base_seconds,
+        )
         if min(positive) <= 0 or settings.retry_cap_seconds < settings.retry_base_seconds:
-            raise ConfigurationError("relay concurrency, timeout and backoff must be positive (cap >= base)")
+            raise ConfigurationError("relay concurrency, timeouts and backoff must be positive (cap >= base)")
         if settings.time_margin_seconds < 0:
             raise ConfigurationError("RELAY_TIME_MARGIN_SECONDS must not be negative")
         return settings

@@ -1,0 +1,131 @@
+"""The relay in-process: its HTTP calls answered by the admission handler (no socket), its dead letters
+sent to a moto queue made from template.yaml. What `poimen dev` does over loopback, in one process."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import boto3
+import urllib3
+from aws_lambda_powertools.utilities.data_classes import KafkaEvent
+from botocore.credentials import Credentials
+
+from poimen.config import RelaySettings
+from poimen.relay import BatchOutcome, Relay
+from poimen.store import Store
+from poimen_tools.local.devserver import LocalLambdaContext, http_api_event, http_response
+from poimen_tools.local.msk import KafkaRecord, msk_event
+from poimen_tools.local.sigv4 import Principal, verify
+from poimen_tools.local.template import Template
+
+RELAY_ROLE = "arn:aws:iam::123456789012:role/poimen-relay"
+RELAY_KEY = Principal("AKIDRELAY", "relay-secret", RELAY_ROLE, ("*",))
+
+
+class InProcessApi(urllib3.PoolManager):
+    """The admission API as the relay's HTTP pool: each request is checked as http.client checks it
+    before sending, authenticated (SigV4) as API Gateway does, then handed to the admission handler."""
+
+    def __init__(self, handler: Callable[[dict[str, Any], Any], dict[str, Any]]) -> None:
+        super().__init__()
+        self._handler = handler
+        # One execution environment: Powertools keeps the current event on the resolver.
+        self._lock = threading.Lock()
+        self.received: list[dict[str, str]] = []
+
+    # PoolManager's own signature, which narrows RequestMethods' as urllib3 itself declares it.
+    def urlopen(self, method: str, url: str, redirect: bool = True, **kw: Any) -> urllib3.BaseHTTPResponse:  # type: ignore[override]
+        target = urlsplit(url)
+        headers = [("Host", target.netloc), *dict(kw["headers"]).items()]
+        outgoing = http.client.HTTPConnection(target.netloc)  # never connected: it only checks the headers
+        outgoing.putrequest(method, target.path, skip_host=True)
+        for name, value in headers:
+            outgoing.putheader(name, value)
+        body: bytes = kw["body"]
+        principal = verify({RELAY_KEY.access_key: RELAY_KEY}, method, target.path, headers, body)
+        event = http_api_event(
+            method=method,
+            target=target.path,
+            headers=headers,
+            body=body,
+            principal_arn=principal.arn,
+            source_ip="127.0.0.1",
+            route_key=f"{method} {target.path}",
+        )
+        with self._lock:
+            self.received.append({name.lower(): value for name, value in headers})
+            answer = self._handler(event, LocalLambdaContext("AdmissionFunction"))
+        status, answer_headers, payload = http_response(answer)
+        return urllib3.HTTPResponse(body=payload, status=status, headers=dict(answer_headers), preload_content=True)
+
+
+@dataclass
+class RelayHarness:
+    relay: Relay
+    api: InProcessApi
+    sqs: Any
+    queue_url: str
+    tenant: str
+
+    @classmethod
+    def start(
+        cls,
+        template: Template,
+        handler: Callable[[dict[str, Any], Any], dict[str, Any]],
+        store: Store,
+        sqs: Any | None = None,
+    ) -> RelayHarness:
+        """Inside mock_aws: a fresh DLQ, the relay's role granted every tenant, a tenant of its own."""
+        store.grant(RELAY_ROLE, "*")
+        queue_client = boto3.client("sqs")
+        request = template.create_queue_request("RelayDeadLetterQueue", f"dlq-{uuid.uuid4().hex[:8]}")
+        queue_url: str = queue_client.create_queue(**request)["QueueUrl"]
+        api = InProcessApi(handler)
+        settings = RelaySettings(admission_api_url="https://api.example", dlq_url=queue_url, region="us-east-1")
+        credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
+        relay = Relay(settings, sqs=sqs or queue_client, http=api, credentials=credentials)
+        return cls(relay, api, queue_client, queue_url, f"t-{uuid.uuid4().hex[:12]}")
+
+    def run(self, records: list[KafkaRecord], seconds: float = 60) -> BatchOutcome:
+        """One invocation of these records with `seconds` left; raises as the handler would."""
+        return self.run_event(msk_event(records), seconds)
+
+    def run_event(self, event: dict[str, Any], seconds: float = 60) -> BatchOutcome:
+        outcome = BatchOutcome()
+        deadline = time.monotonic() + seconds
+        self.relay.relay_batch(KafkaEvent(event), lambda: int((deadline - time.monotonic()) * 1000), outcome)
+        return outcome
+
+    def dead_letters(self) -> list[tuple[int, dict[str, Any]]]:
+        """(body size in bytes, letter) of every message in the DLQ, consumed."""
+        letters: list[tuple[int, dict[str, Any]]] = []
+        while True:
+            batch = self.sqs.receive_message(QueueUrl=self.queue_url, MaxNumberOfMessages=10)
+            messages = batch.get("Messages", [])
+            if not messages:
+                return letters
+            for message in messages:
+                letters.append((len(message["Body"].encode()), json.loads(message["Body"])))
+                self.sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=message["ReceiptHandle"])
+
+    def record(self, value: Any, offset: int, key: bytes | None = None, **changes: Any) -> KafkaRecord:
+        """A record of this tenant's dispatch topic; `value` JSON-encoded unless bytes or None."""
+        encoded = value if value is None or isinstance(value, bytes) else json.dumps(value).encode()
+        fields: dict[str, Any] = {
+            "topic": f"poimen.{self.tenant}.dispatch",
+            "partition": 0,
+            "offset": offset,
+            "timestamp_ms": 0,
+            "value": encoded,
+            "key": key,
+            **changes,
+        }
+        return KafkaRecord(**fields)

@@ -46,7 +46,7 @@ from aws_lambda_powertools.utilities.idempotency import (  # noqa: E402
     idempotent_function,
 )
 
-from poimen.admission import Admission, Admitted  # noqa: E402
+from poimen.admission import Admission, Admitted, RunView  # noqa: E402
 from poimen.api import admission_service, app  # noqa: E402
 from poimen.config import Settings  # noqa: E402
 from poimen.contract import Run, RunRequest  # noqa: E402
@@ -81,7 +81,11 @@ class PowertoolsAdmission(Admission):
                 created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 **spawn,
             )
-            record = store.runs(run_pk(run.tenant_id, run.run_id), fingerprint="-", attempt_id="-", **run.model_dump())
+            fields = run.model_dump()
+            input_json = json.dumps(fields.pop("input"))
+            record = store.runs(
+                run_pk(run.tenant_id, run.run_id), fingerprint="-", attempt_id="-", input_json=input_json, **fields
+            )
             record.save()
             return run.model_dump(mode="json")
 
@@ -95,7 +99,8 @@ class PowertoolsAdmission(Admission):
         except Exception as error:
             self.errors.append(type(error).__name__)
             raise
-        return Admitted(Run(**answer), replayed=not self._executed.value)
+        run = RunView(answer["run_id"], tenant_id, request.dispatch_key, answer["created_at"], json.dumps(answer))
+        return Admitted(run, replayed=not self._executed.value)
 
 
 @dataclass

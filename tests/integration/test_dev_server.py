@@ -203,3 +203,24 @@ def test_grants_are_managed_with_the_cli(dev: DevServer, tenant: str) -> None:
 
     assert f"{role_arn}\t*,{tenant}" in listed.splitlines()  # the session's grant belongs to its role
     assert f"{role_arn}\t{tenant}" in after.splitlines()
+
+
+def test_numbers_cross_http_exactly_as_sent_and_deep_input_is_refused(
+    dev: DevServer, http: requests.Session, tenant: str
+) -> None:
+    run_input = '{"price": 12345678901234567.25, "big": 123456789012345678901234567890, "e": 1e15, "ratio": 1.10}'
+    headers = {"X-Poimen-Tenant": tenant, "Content-Type": "application/json"}
+
+    def post(body: str) -> requests.Response:
+        return http.post(f"{dev.url}/v1/runs", data=body.encode(), headers=headers, timeout=30)
+
+    created = post(f'{{"workflow_ref": "wf/n", "dispatch_key": "n-1", "input": {run_input}}}')
+    read = http.get(f"{dev.url}/v1/runs", params={"dispatch_key": "n-1"}, headers=headers, timeout=30)
+    deep = post('{"workflow_ref": "wf/n", "input": ' + '{"a":' * 254 + "{}" + "}" * 254 + "}")
+
+    assert (created.status_code, read.status_code, deep.status_code) == (201, 200, 400)
+    for answer in (created, read):
+        assert '"input":{"price":12345678901234567.25,"big":123456789012345678901234567890,"e":1e15,"ratio":1.10}' in (
+            answer.text
+        )
+    assert len(count_runs(dev.dynamodb(), dev.table_name, tenant)) == 1

@@ -29,6 +29,7 @@ class Answer:
     status: int
     headers: dict[str, str]
     body: dict[str, Any]
+    text: str  # the body as answered; `body` holds its numbers as floats
 
 
 Invoke = Callable[..., Answer]
@@ -114,7 +115,8 @@ def invoke(handler: Callable[[dict[str, Any], Any], dict[str, Any]], granted: st
             event["body"] = base64.b64encode(text.encode()).decode() if base64_body else text
         event["isBase64Encoded"] = base64_body
         result = handler(event, LocalLambdaContext("AdmissionFunction"))
-        answer = Answer(result["statusCode"], result.get("headers") or {}, json.loads(result.get("body") or "{}"))
+        answered = result.get("body") or "{}"
+        answer = Answer(result["statusCode"], result.get("headers") or {}, json.loads(answered), answered)
         if answer.headers.get("Content-Type") == "application/problem+json":
             # RFC 9457: the problem's status member, when present, equals the HTTP status.
             assert answer.body["status"] == answer.status

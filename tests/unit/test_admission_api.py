@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -10,7 +12,7 @@ import pytest
 from poimen.admission import Admission
 from poimen.contract import RunRequest
 from poimen.ids import keyed_run_id
-from poimen.store import RunRecord, Store
+from poimen.store import RunRecord, Store, run_pk
 from tests.conftest import count_runs
 from tests.unit.conftest import PRINCIPAL, Invoke
 
@@ -172,3 +174,107 @@ def test_a_run_of_another_tenant_is_404_not_403(invoke: Invoke, store: Store, te
     # Then the run does not exist there
     assert (by_id.status, by_key.status) == (404, 404)
     assert by_id.body == invoke("GET", f"/v1/runs/{keyed_run_id(other, 'absent')}", tenant=other).body
+
+
+def exactly(text: str) -> Any:
+    """JSON with each number that has a fraction or exponent kept as its text: equal means as sent."""
+    return json.loads(text, parse_float=lambda number: ("number", number))
+
+
+EXACT_INPUT = (
+    '{"price": 12345678901234567.25, "above_2_53": 9007199254740993, "big": 123456789012345678901234567890,'
+    ' "e": 1e15, "tiny": 1E-7, "tenth": 0.1, "negative_zero": -0.0, "nested": [2.50, {"avogadro": 6.02214076e23}]}'
+)
+
+
+def _keyed(run_input: str, key: str = "n-1") -> str:
+    return f'{{"workflow_ref": "wf/n", "dispatch_key": "{key}", "input": {run_input}}}'
+
+
+def test_numbers_in_input_come_back_exactly_as_sent(
+    invoke: Invoke, dynamodb: Any, table_name: str, tenant: str
+) -> None:
+    sent = exactly(EXACT_INPUT)
+    # Given a run whose input has numbers no IEEE-754 double holds exactly
+    created = invoke(raw_body=_keyed(EXACT_INPUT))
+    # When it is read back by id, by key, and replayed
+    by_id = invoke("GET", f"/v1/runs/{created.body['run_id']}")
+    by_key = invoke("GET", "/v1/runs", query="dispatch_key=n-1")
+    replay = invoke(raw_body=_keyed(EXACT_INPUT))
+    # Then every answer and the stored item hold each number as it was sent
+    assert (created.status, by_id.status, by_key.status, replay.status) == (201, 200, 200, 200)
+    for answer in (created, by_id, by_key, replay):
+        assert exactly(answer.text)["input"] == sent
+        assert answer.text == created.text
+    [item] = count_runs(dynamodb, table_name, tenant)
+    assert exactly(item["input"]["S"]) == sent
+
+
+def test_a_numerically_different_input_under_the_same_key_is_422(invoke: Invoke) -> None:
+    # 12345678901234567.25 and 12345678901234567.0 are one and the same IEEE-754 double
+    first = invoke(raw_body=_keyed('{"amount": 12345678901234567.25}'))
+
+    other = invoke(raw_body=_keyed('{"amount": 12345678901234567.0}'))
+
+    assert (first.status, other.status) == (201, 422)
+    assert other.body["run_id"] == first.body["run_id"]
+
+
+@pytest.mark.parametrize("same", ["1.0", "1e0", "10e-1", "0.1E+1", "1.000"])
+def test_numerically_equal_inputs_under_the_same_key_replay(invoke: Invoke, same: str) -> None:
+    first = invoke(raw_body=_keyed('{"n": 1, "z": 0}'))
+
+    again = invoke(raw_body=_keyed(f'{{"z": -0.0, "n": {same}}}'))
+
+    assert (first.status, again.status) == (201, 200)
+    assert again.text == first.text  # the first answer, numbers as the first request wrote them
+
+
+def test_a_run_fingerprinted_under_the_earlier_rule_still_replays(invoke: Invoke, store: Store, granted: str) -> None:
+    # Given a run stored before numbers were exact: input re-serialised, fingerprint of json.dumps
+    run_input = {"count": 10, "ratio": 1.5, "name": "ünï"}
+    request = {"workflow_ref": "wf/legacy", "input": run_input, "goal_id": None}
+    canonical = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    run_id = keyed_run_id(granted, "legacy")
+    store.runs(
+        run_pk(granted, run_id),
+        run_id=run_id,
+        tenant_id=granted,
+        workflow_ref="wf/legacy",
+        input_json=json.dumps(run_input, separators=(",", ":"), ensure_ascii=False),
+        dispatch_key="legacy",
+        fingerprint=hashlib.sha256(canonical.encode()).hexdigest(),
+        attempt_id="earlier",
+        status="admitted",
+        created_at="2026-01-01T00:00:00.000Z",
+    ).save()
+    # When the same request comes again, and then a different one
+    again = invoke(body={**request, "dispatch_key": "legacy"})
+    other = invoke(body={**request, "input": {**run_input, "count": 11}, "dispatch_key": "legacy"})
+    # Then the first is a replay of the stored run and the second a conflict
+    assert (again.status, other.status) == (200, 422)
+    assert again.body["created_at"] == "2026-01-01T00:00:00.000Z"
+
+
+def test_a_reused_key_whose_stored_input_breaks_todays_limits_is_422(
+    invoke: Invoke, store: Store, granted: str
+) -> None:
+    # Given a run stored before nesting was limited (255 levels), under another fingerprint rule
+    run_id = keyed_run_id(granted, "deep")
+    store.runs(
+        run_pk(granted, run_id),
+        run_id=run_id,
+        tenant_id=granted,
+        workflow_ref="wf",
+        input_json='{"a":' * 254 + "{}" + "}" * 254,
+        dispatch_key="deep",
+        fingerprint="an earlier rule's",
+        attempt_id="earlier",
+        status="admitted",
+        created_at="2026-01-01T00:00:00.000Z",
+    ).save()
+
+    answer = invoke(body={"workflow_ref": "wf", "input": {}, "dispatch_key": "deep"})
+
+    assert answer.status == 422
+    assert answer.body["run_id"] == run_id

@@ -245,3 +245,55 @@ def test_unicode_and_hash_keys_are_valid_and_never_collide(
     assert [answer.status for answer in answers] == [201] * len(keys)
     assert len({answer.body["run_id"] for answer in answers}) == len(keys)
     assert len(count_runs(dynamodb, table_name, tenant)) == len(keys)
+
+
+def _nested(levels: int, opener: str = '{"a":', closer: str = "}") -> str:
+    """JSON text `levels` deep: each object (or array) inside the one before."""
+    return opener * (levels - 1) + "{}" + closer * (levels - 1)
+
+
+def test_an_input_nested_255_levels_is_400_and_nothing_is_written(
+    invoke: Invoke, dynamodb: Any, table_name: str, tenant: str
+) -> None:
+    answer = invoke(raw_body='{"workflow_ref": "wf", "input": ' + _nested(255) + "}")
+
+    assert answer.status == 400
+    assert answer.body["type"] == PROBLEM + "malformed-json"
+    assert "64 levels" in answer.body["detail"]
+    assert count_runs(dynamodb, table_name, tenant) == []
+
+
+@pytest.mark.parametrize(("opener", "closer"), [('{"a":', "}"), ("[", "]")], ids=["objects", "arrays"])
+def test_bodies_nest_up_to_64_levels_the_body_counting_as_one(invoke: Invoke, opener: str, closer: str) -> None:
+    at_limit = invoke(raw_body='{"workflow_ref": "wf", "input": {"a": ' + _nested(62, opener, closer) + "}}")
+    over = invoke(raw_body='{"workflow_ref": "wf", "input": {"a": ' + _nested(63, opener, closer) + "}}")
+
+    assert (at_limit.status, over.status) == (201, 400)
+    assert over.body["type"] == PROBLEM + "malformed-json"
+
+
+def test_numbers_are_stored_as_sent_so_a_body_under_256_kib_fits_one_item(
+    invoke: Invoke, dynamodb: Any, table_name: str, tenant: str
+) -> None:
+    # 50,000 times `1e15,`: 250 KB sent; written back as 1000000000000000.0 it was 950 KB, past DynamoDB's 400 KB
+    numbers = ",".join(["1e15"] * 50_000)
+
+    answer = invoke(raw_body='{"workflow_ref": "wf", "input": {"n": [' + numbers + "]}}")
+
+    assert answer.status == 201
+    [item] = count_runs(dynamodb, table_name, tenant)
+    assert item["input"]["S"] == '{"n":[' + numbers + "]}"
+
+
+def test_a_run_over_dynamodbs_item_limit_is_413_before_the_write(
+    invoke: Invoke, monkeypatch: pytest.MonkeyPatch, dynamodb: Any, table_name: str, tenant: str
+) -> None:
+    # Given a body limit raised past what one DynamoDB item holds
+    monkeypatch.setattr("poimen.api.MAX_BODY_BYTES", 1024 * 1024)
+    # When a run's item would be just over 400,000 bytes (moto itself refuses only past 405,000)
+    answer = invoke(body={**GOOD, "input": {"blob": "x" * 400_000}})
+    # Then it is refused before the write, saying why
+    assert answer.status == 413
+    assert answer.body["type"] == PROBLEM + "payload-too-large"
+    assert "DynamoDB" in answer.body["detail"]
+    assert count_runs(dynamodb, table_name, tenant) == []

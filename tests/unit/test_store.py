@@ -10,8 +10,8 @@ from botocore.awsrequest import AWSResponse, HTTPHeaders
 from poimen.admission import Admission
 from poimen.config import Settings
 from poimen.contract import RunRequest
-from poimen.errors import StoreUnavailable
-from poimen.store import HASH_KEY, GrantRecord, RunRecord, Store
+from poimen.errors import DispatchKeyReused, RunNotStorable, RunTooLarge, StoreUnavailable
+from poimen.store import HASH_KEY, MAX_ITEM_BYTES, GrantRecord, RunRecord, Store, item_size
 from poimen_tools.local.template import Template
 
 
@@ -48,11 +48,8 @@ def test_throttling_is_retried_a_bounded_number_of_times_then_unavailable(
         return _dynamodb_error("ThrottlingException")
 
     store.client.meta.events.register_first("before-send.dynamodb.PutItem", throttle)
-    record = store.runs("RUN#t#1", run_id="1", tenant_id="t", workflow_ref="w", input={}, fingerprint="f")
-    record.status, record.created_at, record.attempt_id = "admitted", "now", "a"
-
     with pytest.raises(StoreUnavailable):
-        store.put_run_if_absent(record)
+        store.put_run_if_absent(_record(store))
     assert len(attempts) == 2
 
 
@@ -99,3 +96,84 @@ def test_table_in_template_matches_the_model(template: Template) -> None:
     assert props["AttributeDefinitions"] == [{"AttributeName": HASH_KEY, "AttributeType": "S"}]
     assert props["BillingMode"] == "PAY_PER_REQUEST"
     assert props["StreamSpecification"] == {"StreamViewType": "NEW_IMAGE"}
+
+
+def _record(store: Store, run_input: str = "{}", attempt_id: str = "a") -> RunRecord:
+    record: RunRecord = store.runs(
+        "RUN#t#1", run_id="1", tenant_id="t", workflow_ref="w", input_json=run_input, fingerprint="f"
+    )
+    record.status, record.created_at, record.attempt_id = "admitted", "now", attempt_id
+    return record
+
+
+def _without_the_item_on_conflict(store: Store) -> None:
+    """Answer ConditionalCheckFailed as dynalite and older emulators do: without the stored item."""
+
+    def drop_item(parsed: dict[str, Any], **_: Any) -> None:
+        parsed.pop("Item", None)
+
+    store.client.meta.events.register("after-call.dynamodb.PutItem", drop_item)
+
+
+def test_a_conflict_answered_without_the_item_reads_it_once_consistently(store: Store) -> None:
+    # Given a store that leaves the item out of ConditionalCheckFailed, and a granted principal
+    _without_the_item_on_conflict(store)
+    store.grant("arn:aws:iam::1:user/a", "t1")
+    admission = Admission(store, grants_cache_seconds=60)
+    admission.authorize("arn:aws:iam::1:user/a", "t1")
+    calls = _count_calls(store)
+    reads: list[bool] = []
+    store.client.meta.events.register(
+        "provide-client-params.dynamodb.GetItem", lambda params, **_: reads.append(params.get("ConsistentRead"))
+    )
+    request = RunRequest(workflow_ref="wf", input={"x": 1}, dispatch_key="k")
+    # When a keyed spawn is admitted, replayed, and its key reused for something else
+    fresh = admission.admit_run("arn:aws:iam::1:user/a", "t1", request)
+    replay = admission.admit_run("arn:aws:iam::1:user/a", "t1", request)
+    with pytest.raises(DispatchKeyReused):
+        admission.admit_run("arn:aws:iam::1:user/a", "t1", request.model_copy(update={"input": {"x": 2}}))
+    # Then the replay answers the first run, each conflict took one strongly consistent GetItem
+    assert (fresh.replayed, replay.replayed) == (False, True)
+    assert replay.run == fresh.run
+    assert calls == ["PutItem", "PutItem", "GetItem", "PutItem", "GetItem"]
+    assert reads == [True, True]
+
+
+def test_a_conflict_whose_item_is_gone_when_read_is_unavailable(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a conditional write that fails on an item deleted before it can be read back
+    _without_the_item_on_conflict(store)
+    store.put_run_if_absent(_record(store))
+    monkeypatch.setattr(store, "get_run", lambda tenant_id, run_id: None)
+
+    with pytest.raises(StoreUnavailable):
+        store.put_run_if_absent(_record(store, attempt_id="b"))
+
+
+def test_item_size_counts_utf8_bytes_of_names_and_string_values() -> None:
+    assert item_size({"pk": {"S": "RUN#a"}}) == 2 + 5
+    assert item_size({"é": {"S": "中"}, "k": {"S": "🔑"}}) == (2 + 3) + (1 + 4)
+    assert item_size({"input": {"S": ""}}) == 5
+
+
+def test_an_item_over_the_limit_is_refused_without_a_call(store: Store) -> None:
+    calls = _count_calls(store)
+    envelope = item_size(_record(store).serialize()) - 2  # without the 2 bytes of "{}"
+    at_limit = _record(store, '"' + "x" * (MAX_ITEM_BYTES - envelope - 2) + '"')
+    over = _record(store, '"' + "x" * (MAX_ITEM_BYTES - envelope - 1) + '"')
+
+    assert item_size(at_limit.serialize()) == MAX_ITEM_BYTES
+    assert store.put_run_if_absent(at_limit) is None
+    with pytest.raises(RunTooLarge) as refused:
+        store.put_run_if_absent(over)
+    assert (refused.value.size, refused.value.limit) == (MAX_ITEM_BYTES + 1, MAX_ITEM_BYTES)
+    assert calls == ["PutItem"]
+
+
+def test_a_validation_exception_on_the_write_is_not_storable(dynamodb: Any) -> None:
+    store = Store(Settings.from_env())
+    store.client.meta.events.register_first(
+        "before-send.dynamodb.PutItem", lambda **_: _dynamodb_error("ValidationException")
+    )
+
+    with pytest.raises(RunNotStorable, match="injected"):
+        store.put_run_if_absent(_record(store))

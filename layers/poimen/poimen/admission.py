@@ -1,7 +1,9 @@
 """The admission rule: admit a run, or hand back the run its dispatch_key already admitted.
 
 Exactly-once lives here and nowhere else: one conditional write per admission, no read before it
-(check-then-insert races under redelivery), and no deduplication of requests without a key.
+(check-then-insert races under redelivery), and no deduplication of requests without a key. Admission
+answers for everything it writes: the item and the answer are both built before the write, so a
+request that could fail does so with nothing stored.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from poimen.contract import Run, RunRequest
+from poimen.contract import RunRequest, json_text, parse_json, run_json
 from poimen.errors import DispatchKeyReused, IdentityMissing, RunNotFound, TenantNotGranted
 from poimen.ids import keyed_run_id, request_fingerprint, unkeyed_run_id
 from poimen.store import RunRecord, Store, run_pk
@@ -34,8 +36,19 @@ def normalise_principal(arn: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class RunView:
+    """A stored run and `body`, the JSON the API answers for it (its input as the caller sent it)."""
+
+    run_id: str
+    tenant_id: str
+    dispatch_key: str | None
+    created_at: str
+    body: str
+
+
+@dataclass(frozen=True, slots=True)
 class Admitted:
-    run: Run
+    run: RunView
     replayed: bool
 
 
@@ -63,7 +76,7 @@ class Admission:
             run_id=run_id,
             tenant_id=tenant_id,
             workflow_ref=request.workflow_ref,
-            input=request.input,
+            input_json=json_text(request.input),
             goal_id=request.goal_id,
             dispatch_key=key,
             fingerprint=request_fingerprint(request.workflow_ref, request.input, request.goal_id),
@@ -71,25 +84,26 @@ class Admission:
             status="admitted",
             created_at=_now(),
         )
+        answer = _as_run(record)  # built before the write: no run is stored that could not be answered
         existing = self._store.put_run_if_absent(record)
         if existing is None or existing.attempt_id == record.attempt_id:
             # None: written now. Same attempt: a retried PutItem found the item its lost first try wrote.
-            return Admitted(_as_run(record), replayed=False)
+            return Admitted(answer, replayed=False)
         if key is None:
             # Only a UUIDv7 collision (74 random bits within one millisecond) gets here; never overwrite.
             raise RuntimeError(f"run id {run_id} already exists")
-        if existing.fingerprint != record.fingerprint:
+        if existing.fingerprint != record.fingerprint and not _asks_for(existing, record.fingerprint):
             raise DispatchKeyReused(existing.run_id)
         return Admitted(_as_run(existing), replayed=True)
 
-    def get_run(self, principal: str | None, tenant_id: str, run_id: str) -> Run:
+    def get_run(self, principal: str | None, tenant_id: str, run_id: str) -> RunView:
         self.authorize(principal, tenant_id)
         record = self._store.get_run(tenant_id, run_id)
         if record is None:
             raise RunNotFound(run_id)
         return _as_run(record)
 
-    def find_run_by_dispatch_key(self, principal: str | None, tenant_id: str, dispatch_key: str) -> Run:
+    def find_run_by_dispatch_key(self, principal: str | None, tenant_id: str, dispatch_key: str) -> RunView:
         """The reconciliation look-up: the run id is derived from the key, so this is one GetItem."""
         return self.get_run(principal, tenant_id, keyed_run_id(tenant_id, dispatch_key))
 
@@ -116,14 +130,24 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _as_run(record: RunRecord) -> Run:
-    return Run(
+def _as_run(record: RunRecord) -> RunView:
+    body = run_json(
         run_id=record.run_id,
         tenant_id=record.tenant_id,
         workflow_ref=record.workflow_ref,
-        input=record.input,
+        input_json=record.input_json,
         goal_id=record.goal_id,
         dispatch_key=record.dispatch_key,
-        status="admitted",
         created_at=record.created_at,
     )
+    return RunView(record.run_id, record.tenant_id, record.dispatch_key, record.created_at, body)
+
+
+def _asks_for(record: RunRecord, fingerprint: str) -> bool:
+    """Whether the stored run's request has `fingerprint` under today's rule, so that a run fingerprinted
+    under an earlier one (numbers compared as doubles) still replays the same request."""
+    try:
+        stored_input = parse_json(record.input_json)
+    except ValueError:  # stored before today's limits (nesting): no request admitted today is the same
+        return False
+    return request_fingerprint(record.workflow_ref, stored_input, record.goal_id) == fingerprint

@@ -5,8 +5,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import math
-import re
 from collections.abc import Mapping
 from functools import lru_cache
 from http import HTTPStatus
@@ -24,23 +22,28 @@ from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from poimen.admission import Admission, Admitted
+from poimen.admission import Admission, Admitted, RunView
 from poimen.config import Settings
 from poimen.contract import (
     MAX_BODY_BYTES,
+    MAX_JSON_DEPTH,
     REPLAYED_HEADER,
     RUN_ID_PATTERN,
     TENANT_HEADER,
     DispatchKey,
+    JSONTooDeep,
     Problem,
     Run,
     RunRequest,
     TenantId,
+    parse_json,
 )
 from poimen.errors import (
     DispatchKeyReused,
     IdentityMissing,
     RunNotFound,
+    RunNotStorable,
+    RunTooLarge,
     StoreUnavailable,
     TenantNotGranted,
 )
@@ -63,33 +66,34 @@ class AdmissionResolver(APIGatewayHttpResolver):
 
     - over MAX_BODY_BYTES: 413 (API Gateway itself allows 10 MB);
     - a media type other than application/json: 415;
-    - not strict JSON (not UTF-8, NaN/Infinity, out-of-range numbers, lone surrogates): 400;
+    - not strict JSON (not UTF-8, NaN/Infinity, out-of-range numbers, lone surrogates, nesting deeper
+      than MAX_JSON_DEPTH): 400;
     - JSON that is not an object: 400. Powertools' validation unwraps a JSON array to its first
       element for a non-sequence body (meant for form fields), which would admit `[{...}]`.
+
+    The screen's parse, numbers exact (`poimen.contract.parse_json`), is the one Powertools validates.
     """
 
+    def __init__(self) -> None:
+        super().__init__(enable_validation=True, json_body_deserializer=self._screened_body)
+        self._body: dict[str, Any] = {}
+
     def resolve(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
-        body = _decoded_body(event)
-        if len(body) > MAX_BODY_BYTES:
-            return _early_problem(
-                HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "payload-too-large", f"The body exceeds {MAX_BODY_BYTES} bytes."
-            )
-        if body:
-            content_type = _content_type(event)
-            if content_type.split(";", 1)[0].strip().lower() not in ("", "application/json"):
-                return _early_problem(
-                    HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Send the body as application/json."
-                )
-            problem = _json_object_problem(body)
-            if problem is not None:
-                return problem
-            if content_type != content_type.lower():
-                # Media types are case-insensitive (RFC 9110); Powertools compares them case-sensitively.
-                event = {**event, "headers": {**event["headers"], "content-type": content_type.lower()}}
-        return super().resolve(event, context)
+        try:
+            event, self._body = _screened(event)
+        except _Refused as refusal:
+            return refusal.answer
+        try:
+            return super().resolve(event, context)
+        finally:
+            self._body = {}
+
+    def _screened_body(self, _: str) -> dict[str, Any]:
+        """The body `resolve` parsed: Powertools asks for it only when there is one."""
+        return self._body
 
 
-app = AdmissionResolver(enable_validation=True)
+app = AdmissionResolver()
 
 
 @lru_cache(maxsize=1)
@@ -116,8 +120,11 @@ TenantHeader = Annotated[TenantId, Header(alias=TENANT_HEADER, description="Tena
     "/v1/runs",
     summary="Admit a run; with a dispatch_key, repeats answer the first run",
     responses={
-        201: {"description": "A new run was admitted"},
-        200: {"description": "The dispatch_key already admitted this run (Idempotent-Replayed: true)"},
+        201: {"description": "A new run was admitted", "content": {"application/json": {"model": Run}}},
+        200: {
+            "description": "The dispatch_key already admitted this run (Idempotent-Replayed: true)",
+            "content": {"application/json": {"model": Run}},
+        },
         **_problems(
             *_COMMON_PROBLEMS,
             HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
@@ -126,23 +133,14 @@ TenantHeader = Annotated[TenantId, Header(alias=TENANT_HEADER, description="Tena
         ),
     },
 )
-def create_run(body: RunRequest, tenant_id: TenantHeader, admission: AdmissionService) -> Response[Run]:
+def create_run(body: RunRequest, tenant_id: TenantHeader, admission: AdmissionService) -> Response[str]:
     admitted = admission.admit_run(_caller(), tenant_id, body)
+    # Written: from here on only the answer admission built before the write, and metrics and a log line.
     _record(admitted)
     run = admitted.run
     if admitted.replayed:
-        return Response(
-            status_code=HTTPStatus.OK,
-            content_type="application/json",
-            body=run,
-            headers={REPLAYED_HEADER: "true"},
-        )
-    return Response(
-        status_code=HTTPStatus.CREATED,
-        content_type="application/json",
-        body=run,
-        headers={"Location": f"/v1/runs/{run.run_id}"},
-    )
+        return _run_answer(run, HTTPStatus.OK, {REPLAYED_HEADER: "true"})
+    return _run_answer(run, HTTPStatus.CREATED, {"Location": f"/v1/runs/{run.run_id}"})
 
 
 @app.get(
@@ -152,8 +150,8 @@ def create_run(body: RunRequest, tenant_id: TenantHeader, admission: AdmissionSe
 )
 def get_run(
     run_id: Annotated[str, Path(pattern=RUN_ID_PATTERN)], tenant_id: TenantHeader, admission: AdmissionService
-) -> Run:
-    return admission.get_run(_caller(), tenant_id, run_id)
+) -> Response[str]:
+    return _run_answer(admission.get_run(_caller(), tenant_id, run_id))
 
 
 @app.get(
@@ -163,8 +161,15 @@ def get_run(
 )
 def find_run(
     dispatch_key: Annotated[DispatchKey, Query()], tenant_id: TenantHeader, admission: AdmissionService
-) -> Run:
-    return admission.find_run_by_dispatch_key(_caller(), tenant_id, dispatch_key)
+) -> Response[str]:
+    return _run_answer(admission.find_run_by_dispatch_key(_caller(), tenant_id, dispatch_key))
+
+
+def _run_answer(
+    run: RunView, status: HTTPStatus = HTTPStatus.OK, headers: dict[str, str] | None = None
+) -> Response[str]:
+    # The body is JSON text already, the input in it as sent: Powertools would read its numbers as floats.
+    return Response(status_code=status, content_type="application/json", body=run.body, headers=headers)
 
 
 @app.get("/openapi.json", include_in_schema=False)
@@ -221,8 +226,6 @@ def problem(
 @app.exception_handler(RequestValidationError)
 def _invalid_request(error: RequestValidationError) -> Response[str]:
     failures = error.errors()
-    if any(failure["type"] == "json_invalid" for failure in failures):
-        return problem(HTTPStatus.BAD_REQUEST, "malformed-json", "The body is not valid JSON.")
     errors = [
         {
             "field": ".".join(str(part) for part in failure["loc"]),
@@ -272,6 +275,22 @@ def _key_reused(error: DispatchKeyReused) -> Response[str]:
     )
 
 
+@app.exception_handler(RunTooLarge)
+def _run_too_large(error: RunTooLarge) -> Response[str]:
+    return problem(
+        HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+        "payload-too-large",
+        f"Stored, the run would take {error.size} bytes; one DynamoDB item holds at most {error.limit}. "
+        "Send a smaller input.",
+    )
+
+
+@app.exception_handler(RunNotStorable)
+def _run_not_storable(error: RunNotStorable) -> Response[str]:
+    logger.warning("run not storable", reason=str(error))
+    return problem(HTTPStatus.BAD_REQUEST, "run-not-storable", f"DynamoDB refused to store this run: {error}")
+
+
 @app.exception_handler(StoreUnavailable)
 def _store_unavailable(error: StoreUnavailable) -> Response[str]:
     logger.warning("store unavailable", reason=str(error))
@@ -305,36 +324,46 @@ def _content_type(event: Mapping[str, Any]) -> str:
     return str((event.get("headers") or {}).get("content-type", ""))
 
 
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+class _Refused(Exception):
+    """A body refused by the screen, with the answer to send."""
+
+    def __init__(self, status: HTTPStatus, kind: str, detail: str, **extensions: Any) -> None:
+        super().__init__(detail)
+        self.answer = _early_problem(status, kind, detail, **extensions)
 
 
-def _json_object_problem(body: bytes) -> dict[str, Any] | None:
-    """A 400 problem unless `body` is strict JSON holding an object; None when it is."""
+def _screened(event: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, Any]]:
+    """The event to route, its content type lower-cased, and its body parsed ({} if none); or _Refused."""
+    body = _decoded_body(event)
+    if len(body) > MAX_BODY_BYTES:
+        raise _Refused(
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "payload-too-large", f"The body exceeds {MAX_BODY_BYTES} bytes."
+        )
+    if not body:
+        return event, {}
+    content_type = _content_type(event)
+    if content_type.split(";", 1)[0].strip().lower() not in ("", "application/json"):
+        raise _Refused(
+            HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Send the body as application/json."
+        )
     try:
-        value = json.loads(body.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float)
-        if _SURROGATE_ESCAPE.search(body):
-            json.dumps(value, ensure_ascii=False).encode("utf-8")  # lone surrogates cannot be encoded
-    except (ValueError, RecursionError):  # UnicodeError and JSONDecodeError are ValueErrors
-        return _early_problem(HTTPStatus.BAD_REQUEST, "malformed-json", "The body is not valid JSON.")
-    if isinstance(value, dict):
-        return None
-    return _early_problem(
-        HTTPStatus.BAD_REQUEST,
-        "validation-error",
-        "Invalid fields: body.",
-        errors=[{"field": "body", "type": "model_type", "message": "The body must be a JSON object"}],
-    )
-
-
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite_float(text: str) -> float:
-    number = float(text)
-    if not math.isfinite(number):
-        raise ValueError(f"{text} is out of range")
-    return number
+        value = parse_json(body.decode("utf-8"))
+    except (JSONTooDeep, RecursionError) as error:
+        detail = f"The body nests deeper than {MAX_JSON_DEPTH} levels."
+        raise _Refused(HTTPStatus.BAD_REQUEST, "malformed-json", detail) from error
+    except ValueError as error:  # UnicodeError and JSONDecodeError are ValueErrors
+        raise _Refused(HTTPStatus.BAD_REQUEST, "malformed-json", "The body is not valid JSON.") from error
+    if not isinstance(value, dict):
+        raise _Refused(
+            HTTPStatus.BAD_REQUEST,
+            "validation-error",
+            "Invalid fields: body.",
+            errors=[{"field": "body", "type": "model_type", "message": "The body must be a JSON object"}],
+        )
+    if content_type != content_type.lower():
+        # Media types are case-insensitive (RFC 9110); Powertools compares them case-sensitively.
+        event = {**event, "headers": {**event["headers"], "content-type": content_type.lower()}}
+    return event, value
 
 
 def _early_problem(status: HTTPStatus, kind: str, detail: str, **extensions: Any) -> dict[str, Any]:

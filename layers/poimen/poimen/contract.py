@@ -1,4 +1,5 @@
-"""The HTTP contract of POST /v1/runs: request and response bodies, limits and header names.
+"""The HTTP contract of POST /v1/runs: request and response bodies, limits, header names, and JSON as
+the API reads and writes it (strict, numbers exact).
 
 Everything that speaks to the API (the handler, the relay, publishers) shares these definitions;
 this module depends on nothing else in the package.
@@ -6,7 +7,12 @@ this module depends on nothing else in the package.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import json
+import math
+import re
+from decimal import Decimal, DecimalException
+from json.encoder import encode_basestring
+from typing import Annotated, Any, Literal, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -14,6 +20,10 @@ TENANT_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 # 1-255 characters, none of them a C0/C1 control character or DEL.
 DISPATCH_KEY_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]{1,255}$"
 MAX_BODY_BYTES = 256 * 1024
+# Levels of JSON nesting in a body, the body object being the first: deep enough for any real input,
+# shallow enough that nothing which reads a run (the JSON stacks of Python, Powertools, pydantic, callers'
+# parsers) ever meets its recursion limit.
+MAX_JSON_DEPTH = 64
 # Run ids are UUIDs (v8 when derived from a dispatch_key, v7 otherwise), lower-case as the API writes them.
 RUN_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 
@@ -67,3 +77,112 @@ class Problem(BaseModel):
     title: str
     status: int
     detail: str
+
+
+# --- JSON as the API reads and writes it: strict, numbers exact --------------------------------------
+
+
+class JSONNumber(Decimal):
+    """A JSON number with a fraction or an exponent, read exactly: a Decimal that keeps its text as sent."""
+
+    __slots__ = ("text",)
+    text: str
+
+    def __new__(cls, text: str) -> JSONNumber:
+        number = super().__new__(cls, text)
+        number.text = text
+        return number
+
+
+class JSONTooDeep(ValueError):
+    """The JSON nests deeper than MAX_JSON_DEPTH."""
+
+
+def parse_json(text: str) -> Any:
+    """Strict JSON with exact numbers, or ValueError.
+
+    Integers are Python ints; numbers with a fraction or an exponent are JSONNumbers. Refused: NaN and
+    Infinity, numbers a double would overflow (1e400), integers of more digits than Python converts
+    (4300), lone surrogates, and nesting deeper than MAX_JSON_DEPTH (JSONTooDeep; so is RecursionError
+    from nesting too deep to parse at all).
+    """
+    value = _DECODER.decode(text)
+    if _exceeds_depth(value):
+        raise JSONTooDeep(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    if _SURROGATE_ESCAPE.search(text):
+        json_text(value).encode("utf-8")  # a lone surrogate cannot be encoded: UnicodeEncodeError
+    return value
+
+
+def json_text(value: Any) -> str:
+    """Compact JSON text of a parsed value, each JSONNumber written as it was sent.
+
+    Keys keep their order and strings are not \\u-escaped (a 256 KiB body stays under DynamoDB's item
+    limit); a Python float (from a caller in-process) is written as json.dumps writes it.
+    """
+    if isinstance(value, str):
+        return encode_basestring(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(encode_basestring(key) + ":" + json_text(item) for key, item in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(json_text(item) for item in value) + "]"
+    if isinstance(value, JSONNumber):
+        return value.text
+    if value is None or isinstance(value, bool):
+        return _LITERALS[value]
+    if isinstance(value, int):
+        return int.__repr__(value)
+    return json.dumps(value, allow_nan=False)  # a float, from a caller in-process
+
+
+def run_json(
+    *,
+    run_id: str,
+    tenant_id: str,
+    workflow_ref: str,
+    input_json: str,
+    goal_id: str | None,
+    dispatch_key: str | None,
+    created_at: str,
+) -> str:
+    """A Run as the API answers it, `input_json` (the input's JSON text) embedded verbatim."""
+    head = _compact({"run_id": run_id, "tenant_id": tenant_id, "workflow_ref": workflow_ref})
+    tail = _compact({"goal_id": goal_id, "dispatch_key": dispatch_key, "status": "admitted", "created_at": created_at})
+    return f'{head[:-1]},"input":{input_json},{tail[1:]}'
+
+
+def _compact(value: dict[str, str | None]) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _json_number(text: str) -> JSONNumber:
+    if not math.isfinite(float(text)):
+        raise ValueError(f"{text} overflows a double")
+    try:
+        return JSONNumber(text)
+    except DecimalException as error:  # an exponent beyond Decimal's: 1e-99999999999999999999
+        raise ValueError(f"{text} is out of range") from error
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not JSON")
+
+
+_DECODER = json.JSONDecoder(parse_float=_json_number, parse_constant=_reject_constant)
+_LITERALS = {None: "null", True: "true", False: "false"}
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _exceeds_depth(value: Any) -> bool:
+    """Whether `value` nests deeper than MAX_JSON_DEPTH, found level by level (no recursion)."""
+    level = [value] if isinstance(value, dict | list) else []
+    for _ in range(MAX_JSON_DEPTH):
+        if not level:
+            return False
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, dict | list)
+        ]
+    return bool(level)

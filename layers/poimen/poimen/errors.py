@@ -36,3 +36,16 @@ class StoreUnavailable(AdmissionError):
     def __init__(self, reason: str, retry_after_seconds: int = 1) -> None:
         super().__init__(reason)
         self.retry_after_seconds = retry_after_seconds
+
+
+class RunTooLarge(AdmissionError):
+    """The run's item would exceed DynamoDB's item size limit; refused before any write."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"the run's item would be {size} bytes, over the {limit}-byte limit")
+        self.size = size
+        self.limit = limit
+
+
+class RunNotStorable(AdmissionError):
+    """DynamoDB refused the run's item as invalid (ValidationException): the request cannot be stored."""

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 import uuid
+from decimal import Decimal
+from json.encoder import encode_basestring
 from typing import Any
 
 _KEYED_RUN_ID_DOMAIN = b"poimen/run-id/v1\x00"
@@ -40,12 +41,49 @@ def unkeyed_run_id() -> str:
 def request_fingerprint(workflow_ref: str, run_input: dict[str, Any], goal_id: str | None) -> str:
     """SHA-256 of the canonical JSON of what a spawn asks for; key order inside `input` is irrelevant.
 
-    Used only to tell a true replay from a reused dispatch_key, never to deduplicate.
+    Canonical: keys sorted, no whitespace, non-ASCII written out, and each number written from its exact
+    decimal value (see `_number`), so `1`, `1.0` and `1e0` are one request and `0.1` and
+    `0.1000000000000000055511151231257827` two. Inputs with no fraction, exponent or integer ending in
+    zero keep the fingerprints computed before numbers were exact. Used only to tell a true replay from
+    a reused dispatch_key, never to deduplicate.
     """
-    canonical = json.dumps(
-        {"workflow_ref": workflow_ref, "input": run_input, "goal_id": goal_id},
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
+    canonical = (
+        f'{{"goal_id":{"null" if goal_id is None else encode_basestring(goal_id)},'
+        f'"input":{_canonical(run_input)},"workflow_ref":{encode_basestring(workflow_ref)}}}'
     )
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _canonical(value: Any) -> str:
+    if isinstance(value, str):
+        return encode_basestring(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(encode_basestring(key) + ":" + _canonical(value[key]) for key in sorted(value)) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_canonical(item) for item in value) + "]"
+    if value is None or isinstance(value, bool):
+        return _LITERALS[value]
+    if isinstance(value, int):
+        return _number(value < 0, str(abs(value)), 0)
+    # A Decimal (a JSONNumber) as read; a float from a caller in-process as the JSON text it is sent as.
+    sign, digits, exponent = (value if isinstance(value, Decimal) else Decimal(repr(value))).as_tuple()
+    if not isinstance(exponent, int):  # NaN or Infinity, which JSON cannot hold
+        raise ValueError(f"{value} is not a JSON number")
+    return _number(bool(sign), "".join(map(str, digits)), exponent)
+
+
+def _number(negative: bool, digits: str, exponent: int) -> str:
+    """Sign, significant digits and exponent, trailing zeros moved into the exponent: one text per value.
+
+    0 is "0" (as is -0), 1.5 is "15e-1", 100 is "1e2", 7 is "7". Never expanded into zeros, so 1e300
+    stays short. (RFC 8785 writes numbers as IEEE-754 doubles do, which would make 12345678901234567.25
+    and 12345678901234567.0 equal.)
+    """
+    significant = digits.rstrip("0")
+    if not significant:
+        return "0"
+    exponent += len(digits) - len(significant)
+    return ("-" if negative else "") + significant + (f"e{exponent}" if exponent else "")
+
+
+_LITERALS = {None: "null", True: "true", False: "false"}

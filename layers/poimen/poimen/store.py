@@ -9,20 +9,22 @@ One table, one string hash key `pk`:
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from typing import Any, TypeVar, cast
 
 from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
-from pynamodb.attributes import JSONAttribute, UnicodeAttribute, UnicodeSetAttribute
+from pynamodb.attributes import UnicodeAttribute, UnicodeSetAttribute
 from pynamodb.constants import STREAM_NEW_IMAGE
 from pynamodb.exceptions import DoesNotExist, PynamoDBException
 from pynamodb.models import Model
 
 from poimen.config import Settings
-from poimen.errors import StoreUnavailable
+from poimen.errors import RunNotStorable, RunTooLarge, StoreUnavailable
 
 HASH_KEY = "pk"
+# DynamoDB's item limit is 400 KB of 1,024 bytes (409,600); the run write stops at the decimal reading,
+# under every stand-in's limit too (moto refuses past 405,000), so no emulator refuses first.
+MAX_ITEM_BYTES = 400_000
 # Error codes DynamoDB answers when retrying later can succeed; botocore has already retried them.
 _TRANSIENT_CODES = frozenset(
     {
@@ -34,16 +36,6 @@ _TRANSIENT_CODES = frozenset(
         "TransactionInProgressException",
     }
 )
-
-
-class JSONTextAttribute(JSONAttribute):
-    """JSON stored as UTF-8 text; pynamodb's escapes non-ASCII (up to 12 bytes a character),
-    which would push a 256 KiB body past DynamoDB's 400 KB item limit."""
-
-    def serialize(self, value: Any) -> str | None:
-        if value is None:
-            return None
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 class RunRecord(Model):
@@ -58,7 +50,9 @@ class RunRecord(Model):
     run_id = UnicodeAttribute()
     tenant_id = UnicodeAttribute()
     workflow_ref = UnicodeAttribute()
-    input = JSONTextAttribute()
+    # The input's JSON text, numbers as the caller sent them (`poimen.contract.json_text`): never parsed
+    # on the way out, so what was admitted is what every answer returns.
+    input_json = UnicodeAttribute(attr_name="input")
     goal_id = UnicodeAttribute(null=True)
     dispatch_key = UnicodeAttribute(null=True)
     fingerprint = UnicodeAttribute()
@@ -130,24 +124,44 @@ class Store:
 
         One PutItem, one round trip: pynamodb's save() drops the item that
         ReturnValuesOnConditionCheckFailure=ALL_OLD puts into the ConditionalCheckFailed error, so
-        the call goes through the same botocore client with the model's own serialisation.
+        the call goes through the same botocore client with the model's own serialisation. DynamoDB
+        always returns that item; a stand-in that does not (dynalite, older emulators) costs one
+        strongly consistent GetItem more.
+
+        Refused before the call: an item over MAX_ITEM_BYTES (RunTooLarge). DynamoDB's
+        ValidationException is RunNotStorable: the request, not the service, is at fault.
         """
+        item = record.serialize()
+        size = item_size(item)
+        if size > MAX_ITEM_BYTES:
+            raise RunTooLarge(size, MAX_ITEM_BYTES)
         try:
             self.client.put_item(
                 TableName=self.table_name,
-                Item=record.serialize(),
+                Item=item,
                 ConditionExpression="attribute_not_exists(#pk)",
                 ExpressionAttributeNames={"#pk": HASH_KEY},
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ClientError as error:
-            if error.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+            details = error.response.get("Error", {})
+            code = details.get("Code")
+            if code == "ValidationException":
+                raise RunNotStorable(details.get("Message", code)) from error
+            if code != "ConditionalCheckFailedException":
                 raise _unavailable_or_original(error) from error
-            stored: dict[str, Any] = cast(dict[str, Any], error.response)["Item"]
-            return self.runs.from_raw_data(stored)
+            stored: dict[str, Any] | None = cast(dict[str, Any], error.response).get("Item")
+            return self.runs.from_raw_data(stored) if stored is not None else self._read_back(record)
         except (ConnectionError, HTTPClientError) as error:
             raise StoreUnavailable(f"DynamoDB unreachable: {error}") from error
         return None
+
+    def _read_back(self, record: RunRecord) -> RunRecord:
+        """The run that failed `record`'s condition, read strongly consistently."""
+        existing = self.get_run(record.tenant_id, record.run_id)
+        if existing is None:  # deleted between the write and the read; a retry will write it
+            raise StoreUnavailable(f"run {record.run_id} existed, then was gone when read back")
+        return existing
 
     def get_run(self, tenant_id: str, run_id: str) -> RunRecord | None:
         with _translated_errors():
@@ -192,6 +206,13 @@ def _translated_errors() -> Iterator[None]:
         if isinstance(cause, ConnectionError | HTTPClientError):
             raise StoreUnavailable(f"DynamoDB unreachable: {cause}") from error
         raise
+
+
+def item_size(item: dict[str, dict[str, str]]) -> int:
+    """An item's size as DynamoDB counts it against its limit: for each attribute, the UTF-8 bytes of
+    its name plus those of its value. Every run attribute is a string (DynamoDB Developer Guide, *Item
+    sizes and formats*: a string is its UTF-8 bytes)."""
+    return sum(len(name.encode()) + len(value["S"].encode()) for name, value in item.items())
 
 
 def _unavailable_or_original(error: ClientError) -> Exception:

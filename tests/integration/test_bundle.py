@@ -113,7 +113,7 @@ def test_built_template_declares_one_mapping_per_tenant(built: Path, commands: l
         assert _substituted(group) == f"poimen-relay-{tenant}"
         assert mapping["FunctionName"] == {"Ref": "InboxRelayFunction"}
         assert mapping["DestinationConfig"]["OnFailure"]["Destination"] == {
-            "Fn::GetAtt": ["RelayDeadLetterQueue", "Arn"]
+            "Fn::GetAtt": ["FailedBatchesBucket", "Arn"]
         }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import subprocess
@@ -229,6 +230,9 @@ def test_a_batch_failing_every_attempt_goes_to_the_on_failure_destination(
     assert record["requestContext"]["condition"] == "RetryAttemptsExhausted"
     assert record["requestContext"]["approximateInvokeCount"] == 2
     assert next(iter(record["KafkaBatchInfo"]["recordsInfo"])).startswith(f"{dispatch_topic(tenant)}-")
+    # and, as an S3 destination gets it, the whole event: the records themselves are kept
+    (records,) = json.loads(record["payload"])["records"].values()
+    assert [json.loads(base64.b64decode(r["value"]))["dispatch_key"] for r in records] == [SPAWN.dispatch_key]
     wait_for(lambda: _committed(broker.bootstrap_servers, source.group_id, dispatch_topic(tenant)) == 1)
     assert _runs(dev, tenant) == []
 

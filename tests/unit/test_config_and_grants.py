@@ -230,3 +230,68 @@ def test_grants_remove_takes_a_grant_of_any_name_as_listed(store: Store, table_n
     assert main(["grants", "remove", "--principal", "legacy-name", "--tenant", tenant, "--table-name", table_name]) == 0
 
     assert store.granted_tenants("legacy-name") == frozenset()
+
+
+def test_the_deploy_trusts_its_relay_for_the_stacks_tenants_without_a_grant(store: Store, template: Template) -> None:
+    # Given the admission function's environment as the deploy sets it (role ARN and Tenants resolved)
+    variables = template.properties("AdmissionFunction")["Environment"]["Variables"]
+    assert set(variables) >= {"RELAY_PRINCIPAL", "RELAY_TENANTS"}
+    settings = Settings.from_env(
+        {
+            "TABLE_NAME": store.table_name,
+            "AWS_REGION": "us-east-1",
+            "RELAY_PRINCIPAL": "arn:aws:iam::123456789012:role/poimen-InboxRelayFunctionRole-X1",
+            "RELAY_TENANTS": "acme,globex",
+        }
+    )
+    admission = Admission(
+        store,
+        grants_cache_seconds=60,
+        trusted={settings.relay_principal or "": settings.relay_tenants},
+    )
+    relay_session = "arn:aws:sts::123456789012:assumed-role/poimen-InboxRelayFunctionRole-X1/awslambda_1"
+
+    # Then the relay's sessions are admitted for the stack's tenants with no grant in the table
+    admission.authorize(relay_session, "acme")
+    admission.authorize(relay_session, "globex")
+    assert store.all_grants() == {}
+    # And for no other tenant, nor is another principal trusted
+    with pytest.raises(TenantNotGranted):
+        admission.authorize(relay_session, "initech")
+    with pytest.raises(TenantNotGranted):
+        admission.authorize("arn:aws:sts::123456789012:assumed-role/other/s", "acme")
+
+
+def test_relay_tenants_need_the_relay_principal() -> None:
+    with pytest.raises(ConfigurationError, match="RELAY_PRINCIPAL"):
+        Settings.from_env({"TABLE_NAME": "t", "AWS_REGION": "us-east-1", "RELAY_TENANTS": "acme"})
+
+
+def test_a_refusal_is_cached_briefly_and_a_grant_for_the_full_time(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [1000.0]
+    reads: list[str] = []
+    original = Store.granted_tenants
+
+    def counting(self: Store, principal: str) -> Any:
+        reads.append(principal)
+        return original(self, principal)
+
+    monkeypatch.setattr(Store, "granted_tenants", counting)
+    admission = Admission(store, grants_cache_seconds=60, clock=lambda: now[0], refusal_cache_seconds=5)
+    caller = "arn:aws:iam::1:user/late"
+    # Given a caller refused, then granted in the table
+    with pytest.raises(TenantNotGranted):
+        admission.authorize(caller, "t1")
+    store.grant(caller, "t1")
+    # When it asks again within the refusal time, it is still refused from the cache
+    now[0] += 4
+    with pytest.raises(TenantNotGranted):
+        admission.authorize(caller, "t1")
+    # Then past it the grant is read and takes effect, and then stays cached for the grant time
+    now[0] += 2
+    admission.authorize(caller, "t1")
+    now[0] += 50
+    admission.authorize(caller, "t1")
+    assert reads == [caller, caller]

@@ -240,7 +240,10 @@ def test_the_relay_role_cannot_touch_dynamodb(template: Template) -> None:
 
     assert actions
     assert not [action for action in actions if action.lower().startswith("dynamodb:") or action == "*"]
-    invoke = next(s for s in statements if "execute-api:Invoke" in _as_list(s["Action"]))
+    invoke_policy = template.resources["RelayInvokeAdmissionApi"]["Properties"]
+    (invoke,) = invoke_policy["PolicyDocument"]["Statement"]
+    assert invoke_policy["Roles"] == [{"Ref": "InboxRelayFunctionRole"}]
+    assert invoke["Action"] == "execute-api:Invoke"
     assert invoke["Resource"]["Fn::Sub"].endswith("/*/POST/v1/runs")
 
 

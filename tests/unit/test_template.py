@@ -83,8 +83,9 @@ def test_one_msk_event_source_per_tenant_topic(template: Template) -> None:
         }
         assert mapping["StartingPosition"] == "TRIM_HORIZON"
         assert mapping["DestinationConfig"]["OnFailure"]["Destination"] == {
-            "Fn::GetAtt": ["RelayDeadLetterQueue", "Arn"]
+            "Fn::GetAtt": ["FailedBatchesBucket", "Arn"]
         }
+        assert resources[f"RelaySource{tenant.replace('-', '')}"]["DependsOn"] == "RelayInvokeAdmissionApi"
         assert mapping["MaximumRetryAttempts"] == {"Ref": "RelayMaxRetryAttempts"}
         assert set(mapping["ProvisionedPollerConfig"]) == {"MinimumPollers", "MaximumPollers"}
         assert mapping["BatchSize"] == {"Ref": "RelayBatchSize"}
@@ -140,3 +141,66 @@ def test_dead_letter_queue_is_encrypted_and_keeps_messages_14_days(template: Tem
 
     assert queue["SqsManagedSseEnabled"] is True
     assert queue["MessageRetentionPeriod"] == 14 * 24 * 3600
+
+
+def test_failed_batches_bucket_keeps_records_private_encrypted_and_expiring(template: Template) -> None:
+    bucket = template.properties("FailedBatchesBucket")
+    (tls_only,) = template.properties("FailedBatchesBucketPolicy")["PolicyDocument"]["Statement"]
+
+    assert bucket["BucketEncryption"]["ServerSideEncryptionConfiguration"] == [
+        {"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}
+    ]
+    assert set(bucket["PublicAccessBlockConfiguration"].values()) == {True}
+    assert len(bucket["PublicAccessBlockConfiguration"]) == 4
+    assert bucket["OwnershipControls"] == {"Rules": [{"ObjectOwnership": "BucketOwnerEnforced"}]}
+    (rule,) = bucket["LifecycleConfiguration"]["Rules"]
+    assert rule["ExpirationInDays"] == {"Ref": "FailedBatchRetentionDays"}
+    assert template.resources["FailedBatchesBucket"]["DeletionPolicy"] == "Retain"
+    assert tls_only["Effect"] == "Deny"
+    assert tls_only["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+
+
+def test_relay_may_only_put_objects_into_and_list_the_failed_batches_bucket(template: Template) -> None:
+    s3 = [
+        s
+        for s in _statements(template, "InboxRelayFunction")
+        if any(a.startswith("s3:") for a in _as_list(s["Action"]))
+    ]
+    admission_s3 = [s for s in _statements(template, "AdmissionFunction") if "s3:" in str(s["Action"])]
+
+    assert sorted((_as_list(s["Action"]), s["Resource"]) for s in s3) == [
+        (["s3:ListBucket"], {"Fn::GetAtt": ["FailedBatchesBucket", "Arn"]}),
+        (["s3:PutObject"], {"Fn::Sub": "${FailedBatchesBucket.Arn}/*"}),
+    ]
+    assert admission_s3 == []
+
+
+def test_the_relay_is_authorized_by_the_deploy_for_the_stacks_tenants(template: Template) -> None:
+    admission_env = template.properties("AdmissionFunction")["Environment"]["Variables"]
+    invoke = template.properties("RelayInvokeAdmissionApi")
+
+    assert admission_env["RELAY_PRINCIPAL"] == {"Fn::GetAtt": ["InboxRelayFunctionRole", "Arn"]}
+    assert admission_env["RELAY_TENANTS"] == {"Fn::Join": [",", {"Ref": "Tenants"}]}
+    assert invoke["Roles"] == [{"Ref": "InboxRelayFunctionRole"}]
+    (statement,) = invoke["PolicyDocument"]["Statement"]
+    assert statement["Action"] == "execute-api:Invoke"
+    assert statement["Resource"]["Fn::Sub"].endswith("${AdmissionApi}/*/POST/v1/runs")
+
+
+def test_retry_budget_blocks_a_partition_for_hours_before_it_parks_the_batch(template: Template) -> None:
+    retries = template.document["Parameters"]["RelayMaxRetryAttempts"]
+    relay_timeout = template.resources["InboxRelayFunction"]["Properties"]["Timeout"]
+
+    assert 1 <= retries["Default"] * relay_timeout / 3600 <= 6  # an outage of up to ~3 h heals by itself
+    assert "FailedBatchesBucket" in retries["Description"]
+
+
+def test_parking_failures_alarm(template: Template) -> None:
+    alarms = [res["Properties"] for res in template.resources.values() if res["Type"] == "AWS::CloudWatch::Alarm"]
+
+    assert any(
+        alarm.get("MetricName") == "DestinationDeliveryFailures"
+        and {"Name": "FunctionName", "Value": {"Ref": "InboxRelayFunction"}} in alarm["Dimensions"]
+        and alarm["AlarmActions"]
+        for alarm in alarms
+    )

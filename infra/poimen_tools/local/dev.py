@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ import boto3
 from poimen.config import Settings
 from poimen.store import Store
 from poimen_tools.local.devserver import ExecutionEnvironments, LineWriter, LocalApiServer, Route
-from poimen_tools.local.event_source import LocalMskEventSource
+from poimen_tools.local.event_source import LocalMskEventSource, failed_batch_key
 from poimen_tools.local.kafka_broker import KafkaBroker
 from poimen_tools.local.moto import EmbeddedMoto
 from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY, Principal, dev_principal, load_principals, verify
@@ -46,6 +47,8 @@ class DevOptions:
     template_path: Path | None = None
     concurrency: int = 4
     dlq_name: str = "poimen-relay-dlq-local"
+    # The event source's on-failure destination, as FailedBatchesBucket in template.yaml.
+    failed_batches_bucket: str = "poimen-relay-failed-batches-local"
     kafka: bool = True
     kafka_port: int = 9092
     kafka_bootstrap: str | None = None
@@ -58,6 +61,7 @@ class DevStack:
     table_name: str
     dlq_url: str
     kafka_bootstrap: str | None
+    failed_batches_bucket: str | None
 
 
 @contextlib.contextmanager
@@ -77,6 +81,7 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
     with _local_aws(options.dynamodb_endpoint, options.moto_port) as endpoint:
         os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = endpoint
         os.environ["AWS_ENDPOINT_URL_SQS"] = endpoint
+        os.environ["AWS_ENDPOINT_URL_S3"] = endpoint
         principals = _principals(options)
         _prepare_table(template, options.table_name, principals.values())
         queue = template.create_queue_request(RELAY_DLQ, options.dlq_name)
@@ -93,10 +98,11 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
         with contextlib.ExitStack() as cleanup:
             cleanup.callback(environments.close)
             cleanup.callback(server.server_close)
-            bootstrap = None
+            bootstrap = bucket = None
             if options.kafka:
-                bootstrap = _start_kafka(template, options, server.url, dlq_url, cleanup)
-            yield DevStack(server, endpoint, options.table_name, dlq_url, bootstrap)
+                bucket = _failed_batches_bucket(options.failed_batches_bucket)
+                bootstrap = _start_kafka(template, options, server.url, dlq_url, bucket, cleanup)
+            yield DevStack(server, endpoint, options.table_name, dlq_url, bootstrap, bucket)
 
 
 def run_dev(options: DevOptions) -> int:
@@ -116,6 +122,13 @@ def run_dev(options: DevOptions) -> int:
                 "--workflow-ref wf/hello --input '{}' --dispatch-key k-2",
                 flush=True,
             )
+        if stack.failed_batches_bucket:
+            print(f"Failed batches (S3): {stack.failed_batches_bucket}", flush=True)
+            print(
+                f"Dead letters: poimen dlq list --api-url {url} --queue-url {stack.dlq_url} "
+                f"--bucket {stack.failed_batches_bucket} --aws-endpoint {stack.aws_endpoint} --dev-key",
+                flush=True,
+            )
         print(f"Credentials (SigV4, execute-api): {DEV_ACCESS_KEY}:{DEV_SECRET_KEY}", flush=True)
         print(
             f"Try: curl -si --aws-sigv4 aws:amz:{options.region}:execute-api --user {DEV_ACCESS_KEY}:{DEV_SECRET_KEY} "
@@ -130,8 +143,21 @@ def run_dev(options: DevOptions) -> int:
     return 0
 
 
+def _failed_batches_bucket(name: str) -> str:
+    s3 = boto3.client("s3")
+    # A restart against the same local AWS keeps what earlier runs parked.
+    with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+        s3.create_bucket(Bucket=name)
+    return name
+
+
 def _start_kafka(
-    template: Template, options: DevOptions, api_url: str, dlq_url: str, cleanup: contextlib.ExitStack
+    template: Template,
+    options: DevOptions,
+    api_url: str,
+    dlq_url: str,
+    bucket: str,
+    cleanup: contextlib.ExitStack,
 ) -> str:
     """A local broker (unless one is given) and the local MSK event source feeding the relay handler."""
     bootstrap = options.kafka_bootstrap
@@ -142,11 +168,14 @@ def _start_kafka(
     # The relay's two variables. Its other ones (service name) are left out: this process's environment
     # is also what the admission execution environments inherit when they start.
     os.environ.update({"ADMISSION_API_URL": api_url, "DLQ_URL": dlq_url})
-    sqs = boto3.client("sqs")
+    s3 = boto3.client("s3")
+    mapping_id = str(uuid.uuid4())
     source = LocalMskEventSource(
         bootstrap,
         template.load_handler(RELAY_FUNCTION),
-        on_failure=lambda record: sqs.send_message(QueueUrl=dlq_url, MessageBody=json.dumps(record)),
+        on_failure=lambda record: s3.put_object(
+            Bucket=bucket, Key=failed_batch_key(record, mapping_id), Body=json.dumps(record).encode()
+        ),
     )
     source.start()
     cleanup.callback(source.stop)

@@ -3,8 +3,9 @@
 It consumes `poimen.<tenant>.dispatch` topics with a consumer group, builds events in the `aws:kafka`
 shape (poimen_tools.local.msk), one topic per event as a mapping per tenant topic would, invokes the
 *same* relay handler in-process, and commits a batch's offsets only once it is handled: the handler
-returned, or, after `max_attempts` failures, its metadata went to the on-failure destination (as
-Lambda's OnFailure record). Stopping while a batch is still failing commits nothing: it comes again.
+returned, or, after `max_attempts` failures, it went to the on-failure destination in the record
+Lambda writes to an S3 destination (metadata plus the whole event). Stopping while a batch is still
+failing commits nothing: it comes again.
 """
 
 from __future__ import annotations
@@ -185,7 +186,10 @@ def _bytes(value: str | bytes | None) -> bytes | None:
 
 
 def on_failure_record(messages: list[Message], event: dict[str, Any], attempts: int, bootstrap: str) -> dict[str, Any]:
-    """What Lambda sends to an MSK mapping's OnFailure destination: the batch's metadata, not its records."""
+    """What Lambda writes to an MSK mapping's S3 OnFailure destination: the batch's metadata, and the
+    whole event as a JSON string in `payload` (Lambda Developer Guide, "Capturing discarded batches for
+    Amazon MSK and self-managed Apache Kafka event sources", S3 destination example invocation record)."""
+    payload = json.dumps(event)
     ranges: dict[str, dict[str, Any]] = {}
     for message in messages:
         name = f"{message.topic()}-{message.partition()}"
@@ -207,8 +211,17 @@ def on_failure_record(messages: list[Message], event: dict[str, Any], attempts: 
         "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "KafkaBatchInfo": {
             "batchSize": len(messages),
+            "eventSourceArn": event["eventSourceArn"],
             "bootstrapServers": bootstrap,
-            "payloadSize": len(json.dumps(event)),
+            "payloadSize": len(payload),
             "recordsInfo": ranges,
         },
+        "payload": payload,
     }
+
+
+def failed_batch_key(record: dict[str, Any], mapping_id: str) -> str:
+    """An S3 key for a parked batch, after Lambda's `aws/lambda/<mapping>/<source>/YYYY/MM/DD/<time>-<id>`."""
+    now = datetime.now(UTC)
+    source = next(iter(record["KafkaBatchInfo"]["recordsInfo"]), "unknown")
+    return f"aws/lambda/{mapping_id}/{source}/{now:%Y/%m/%d}/{now:%Y-%m-%dT%H.%M.%S}-{uuid.uuid4()}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -60,11 +60,18 @@ class Admission:
         store: Store,
         grants_cache_seconds: float,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        refusal_cache_seconds: float = 5.0,
+        trusted: Mapping[str, frozenset[str]] | None = None,
     ) -> None:
         self._store = store
         self._grants_ttl = grants_cache_seconds
+        self._refusal_ttl = min(refusal_cache_seconds, grants_cache_seconds)
         self._clock = clock
+        # Principals the deploy trusts for some tenants (the stack's relay), by their normalised ARN.
+        self._trusted = {normalise_principal(arn): tenants for arn, tenants in (trusted or {}).items()}
         # Plain dict: a single assignment is atomic under the GIL, and a lost race only costs a read.
+        # Each entry: when its tenants were read, and the tenants.
         self._grants: dict[str, tuple[float, frozenset[str]]] = {}
 
     def admit_run(self, principal: str | None, tenant_id: str, request: RunRequest) -> Admitted:
@@ -111,19 +118,28 @@ class Admission:
         if not principal:
             raise IdentityMissing("the request carries no authenticated principal")
         normalised = normalise_principal(principal)
-        tenants = self._granted_tenants(normalised)
-        if tenant_id not in tenants and ALL_TENANTS not in tenants:
+        if tenant_id in self._trusted.get(normalised, frozenset()):
+            return
+        now = self._clock()
+        cached = self._grants.get(normalised)
+        # A cached grant is used for the full cache time, a cached refusal only briefly.
+        if cached is not None and _grants(cached[1], tenant_id):
+            fresh = now - cached[0] < self._grants_ttl
+        else:
+            fresh = cached is not None and now - cached[0] < self._refusal_ttl
+        tenants = cached[1] if cached is not None and fresh else self._read_grants(normalised, now)
+        if not _grants(tenants, tenant_id):
             raise TenantNotGranted(normalised, tenant_id)
 
-    def _granted_tenants(self, principal: str) -> frozenset[str]:
-        now = self._clock()
-        cached = self._grants.get(principal)
-        if cached is not None and cached[0] > now:
-            return cached[1]
+    def _read_grants(self, principal: str, now: float) -> frozenset[str]:
         tenants = self._store.granted_tenants(principal)
         if self._grants_ttl > 0:
-            self._grants[principal] = (now + self._grants_ttl, tenants)
+            self._grants[principal] = (now, tenants)
         return tenants
+
+
+def _grants(tenants: frozenset[str], tenant_id: str) -> bool:
+    return tenant_id in tenants or ALL_TENANTS in tenants
 
 
 def _now() -> str:

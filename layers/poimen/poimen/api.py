@@ -100,7 +100,13 @@ app = AdmissionResolver()
 def admission_service() -> Admission:
     """Admission built once per process from the validated environment, on first use."""
     settings = Settings.from_env()
-    return Admission(Store(settings), settings.grants_cache_seconds)
+    trusted = {settings.relay_principal: settings.relay_tenants} if settings.relay_principal else {}
+    return Admission(
+        Store(settings),
+        settings.grants_cache_seconds,
+        refusal_cache_seconds=settings.refusal_cache_seconds,
+        trusted=trusted,
+    )
 
 
 def _problems(*statuses: HTTPStatus) -> dict[int, OpenAPIResponse]:

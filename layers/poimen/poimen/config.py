@@ -24,6 +24,12 @@ class Settings:
     # Grants are cached per principal so that an admission stays one DynamoDB call; a revoked grant
     # stops working at most this many seconds later.
     grants_cache_seconds: float = 60.0
+    # A refusal is cached for less: a grant just written takes effect within this many seconds.
+    refusal_cache_seconds: float = 5.0
+    # The relay of this stack, trusted for the stack's tenants by the deploy itself (template.yaml:
+    # RELAY_PRINCIPAL, RELAY_TENANTS), so it needs no grant and is never refused after a deploy.
+    relay_principal: str | None = None
+    relay_tenants: frozenset[str] = frozenset()
     # Total attempts (first try included) for one DynamoDB call before the API answers 503, and the
     # connect and read timeout of each. An admission makes up to two calls (the grant on a cache miss,
     # then the write); with botocore's backoff they must end before the function's timeout, so the
@@ -43,12 +49,17 @@ class Settings:
             table_name=table_name,
             region=_region(env),
             grants_cache_seconds=_number(env, "GRANTS_CACHE_SECONDS", cls.grants_cache_seconds, float),
+            refusal_cache_seconds=_number(env, "REFUSAL_CACHE_SECONDS", cls.refusal_cache_seconds, float),
+            relay_principal=env.get("RELAY_PRINCIPAL", "").strip() or None,
+            relay_tenants=frozenset(t.strip() for t in env.get("RELAY_TENANTS", "").split(",") if t.strip()),
             dynamodb_max_attempts=_number(env, "DYNAMODB_MAX_ATTEMPTS", cls.dynamodb_max_attempts, int),
             dynamodb_timeout_seconds=_number(env, "DYNAMODB_TIMEOUT_SECONDS", cls.dynamodb_timeout_seconds, float),
             dynamodb_max_connections=_number(env, "DYNAMODB_MAX_CONNECTIONS", cls.dynamodb_max_connections, int),
         )
-        if settings.grants_cache_seconds < 0:
-            raise ConfigurationError("GRANTS_CACHE_SECONDS must not be negative")
+        if settings.grants_cache_seconds < 0 or settings.refusal_cache_seconds < 0:
+            raise ConfigurationError("GRANTS_CACHE_SECONDS and REFUSAL_CACHE_SECONDS must not be negative")
+        if settings.relay_tenants and settings.relay_principal is None:
+            raise ConfigurationError("RELAY_TENANTS needs RELAY_PRINCIPAL, the relay role they are trusted to")
         if settings.dynamodb_max_attempts < 1:
             raise ConfigurationError("DYNAMODB_MAX_ATTEMPTS must be at least 1")
         if settings.dynamodb_timeout_seconds <= 0 or settings.dynamodb_max_connections < 1:

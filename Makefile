@@ -10,6 +10,9 @@ SAM_VERSION := 1.170.0
 SAM := .venv-sam/bin/sam
 ACTIONLINT_VERSION := v1.7.12
 ACTIONLINT := .cache/bin/actionlint
+# A second DynamoDB engine for the tests (npm, on LevelDB), so nothing relies on one emulator's quirks.
+DYNALITE_VERSION := 4.0.0
+DYNALITE := .cache/dynalite/node_modules/.bin/dynalite
 # sam validate and sam build need a region and no account: nothing they do calls AWS.
 OFFLINE_AWS := SAM_CLI_TELEMETRY=0 AWS_REGION=$${AWS_REGION:-us-east-1} AWS_DEFAULT_REGION=$${AWS_DEFAULT_REGION:-us-east-1}
 # sam build runs the Lambda runtime's interpreter (python3.13, BuildMethod in template.yaml): the one on
@@ -27,7 +30,7 @@ ALARM_EMAIL ?=
 STAGE_PARAMETERS = $(shell $(PYTHON) -c "import tomllib; \
 	print(tomllib.load(open('samconfig.toml', 'rb'))['$(CONFIG_ENV)']['deploy']['parameters']['parameter_overrides'])")
 
-.PHONY: install run test lint check-bundle build deploy kafka-jars format bench openapi clean
+.PHONY: install run test lint check-bundle build deploy kafka-jars dynalite format bench openapi clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +42,11 @@ $(STAMP): pyproject.toml
 $(SAM):
 	$(PYTHON) -m venv .venv-sam
 	.venv-sam/bin/python -m pip install --quiet aws-sam-cli==$(SAM_VERSION)
+
+$(DYNALITE):
+	npm install --prefix .cache/dynalite --no-audit --no-fund --silent dynalite@$(DYNALITE_VERSION)
+
+dynalite: $(DYNALITE)
 
 $(ACTIONLINT):
 	GOBIN=$(CURDIR)/.cache/bin go install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
@@ -79,7 +87,7 @@ deploy: build
 kafka-jars: $(STAMP)
 	$(BIN)/python -c "from poimen_tools.local.kafka_broker import kafka_jars; print(kafka_jars())"
 
-test: lint check-bundle kafka-jars
+test: lint check-bundle kafka-jars dynalite
 	$(BIN)/pytest --cov --cov-report=term
 
 format: $(STAMP)

@@ -86,14 +86,16 @@ def floor_rate(url: str, bodies: list[bytes], concurrency: int) -> float:
     return len(bodies) / elapsed
 
 
-def _check_every_record_became_a_run(endpoint: str, table_name: str, dlq_url: str, expected: int) -> None:
+def _check_every_record_became_a_run(
+    dynamodb_endpoint: str, sqs_endpoint: str, table_name: str, dlq_url: str, expected: int
+) -> None:
     """A fast run that dead-lettered or dropped records would be no result: count what was admitted."""
-    sqs = boto3.client("sqs", endpoint_url=endpoint)
+    sqs = boto3.client("sqs", endpoint_url=sqs_endpoint)
     waiting = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["ApproximateNumberOfMessages"])
     if waiting["Attributes"]["ApproximateNumberOfMessages"] != "0":
         raise RuntimeError(f"the relay dead-lettered records: {waiting['Attributes']}")
     pages = (
-        boto3.client("dynamodb", endpoint_url=endpoint)
+        boto3.client("dynamodb", endpoint_url=dynamodb_endpoint)
         .get_paginator("scan")
         .paginate(
             TableName=table_name,
@@ -153,7 +155,11 @@ def main() -> None:
             relay.append(relay_rate(handler, _bodies(f"relay-{round_}", args.records)))
             floor.append(floor_rate(stack.server.url, _bodies(f"floor-{round_}", args.records), args.concurrency))
         _check_every_record_became_a_run(
-            stack.aws_endpoint, stack.table_name, stack.dlq_url, 200 + 2 * sum(args.records for _ in range(args.rounds))
+            stack.endpoints.dynamodb,
+            stack.endpoints.sqs,
+            stack.table_name,
+            stack.dlq_url,
+            200 + 2 * sum(args.records for _ in range(args.rounds)),
         )
         stack.server.shutdown()
         thread.join()

@@ -45,17 +45,18 @@ def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "c
 class DevServer:
     process: subprocess.Popen[bytes]
     url: str
-    aws_endpoint: str
+    aws_endpoint: str  # DynamoDB's (and every service's, when they share the embedded moto server)
     table_name: str
     dlq_url: str
     log: Path
     kafka_bootstrap: str | None = None
+    sqs_endpoint: str | None = None
 
     def dynamodb(self) -> Any:
         return boto3.client("dynamodb", endpoint_url=self.aws_endpoint)
 
     def sqs(self) -> Any:
-        return boto3.client("sqs", endpoint_url=self.aws_endpoint)
+        return boto3.client("sqs", endpoint_url=self.sqs_endpoint or self.aws_endpoint)
 
     def admissions(self, tenant: str) -> list[dict[str, Any]]:
         """Every admission the HTTP handler entered for `tenant`, from its structured logs."""
@@ -139,7 +140,11 @@ def start_dev(
         if process.poll() is not None:
             raise AssertionError(f"poimen dev exited with {process.returncode}:\n{log.read_text()}")
         lines = dict(line.split(": ", 1) for line in log.read_text().splitlines() if ": " in line)
-        ready = "Relay dead-letter queue" in lines and "Admission API" in lines
+        ready = (
+            "Relay dead-letter queue" in lines
+            and "Admission API" in lines
+            and "Credentials (SigV4, execute-api)" in lines
+        )
         return lines if ready and (not kafka or "Kafka bootstrap" in lines) else None
 
     try:
@@ -148,7 +153,9 @@ def start_dev(
         process.kill()
         process.wait()
         raise
-    endpoint = lines["Local AWS (DynamoDB, SQS)"].split()[0]
+    shared = lines.get("Local AWS (DynamoDB, SQS, S3)")
+    words = (shared or lines["Local AWS"]).split()
+    endpoint, sqs_endpoint = (words[0], words[0]) if shared else (words[1], words[3])
     kafka_line = lines.get("Kafka bootstrap")
     return DevServer(
         process,
@@ -158,6 +165,7 @@ def start_dev(
         lines["Relay dead-letter queue"].strip(),
         log,
         kafka_line.split()[0] if kafka_line else None,
+        sqs_endpoint,
     )
 
 

@@ -37,7 +37,11 @@ RELAY_FUNCTION = "InboxRelayFunction"
 class DevOptions:
     host: str = "127.0.0.1"
     port: int = 8080
+    # One endpoint per service, as the SDK's AWS_ENDPOINT_URL_<SERVICE>: a service given none is served
+    # by an embedded moto server (started only if one is needed).
     dynamodb_endpoint: str | None = None
+    sqs_endpoint: str | None = None
+    s3_endpoint: str | None = None
     moto_port: int = 0
     table_name: str = "poimen-admission-local"
     principal: str = DEFAULT_PRINCIPAL
@@ -55,9 +59,22 @@ class DevOptions:
 
 
 @dataclass(frozen=True)
+class Endpoints:
+    dynamodb: str
+    sqs: str
+    s3: str
+
+    def describe(self) -> str:
+        """One line: the shared endpoint once, or each service's."""
+        if self.dynamodb == self.sqs == self.s3:
+            return f"Local AWS (DynamoDB, SQS, S3): {self.dynamodb}"
+        return f"Local AWS: DynamoDB {self.dynamodb}  SQS {self.sqs}  S3 {self.s3}"
+
+
+@dataclass(frozen=True)
 class DevStack:
     server: LocalApiServer
-    aws_endpoint: str
+    endpoints: Endpoints
     table_name: str
     dlq_url: str
     kafka_bootstrap: str | None
@@ -78,10 +95,10 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
     os.environ["AWS_SECRET_ACCESS_KEY"] = DEV_SECRET_KEY
     os.environ.pop("AWS_SESSION_TOKEN", None)
     os.environ["AWS_REGION"] = os.environ["AWS_DEFAULT_REGION"] = options.region
-    with _local_aws(options.dynamodb_endpoint, options.moto_port) as endpoint:
-        os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = endpoint
-        os.environ["AWS_ENDPOINT_URL_SQS"] = endpoint
-        os.environ["AWS_ENDPOINT_URL_S3"] = endpoint
+    with _local_aws(options) as endpoints:
+        os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = endpoints.dynamodb
+        os.environ["AWS_ENDPOINT_URL_SQS"] = endpoints.sqs
+        os.environ["AWS_ENDPOINT_URL_S3"] = endpoints.s3
         principals = _principals(options)
         _prepare_table(template, options.table_name, principals.values())
         queue = template.create_queue_request(RELAY_DLQ, options.dlq_name)
@@ -102,7 +119,7 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
             if options.kafka:
                 bucket = _failed_batches_bucket(options.failed_batches_bucket)
                 bootstrap = _start_kafka(template, options, server.url, dlq_url, bucket, cleanup)
-            yield DevStack(server, endpoint, options.table_name, dlq_url, bootstrap, bucket)
+            yield DevStack(server, endpoints, options.table_name, dlq_url, bootstrap, bucket)
 
 
 def run_dev(options: DevOptions) -> int:
@@ -113,7 +130,7 @@ def run_dev(options: DevOptions) -> int:
     with dev_stack(options) as stack:
         url = stack.server.url
         print(f"Admission API: {url}", flush=True)
-        print(f"Local AWS (DynamoDB, SQS): {stack.aws_endpoint}  table: {stack.table_name}", flush=True)
+        print(f"{stack.endpoints.describe()}  table: {stack.table_name}", flush=True)
         print(f"Relay dead-letter queue: {stack.dlq_url}", flush=True)
         if stack.kafka_bootstrap:
             print(f"Kafka bootstrap: {stack.kafka_bootstrap}  (relay consuming poimen.<tenant>.dispatch)", flush=True)
@@ -124,9 +141,16 @@ def run_dev(options: DevOptions) -> int:
             )
         if stack.failed_batches_bucket:
             print(f"Failed batches (S3): {stack.failed_batches_bucket}", flush=True)
+            endpoints = stack.endpoints
+            # One --aws-endpoint serves SQS and S3 alike; split, the SDK's variables name each.
+            where = (
+                f"--aws-endpoint {endpoints.sqs}"
+                if endpoints.sqs == endpoints.s3
+                else f"(with AWS_ENDPOINT_URL_SQS={endpoints.sqs} AWS_ENDPOINT_URL_S3={endpoints.s3})"
+            )
             print(
                 f"Dead letters: poimen dlq list --api-url {url} --queue-url {stack.dlq_url} "
-                f"--bucket {stack.failed_batches_bucket} --aws-endpoint {stack.aws_endpoint} --dev-key",
+                f"--bucket {stack.failed_batches_bucket} {where} --dev-key",
                 flush=True,
             )
         print(f"Credentials (SigV4, execute-api): {DEV_ACCESS_KEY}:{DEV_SECRET_KEY}", flush=True)
@@ -187,12 +211,13 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 @contextlib.contextmanager
-def _local_aws(endpoint: str | None, moto_port: int) -> Iterator[str]:
-    if endpoint:
-        yield endpoint
+def _local_aws(options: DevOptions) -> Iterator[Endpoints]:
+    given = (options.dynamodb_endpoint, options.sqs_endpoint, options.s3_endpoint)
+    if all(given):
+        yield Endpoints(*(endpoint or "" for endpoint in given))
         return
-    with EmbeddedMoto(moto_port) as moto:
-        yield moto.endpoint
+    with EmbeddedMoto(options.moto_port) as moto:
+        yield Endpoints(*(endpoint or moto.endpoint for endpoint in given))
 
 
 def _principals(options: DevOptions) -> dict[str, Principal]:
@@ -210,7 +235,8 @@ def _prepare_table(template: Template, table_name: str, principals: Iterable[Pri
     client = boto3.client("dynamodb")
     if table_name not in client.list_tables()["TableNames"]:
         client.create_table(**template.create_table_request(ADMISSION_TABLE, table_name))
-        client.get_waiter("table_exists").wait(TableName=table_name)
+        # Emulators other than moto (dynalite, DynamoDB Local) take a moment to make the table ACTIVE.
+        client.get_waiter("table_exists").wait(TableName=table_name, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
     settings = Settings.from_env({"TABLE_NAME": table_name, "AWS_REGION": client.meta.region_name})
     store = Store(settings)
     for principal in principals:

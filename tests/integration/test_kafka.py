@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -21,12 +22,20 @@ from poimen.dispatch import DispatchPublisher
 from poimen.ids import keyed_run_id
 from poimen.kafka import dispatch_topic
 from poimen.relay import relay_service
-from poimen_tools.local.event_source import LocalMskEventSource
+from poimen_tools.local.event_source import LocalMskEventSource, failed_batch_key
 from poimen_tools.local.kafka_broker import KafkaBroker
 from poimen_tools.local.template import Template
 from poimen_tools.topics import ensure_topics
 from tests.conftest import count_runs
-from tests.integration.conftest import POIMEN, DevServer, dead_letters, signed_session, start_dev, wait_for
+from tests.integration.conftest import (
+    POIMEN,
+    DevServer,
+    dead_letters,
+    free_port,
+    signed_session,
+    start_dev,
+    wait_for,
+)
 
 pytestmark = pytest.mark.usefixtures("no_admission_in_process")
 
@@ -335,3 +344,78 @@ def test_stopping_while_a_batch_fails_commits_nothing(
     event_source(broker.bootstrap_servers, group)
     wait_for(lambda: _committed(broker.bootstrap_servers, group, topic) == 1)
     assert len(_runs(dev, tenant)) == 1
+
+
+def _parked_records(dev: DevServer, bucket: str) -> list[dict[str, Any]]:
+    """Every record of every batch parked in the bucket (the payload Lambda writes to S3)."""
+    s3 = boto3.client("s3", endpoint_url=dev.aws_endpoint)
+    records: list[dict[str, Any]] = []
+    for item in s3.list_objects_v2(Bucket=bucket).get("Contents", []):
+        parked = json.loads(s3.get_object(Bucket=bucket, Key=item["Key"])["Body"].read())
+        for batch in json.loads(parked["payload"])["records"].values():
+            records.extend(batch)
+    return records
+
+
+def test_an_outage_past_the_retry_budget_parks_batches_and_one_redrive_admits_each_once(
+    broker: KafkaBroker,
+    template: Template,
+    dev: DevServer,
+    tenant: str,
+    topic: str,
+    dlq: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given the admission API down (nothing listens), a small retry budget, and S3 as on-failure destination
+    bucket = f"failed-{uuid.uuid4().hex[:12]}"
+    s3 = boto3.client("s3", endpoint_url=dev.aws_endpoint)
+    s3.create_bucket(Bucket=bucket)
+    monkeypatch.setenv("ADMISSION_API_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("DLQ_URL", dlq)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SQS", dev.aws_endpoint)
+    monkeypatch.setenv("RELAY_TIME_MARGIN_SECONDS", "0.5")
+    relay_service.cache_clear()
+    source = LocalMskEventSource(
+        broker.bootstrap_servers,
+        template.load_handler("InboxRelayFunction"),
+        on_failure=lambda record: s3.put_object(
+            Bucket=bucket, Key=failed_batch_key(record, "outage-test"), Body=json.dumps(record).encode()
+        ),
+        group_id=f"relay-{uuid.uuid4().hex[:8]}",
+        batching_window_seconds=0.2,
+        max_attempts=2,
+        retry_base_seconds=0.1,
+        function_timeout_seconds=2,
+        topics=[topic],
+    )
+    # When messages arrive during the outage (one of them twice) and the event source gives up on them
+    spawns = [RunRequest(workflow_ref="wf/outage", input={"i": i}, dispatch_key=f"o-{i}") for i in range(4)]
+    publisher = DispatchPublisher(broker.bootstrap_servers)
+    for spawn in [*spawns, spawns[0]]:
+        publisher.publish(tenant, spawn)
+    publisher.flush()
+    source.start()
+    try:
+        wait_for(lambda: len(_parked_records(dev, bucket)) == 5, timeout=90, what="every batch parked in S3")
+        wait_for(lambda: _committed(broker.bootstrap_servers, source.group_id, topic) == 5, what="offsets past them")
+    finally:
+        source.stop()
+        relay_service.cache_clear()
+    assert _runs(dev, tenant) == []
+
+    # And the API is back and `poimen dlq redrive` runs, twice
+    redrive = [
+        str(POIMEN), "dlq", "redrive", "--yes", "--api-url", dev.url, "--queue-url", dlq,
+        "--bucket", bucket, "--aws-endpoint", dev.aws_endpoint,
+    ]  # fmt: skip
+    first = subprocess.run(redrive, capture_output=True, text=True, timeout=120, check=False)
+    runs_after_first = _runs(dev, tenant)
+    second = subprocess.run(redrive, capture_output=True, text=True, timeout=120, check=False)
+
+    # Then exactly one run per dispatch_key, nothing left parked, and the second redrive changed nothing
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert sorted(run["dispatch_key"]["S"] for run in runs_after_first) == [s.dispatch_key for s in spawns]
+    assert s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+    assert dead_letters(dev, dlq) == []
+    assert _runs(dev, tenant) == runs_after_first

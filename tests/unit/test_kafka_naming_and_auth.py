@@ -50,3 +50,27 @@ def test_client_config_plaintext_locally_and_iam_for_msk() -> None:
     assert iam["sasl.mechanism"] == "OAUTHBEARER"
     assert callable(iam["oauth_cb"])
     assert iam["acks"] == "all"
+
+
+def test_published_values_keep_numbers_exactly_as_given() -> None:
+    from poimen.contract import RunRequest, parse_json
+    from poimen.dispatch import DispatchPublisher
+
+    produced: list[bytes] = []
+
+    class Recorder:
+        def produce(self, topic: str, key: bytes, value: bytes, on_delivery: object) -> None:
+            produced.append(value)
+
+        def poll(self, timeout: float) -> int:
+            return 0
+
+    publisher = DispatchPublisher("127.0.0.1:1")
+    publisher._producer = Recorder()  # type: ignore[assignment]
+    spawn = RunRequest(workflow_ref="wf", input=parse_json('{"n": 12345678901234567.25, "e": 1e15}'), dispatch_key="k")
+
+    publisher.publish("acme", spawn)
+
+    assert produced == [
+        b'{"workflow_ref":"wf","input":{"n":12345678901234567.25,"e":1e15},"goal_id":null,"dispatch_key":"k"}'
+    ]

@@ -75,9 +75,9 @@ def test_wildcard_grant_covers_every_tenant(store: Store) -> None:
         admission.authorize(None, "any-tenant")
 
 
-def test_grants_are_cached_for_the_configured_time(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Given a cache of 60 s on a fake clock, and a principal granted one tenant
-    now = [1000.0]
+@pytest.fixture
+def grant_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The principals whose grants were read from the table, in order."""
     reads: list[str] = []
     original = Store.granted_tenants
 
@@ -86,6 +86,12 @@ def test_grants_are_cached_for_the_configured_time(store: Store, monkeypatch: py
         return original(self, principal)
 
     monkeypatch.setattr(Store, "granted_tenants", counting)
+    return reads
+
+
+def test_grants_are_cached_for_the_configured_time(store: Store, grant_reads: list[str]) -> None:
+    # Given a cache of 60 s on a fake clock, and a principal granted one tenant
+    now = [1000.0]
     store.grant("arn:aws:iam::1:user/a", "t1")
     admission = Admission(store, grants_cache_seconds=60, clock=lambda: now[0])
     request = RunRequest(workflow_ref="wf", input={})
@@ -95,7 +101,7 @@ def test_grants_are_cached_for_the_configured_time(store: Store, monkeypatch: py
     now[0] += 61
     admission.admit_run("arn:aws:iam::1:user/a", "t1", request)
     # Then the grant was read once per cache period
-    assert reads == ["arn:aws:iam::1:user/a"] * 2
+    assert grant_reads == ["arn:aws:iam::1:user/a"] * 2
 
 
 def _function_timeout(template: Template, logical_id: str) -> float:
@@ -267,18 +273,8 @@ def test_relay_tenants_need_the_relay_principal() -> None:
         Settings.from_env({"TABLE_NAME": "t", "AWS_REGION": "us-east-1", "RELAY_TENANTS": "acme"})
 
 
-def test_a_refusal_is_cached_briefly_and_a_grant_for_the_full_time(
-    store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_refusal_is_cached_briefly_and_a_grant_for_the_full_time(store: Store, grant_reads: list[str]) -> None:
     now = [1000.0]
-    reads: list[str] = []
-    original = Store.granted_tenants
-
-    def counting(self: Store, principal: str) -> Any:
-        reads.append(principal)
-        return original(self, principal)
-
-    monkeypatch.setattr(Store, "granted_tenants", counting)
     admission = Admission(store, grants_cache_seconds=60, clock=lambda: now[0], refusal_cache_seconds=5)
     caller = "arn:aws:iam::1:user/late"
     # Given a caller refused, then granted in the table
@@ -294,4 +290,4 @@ def test_a_refusal_is_cached_briefly_and_a_grant_for_the_full_time(
     admission.authorize(caller, "t1")
     now[0] += 50
     admission.authorize(caller, "t1")
-    assert reads == [caller, caller]
+    assert grant_reads == [caller, caller]

@@ -4,20 +4,21 @@ tenant's topics; `dispatch publish` publishes a spawn request to its dispatch to
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from poimen.admission import normalise_principal
 from poimen.config import Settings
-from poimen.contract import TENANT_PATTERN, RunRequest
+from poimen.contract import TENANT_PATTERN, RunRequest, parse_json
 from poimen.dispatch import DispatchPublisher
 from poimen.kafka import dispatch_topic
 from poimen.principals import GrantPrincipal, InvalidPrincipal, grant_principal
 from poimen.store import Store
+from poimen_tools.dlq import add_dlq_commands, run_dlq
 from poimen_tools.local.dev import DevOptions, run_dev
 from poimen_tools.topics import SEVEN_DAYS_MS, ensure_topics
 
@@ -34,8 +35,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     dev.add_argument(
         "--dynamodb-endpoint",
         metavar="URL",
-        help="use this DynamoDB endpoint (an already-running moto server) instead of an embedded one",
+        help="DynamoDB only: use this endpoint (a running moto server, dynalite, DynamoDB Local) instead of an "
+        "embedded moto server",
     )
+    dev.add_argument(
+        "--sqs-endpoint", metavar="URL", help="SQS only: use this endpoint (the relay's dead-letter queue)"
+    )
+    dev.add_argument("--s3-endpoint", metavar="URL", help="S3 only: use this endpoint (the failed-batches bucket)")
     dev.add_argument(
         "--moto-port", type=int, default=defaults.moto_port, help="port of the embedded moto server (default: any)"
     )
@@ -79,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     publish = dispatch.add_parser("publish", help="publish one spawn request to poimen.<tenant>.dispatch")
     publish.add_argument("--tenant", required=True, type=_tenant)
     publish.add_argument("--workflow-ref", required=True)
-    publish.add_argument("--input", required=True, type=json.loads, help="a JSON object")
+    publish.add_argument("--input", required=True, type=_json_object, help="a JSON object (numbers kept exactly)")
     publish.add_argument("--goal-id")
     publish.add_argument("--dispatch-key")
     _connection_arguments(publish)
@@ -98,7 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _table_arguments(change)
     _table_arguments(grant_actions.add_parser("list", help="every principal and its tenants"))
 
+    add_dlq_commands(commands)  # poimen dlq list|show|redrive: poimen_tools/dlq.py
+
     args = parser.parse_args(argv)
+    if args.command == "dlq":
+        return run_dlq(args)
     if args.command == "grants":
         return _grants(args)
     if args.command == "topics":
@@ -127,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             host=args.host,
             port=args.port,
             dynamodb_endpoint=args.dynamodb_endpoint,
+            sqs_endpoint=args.sqs_endpoint,
+            s3_endpoint=args.s3_endpoint,
             moto_port=args.moto_port,
             table_name=args.table_name,
             principal=args.principal,
@@ -178,6 +190,16 @@ def _table_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _tenant_or_all(value: str) -> str:
     return value if value == "*" else _tenant(value)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = parse_json(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from error
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object, like '{\"key\": 1}'")
+    return value
 
 
 def _tenant(value: str) -> str:

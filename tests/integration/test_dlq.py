@@ -1,0 +1,202 @@
+"""`poimen dlq` as a real process against `poimen dev`: its moto SQS and S3, its API over real HTTP."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import pytest
+from aws_lambda_powertools.utilities.data_classes.kafka_event import KafkaEventRecord
+
+from poimen.relay import DeadLetterReason, dead_letter_body
+from poimen_tools.local.template import Template
+from tests.conftest import count_runs
+from tests.integration.conftest import POIMEN, DevServer, free_port
+
+
+@dataclass
+class Place:
+    """A dead-letter queue made as template.yaml declares it, and a failed-batch bucket, on dev's moto."""
+
+    dev: DevServer
+    queue_url: str
+    bucket: str
+
+    def dlq(self, *argv: str, api_url: str | None = None) -> subprocess.CompletedProcess[str]:
+        where = ["--queue-url", self.queue_url, "--bucket", self.bucket, "--aws-endpoint", self.dev.aws_endpoint]
+        return subprocess.run(
+            [str(POIMEN), "dlq", *argv, *where, "--api-url", api_url or self.dev.url, "--dev-key"],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=120,
+            check=False,
+        )
+
+    def s3(self) -> Any:
+        return boto3.client("s3", endpoint_url=self.dev.aws_endpoint)
+
+    def left(self) -> tuple[int, int]:
+        """(messages in the queue, objects in the bucket)."""
+        attributes = self.dev.sqs().get_queue_attributes(
+            QueueUrl=self.queue_url,
+            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+        )["Attributes"]
+        messages = int(attributes["ApproximateNumberOfMessages"]) + int(
+            attributes["ApproximateNumberOfMessagesNotVisible"]
+        )
+        return messages, self.s3().list_objects_v2(Bucket=self.bucket)["KeyCount"]
+
+
+@pytest.fixture
+def place(dev: DevServer, template: Template) -> Place:
+    name = f"dlq-{uuid.uuid4().hex[:12]}"
+    queue_url: str = dev.sqs().create_queue(**template.create_queue_request("RelayDeadLetterQueue", name))["QueueUrl"]
+    bucket = f"failed-batches-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=dev.aws_endpoint).create_bucket(Bucket=bucket)
+    return Place(dev, queue_url, bucket)
+
+
+def record(tenant: str, offset: int, value: dict[str, Any], key: bytes | None = None) -> dict[str, Any]:
+    """A dispatch record as MSK delivers it (a null key left out)."""
+    entry: dict[str, Any] = {
+        "topic": f"poimen.{tenant}.dispatch",
+        "partition": 0,
+        "offset": offset,
+        "timestamp": 1795780800000,
+        "timestampType": "CREATE_TIME",
+        "value": base64.b64encode(json.dumps(value).encode()).decode(),
+        "headers": [],
+    }
+    if key is not None:
+        entry["key"] = base64.b64encode(key).decode()
+    return entry
+
+
+def failed_batch(records: list[dict[str, Any]]) -> bytes:
+    """Lambda's S3 on-failure invocation record: metadata, and the whole MSK event as a JSON string."""
+    topic_partition = f"{records[0]['topic']}-{records[0]['partition']}"
+    event = {
+        "eventSource": "aws:kafka",
+        "eventSourceArn": "arn:aws:kafka:us-east-1:123456789012:cluster/poimen/751d2973-a626-431c-9d4e-d7975eb44dd7-2",
+        "bootstrapServers": "b-1.poimen.a1bcde.c1.kafka.us-east-1.amazonaws.com:9098",
+        "records": {topic_partition: records},
+    }
+    return json.dumps(
+        {
+            "requestContext": {
+                "requestId": str(uuid.uuid4()),
+                "functionArn": "arn:aws:lambda:us-east-1:123456789012:function:InboxRelayFunction",
+                "condition": "RetryAttemptsExhausted",
+                "approximateInvokeCount": 101,
+            },
+            "responseContext": {"statusCode": 200, "executedVersion": "$LATEST", "functionError": "Unhandled"},
+            "version": "1.0",
+            "timestamp": "2026-11-29T12:00:00.000Z",
+            "KafkaBatchInfo": {
+                "batchSize": len(records),
+                "eventSourceArn": event["eventSourceArn"],
+                "bootstrapServers": event["bootstrapServers"],
+                "payloadSize": len(json.dumps(event)),
+                "recordsInfo": {
+                    topic_partition: {
+                        "firstRecordOffset": str(records[0]["offset"]),
+                        "lastRecordOffset": str(records[-1]["offset"]),
+                    }
+                },
+            },
+            "payload": json.dumps(event),
+        }
+    ).encode()
+
+
+def summary(output: str) -> dict[str, int]:
+    rows = [line.rsplit(maxsplit=1) for line in output.splitlines()[1:]]
+    return {name: int(count) for name, count in rows}
+
+
+def test_redrive_admits_each_dead_letter_once_and_empties_queue_and_bucket(place: Place, tenant: str) -> None:
+    # Given a valid spawn the relay dead-lettered on an unforeseen fault (relay-error), and a failed batch
+    # of three records: two keyed spawns, and the first again (same dispatch_key, same payload)
+    letter = record(tenant, 3, {"workflow_ref": "wf/hello", "input": {}, "dispatch_key": "dl-1"})
+    reason = DeadLetterReason("relay-error", "RuntimeError: something nobody foresaw")
+    place.dev.sqs().send_message(
+        QueueUrl=place.queue_url, MessageBody=dead_letter_body(KafkaEventRecord(letter), reason)
+    )
+    first = {"workflow_ref": "wf/hello", "input": {"n": 1}, "dispatch_key": "fb-1"}
+    second = {"workflow_ref": "wf/hello", "input": {"n": 2}, "dispatch_key": "fb-2"}
+    batch = [record(tenant, 10, first, b"a"), record(tenant, 11, second, b"b"), record(tenant, 12, first, b"a")]
+    key = f"aws/lambda/{uuid.uuid4()}/poimen.{tenant}.dispatch-0/2026/11/29/2026-11-29T12.00.00-{uuid.uuid4()}"
+    place.s3().put_object(Bucket=place.bucket, Key=key, Body=failed_batch(batch))
+
+    listed = place.dlq("list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    kinds = json.loads(listed.stdout)["kinds"]
+    assert {kind: (entry["letters"], entry["records"]) for kind, entry in kinds.items()} == {
+        "relay-error": (1, 1),
+        "failed-batch": (1, 3),
+    }
+
+    # When they are redriven through poimen dev, signed with its dev key
+    redriven = place.dlq("redrive", "--yes")
+
+    # Then three runs exist (the repeated key is a replay), each record entered the API once, all is emptied
+    assert redriven.returncode == 0, redriven.stderr
+    assert summary(redriven.stdout) == {"redriven (201)": 3, "replayed (200)": 1, "still failing": 0, "skipped": 0}
+    assert "redrive: 4/4 dead letters handled" in redriven.stderr
+    runs = count_runs(place.dev.dynamodb(), place.dev.table_name, tenant)
+    assert sorted(run["dispatch_key"]["S"] for run in runs) == ["dl-1", "fb-1", "fb-2"]
+    assert sorted(entry["message"] for entry in place.dev.admissions(tenant)) == [
+        "run admitted",
+        "run admitted",
+        "run admitted",
+        "run replayed",
+    ]
+    assert place.left() == (0, 0)
+
+    # And a second redrive finds nothing and changes nothing
+    again = place.dlq("redrive", "--yes")
+    assert again.returncode == 0, again.stderr
+    assert summary(again.stdout) == {"redriven (201)": 0, "replayed (200)": 0, "still failing": 0, "skipped": 0}
+    assert len(count_runs(place.dev.dynamodb(), place.dev.table_name, tenant)) == 3
+    assert len(place.dev.admissions(tenant)) == 4
+    assert place.dlq("list").stdout == "no dead letters\n"
+
+
+def test_an_unreachable_api_is_one_line_exit_3_and_removes_nothing(place: Place, tenant: str) -> None:
+    letter = record(tenant, 1, {"workflow_ref": "wf/hello", "input": {}, "dispatch_key": "k"})
+    reason = DeadLetterReason("relay-error", "RuntimeError: x")
+    place.dev.sqs().send_message(
+        QueueUrl=place.queue_url, MessageBody=dead_letter_body(KafkaEventRecord(letter), reason)
+    )
+
+    outcome = place.dlq("redrive", "--yes", api_url=f"http://127.0.0.1:{free_port()}")
+
+    assert outcome.returncode == 3
+    assert outcome.stderr.splitlines()[-1].startswith(
+        "poimen dlq redrive: stopped: cannot reach the admission API at http://127.0.0.1:"
+    )
+    assert "Traceback" not in outcome.stderr
+    assert summary(outcome.stdout)["not attempted"] == 1
+    assert place.left() == (1, 0)
+    assert count_runs(place.dev.dynamodb(), place.dev.table_name, tenant) == []
+
+
+def test_redrive_without_yes_and_without_a_terminal_refuses(place: Place, tenant: str) -> None:
+    letter = record(tenant, 1, {"workflow_ref": "wf/hello", "input": {}})
+    reason = DeadLetterReason("relay-error", "RuntimeError: x")
+    place.dev.sqs().send_message(
+        QueueUrl=place.queue_url, MessageBody=dead_letter_body(KafkaEventRecord(letter), reason)
+    )
+
+    refused = place.dlq("redrive")
+
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1
+    assert "stdin is not a terminal; add --yes" in refused.stderr
+    assert place.left() == (1, 0)

@@ -1,0 +1,768 @@
+"""`poimen dlq`: reading relay dead letters (SQS) and failed batches (S3), showing them, and redriving them
+through the real admission handler in-process (tests/unit/relay_harness.py), all on in-process moto."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import boto3
+import botocore.exceptions
+import pytest
+import urllib3
+from aws_lambda_powertools.utilities.data_classes.kafka_event import KafkaEventRecord
+from botocore.credentials import Credentials
+
+from poimen.relay import DeadLetterReason, dead_letter_body
+from poimen.store import Store
+from poimen_tools import dlq
+from poimen_tools.cli import main
+from poimen_tools.dlq import (
+    EXIT_OK,
+    EXIT_REMAINING,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    AdmissionApi,
+    DeadLetterQueue,
+    FailedBatches,
+    Progress,
+    Redrive,
+    RedriveSummary,
+    add_dlq_commands,
+    holding,
+    parse_message,
+    parse_object,
+    run_dlq,
+)
+from poimen_tools.local.msk import KafkaRecord, msk_event
+from poimen_tools.local.template import Template
+from tests.conftest import count_runs
+from tests.unit.relay_harness import RELAY_KEY, RelayHarness
+
+TRACEPARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.fixture(autouse=True)
+def _short_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process moto answers at once; a 1 s long poll would only slow every scan down."""
+    monkeypatch.setattr(dlq, "SQS_WAIT_SECONDS", 0)
+
+
+def spawn(dispatch_key: str | None = None, workflow_ref: str = "wf/hello", **fields: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"workflow_ref": workflow_ref, "input": {"n": 1}, **fields}
+    if dispatch_key is not None:
+        body["dispatch_key"] = dispatch_key
+    return body
+
+
+def msk_record(record: KafkaRecord) -> dict[str, Any]:
+    """The record as MSK delivers it (key and value base64)."""
+    (group,) = msk_event([record])["records"].values()
+    entry: dict[str, Any] = group[0]
+    return entry
+
+
+def on_failure_object(records: list[KafkaRecord], *, payload: bool = True, attempts: int = 3) -> bytes:
+    """What Lambda writes to an MSK mapping's S3 on-failure destination (Lambda Developer Guide,
+    kafka-on-failure.html): the metadata, and the whole event as a JSON string."""
+    event = msk_event(records)
+    info: dict[str, Any] = {}
+    for record in records:
+        entry = info.setdefault(f"{record.topic}-{record.partition}", {"firstRecordOffset": str(record.offset)})
+        entry["lastRecordOffset"] = str(record.offset)
+    document: dict[str, Any] = {
+        "requestContext": {
+            "requestId": str(uuid.uuid4()),
+            "functionArn": "arn:aws:lambda:us-east-1:123456789012:function:InboxRelayFunction",
+            "condition": "RetryAttemptsExhausted",
+            "approximateInvokeCount": attempts,
+        },
+        "responseContext": {"statusCode": 200, "executedVersion": "$LATEST", "functionError": "Unhandled"},
+        "version": "1.0",
+        "timestamp": "2026-11-29T12:00:00.000Z",
+        "KafkaBatchInfo": {
+            "batchSize": len(records),
+            "eventSourceArn": event["eventSourceArn"],
+            "bootstrapServers": event["bootstrapServers"],
+            "payloadSize": len(json.dumps(event)),
+            "recordsInfo": info,
+        },
+    }
+    if payload:
+        document["payload"] = json.dumps(event)
+    return json.dumps(document).encode()
+
+
+def object_key(topic: str, partition: int = 0) -> str:
+    return f"aws/lambda/{uuid.uuid4()}/{topic}-{partition}/2026/11/29/2026-11-29T12.00.00-{uuid.uuid4()}"
+
+
+class ScriptedHttp(urllib3.PoolManager):
+    """The admission API with some answers replaced: None passes the call through, an int answers that
+    status with a problem body, an exception is raised as the connection's."""
+
+    def __init__(self, inner: urllib3.PoolManager, script: list[int | Exception | None]) -> None:
+        super().__init__()
+        self._inner, self.script, self.calls = inner, script, 0
+
+    def urlopen(self, method: str, url: str, redirect: bool = True, **kw: Any) -> urllib3.BaseHTTPResponse:  # type: ignore[override]
+        self.calls += 1
+        step = self.script.pop(0) if self.script else None
+        if isinstance(step, Exception):
+            raise step
+        if step is None:
+            return self._inner.urlopen(method, url, redirect, **kw)
+        body = json.dumps({"type": f"urn:poimen:problem:scripted-{step}", "status": step}).encode()
+        return urllib3.HTTPResponse(body=body, status=step, headers={"Content-Type": "application/problem+json"})
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@dataclass
+class Stack:
+    """The relay's queue (template.yaml), a failed-batch bucket and the admission handler, in-process."""
+
+    harness: RelayHarness
+    s3: Any
+    bucket: str
+    dynamodb: Any
+    table_name: str
+
+    @property
+    def tenant(self) -> str:
+        return self.harness.tenant
+
+    @property
+    def queue_url(self) -> str:
+        return self.harness.queue_url
+
+    @property
+    def topic(self) -> str:
+        return f"poimen.{self.tenant}.dispatch"
+
+    def record(self, value: Any, offset: int, key: bytes | None = None, **changes: Any) -> KafkaRecord:
+        return self.harness.record(value, offset, key, **changes)
+
+    def dead_letter(self, record: KafkaRecord, reason: DeadLetterReason) -> str:
+        body = dead_letter_body(KafkaEventRecord(msk_record(record)), reason)
+        message_id: str = self.harness.sqs.send_message(QueueUrl=self.queue_url, MessageBody=body)["MessageId"]
+        return message_id
+
+    def park(self, records: list[KafkaRecord], **options: Any) -> str:
+        key = object_key(records[0].topic)
+        self.s3.put_object(Bucket=self.bucket, Key=key, Body=on_failure_object(records, **options))
+        return key
+
+    def messages(self) -> list[dict[str, Any]]:
+        """Every message in the queue, left visible (a 0 s visibility timeout), as parsed bodies with ids."""
+        found: dict[str, dict[str, Any]] = {}
+        while True:
+            answer = self.harness.sqs.receive_message(
+                QueueUrl=self.queue_url, MaxNumberOfMessages=10, VisibilityTimeout=0
+            )
+            fresh = [m for m in answer.get("Messages", []) if m["MessageId"] not in found]
+            if not fresh:
+                return list(found.values())
+            for message in fresh:
+                try:
+                    body = json.loads(message["Body"])
+                except ValueError:
+                    body = {"raw": message["Body"]}
+                found[message["MessageId"]] = {"id": message["MessageId"], **body}
+
+    def objects(self) -> dict[str, dict[str, Any]]:
+        listing = self.s3.list_objects_v2(Bucket=self.bucket).get("Contents", [])
+        return {
+            entry["Key"]: json.loads(self.s3.get_object(Bucket=self.bucket, Key=entry["Key"])["Body"].read())
+            for entry in listing
+        }
+
+    def runs(self) -> list[dict[str, Any]]:
+        return count_runs(self.dynamodb, self.table_name, self.tenant)
+
+    def api(self, http: urllib3.PoolManager | None = None) -> AdmissionApi:
+        credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
+        return AdmissionApi("https://api.example/", credentials, "us-east-1", http or self.harness.api)
+
+    def redrive(
+        self,
+        http: urllib3.PoolManager | None = None,
+        *,
+        dry_run: bool = False,
+        queue: bool = True,
+        sqs: Any | None = None,
+    ) -> tuple[RedriveSummary, list[str], list[str]]:
+        """One redrive of everything; (summary, notices, plan lines)."""
+        dead_letter_queue = DeadLetterQueue(sqs or self.harness.sqs, self.queue_url) if queue else None
+        batches = FailedBatches(self.s3, self.bucket)
+        notices, planned = io.StringIO(), list[str]()
+        api = None if dry_run else self.api(http)
+        with holding(dead_letter_queue, batches, 300) as parcels:
+            summary = Redrive(api, dead_letter_queue, batches, Progress(99, notices), planned.append).run(parcels)
+        return summary, notices.getvalue().splitlines(), planned
+
+    def cli(self, *argv: str, http: urllib3.PoolManager | None = None, stdin: io.StringIO | None = None) -> Outcome:
+        parser = argparse.ArgumentParser(prog="poimen")
+        add_dlq_commands(parser.add_subparsers(dest="command", required=True))
+        where = ["--queue-url", self.queue_url, "--bucket", self.bucket, "--api-url", "https://api.example"]
+        args = parser.parse_args(["dlq", *argv, *where])
+        out, err = io.StringIO(), io.StringIO()
+        credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
+        code = run_dlq(
+            args,
+            http=http or self.harness.api,
+            credentials=credentials,
+            stdin=stdin or io.StringIO(),
+            stdout=out,
+            stderr=err,
+        )
+        return Outcome(code, out.getvalue(), err.getvalue())
+
+
+@dataclass
+class Outcome:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def stack(
+    template: Template,
+    handler: Callable[[dict[str, Any], Any], dict[str, Any]],
+    store: Store,
+    dynamodb: Any,
+    table_name: str,
+) -> Stack:
+    harness = RelayHarness.start(template, handler, store)
+    s3 = boto3.client("s3")
+    bucket = f"failed-batches-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(Bucket=bucket)
+    return Stack(harness, s3, bucket, dynamodb, table_name)
+
+
+RELAY_ERROR = DeadLetterReason("relay-error", "RuntimeError: the relay tripped over something")
+
+
+# -- reading --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["invalid-topic", "empty-value", "undecodable", "invalid-json", "rejected"])
+def test_a_relay_dead_letter_is_read_with_its_kind_record_and_time(kind: str) -> None:
+    record = KafkaRecord(topic="poimen.acme.dispatch", partition=2, offset=15, timestamp_ms=0, value=b"{}", key=b"k")
+    body = dead_letter_body(KafkaEventRecord(msk_record(record)), DeadLetterReason(kind, "why", 400, {"x": 1}))
+
+    parcel = parse_message("m-1", body)
+
+    (letter,) = parcel.letters
+    assert (parcel.id, letter.id, letter.kind, parcel.kind, parcel.records) == ("sqs:m-1", "sqs:m-1", kind, kind, 1)
+    assert letter.reason == {"kind": kind, "detail": "why", "status": 400, "problem": {"x": 1}}
+    assert letter.record is not None
+    assert letter.record["offset"] == 15
+    assert letter.coordinates == "poimen.acme.dispatch/2/15"
+    assert letter.blocked is None
+    assert letter.at is not None
+    assert abs((datetime.now(UTC) - letter.at).total_seconds()) < 60
+
+
+def test_a_dead_letter_whose_value_was_omitted_says_where_to_read_it_again() -> None:
+    record = KafkaRecord(topic="poimen.acme.dispatch", partition=0, offset=7, timestamp_ms=0, value=b"x" * 900_000)
+    body = dead_letter_body(KafkaEventRecord(msk_record(record)), RELAY_ERROR)
+
+    (letter,) = parse_message("m", body).letters
+
+    assert letter.blocked == "value omitted; read it again from Kafka at poimen.acme.dispatch/0/7"
+
+
+def test_a_failed_batch_object_is_read_record_by_record_in_offset_order() -> None:
+    records = [
+        KafkaRecord(topic="poimen.acme.dispatch", partition=1, offset=offset, timestamp_ms=0, value=b"{}")
+        for offset in (12, 10, 11)
+    ]
+    key = "aws/lambda/x/poimen.acme.dispatch-1/2026/11/29/2026-11-29T12.00.00-y"
+
+    parcel = parse_object(key, on_failure_object(records, attempts=101))
+
+    assert (parcel.kind, parcel.records) == ("failed-batch", 3)
+    assert [letter.id for letter in parcel.letters] == [f"s3:{key}#poimen.acme.dispatch-1@{n}" for n in (10, 11, 12)]
+    assert parcel.letters[0].reason["detail"] == "the batch failed 101 invocations (RetryAttemptsExhausted, Unhandled)"
+    assert parcel.at == datetime(2026, 11, 29, 12, tzinfo=UTC)
+
+
+def test_a_failed_batch_without_its_records_points_at_kafka() -> None:
+    records = [
+        KafkaRecord(topic="poimen.acme.dispatch", partition=0, offset=n, timestamp_ms=0, value=b"{}") for n in (4, 9)
+    ]
+
+    parcel = parse_message("m", on_failure_object(records, payload=False).decode())
+
+    (letter,) = parcel.letters
+    assert (parcel.kind, parcel.records, letter.record) == ("failed-batch", 2, None)
+    assert letter.blocked == "metadata only; read the batch again from Kafka at poimen.acme.dispatch-0 offsets 4..9"
+
+
+@pytest.mark.parametrize(
+    ("body", "note"),
+    [
+        ("not json", "the message body is not JSON"),
+        ('{"record": {}}', "neither a relay dead letter nor a Lambda on-failure record"),
+    ],
+)
+def test_anything_else_in_the_queue_is_unrecognised(body: str, note: str) -> None:
+    parcel = parse_message("m", body)
+
+    assert (parcel.kind, parcel.note) == ("unrecognised", note)
+    assert parcel.letters[0].blocked == f"{note}; inspect it by hand"
+
+
+def test_an_object_that_is_not_an_on_failure_record_is_unrecognised() -> None:
+    assert parse_object("k", b"\xff").note == "the object is not JSON"
+    assert parse_object("k", b"{}").note == "not a Lambda on-failure invocation record"
+    broken = json.loads(on_failure_object([]))
+    broken["payload"] = '{"records": 3}'
+    assert parse_object("k", json.dumps(broken).encode()).note == "its payload is not an aws:kafka event"
+
+
+# -- list and show --------------------------------------------------------------------------------------
+
+
+def test_list_counts_by_kind_and_removes_nothing(stack: Stack) -> None:
+    # Given two relay dead letters of two kinds and a failed batch of three records
+    stack.dead_letter(stack.record(spawn("a"), 1), RELAY_ERROR)
+    stack.dead_letter(stack.record(b"nope", 2), DeadLetterReason("invalid-json", "value is not JSON"))
+    stack.park([stack.record(spawn(f"b-{n}"), 10 + n) for n in range(3)])
+
+    # When they are listed, as JSON and as text
+    listed = stack.cli("list", "--json")
+    text = stack.cli("list", "--ids")
+
+    # Then each kind is counted, the failed batch by object and by record
+    assert listed.code == EXIT_OK
+    kinds = json.loads(listed.out)["kinds"]
+    assert {kind: (entry["letters"], entry["records"]) for kind, entry in kinds.items()} == {
+        "invalid-json": (1, 1),
+        "relay-error": (1, 1),
+        "failed-batch": (1, 3),
+    }
+    assert kinds["failed-batch"]["oldest"] == "2026-11-29T12:00:00.000Z"
+    assert kinds["relay-error"]["newestAgeSeconds"] < 60
+    assert len(json.loads(listed.out)["deadLetters"]) == 5
+    assert text.out.splitlines()[0].split() == ["kind", "letters", "records", "oldest", "newest"]
+    assert text.out.splitlines()[4].split()[:3] == ["total", "3", "5"]
+    assert "value is not JSON" in text.out
+    # And nothing was deleted, and every message is visible again at once
+    assert len(stack.messages()) == 2
+    assert len(stack.objects()) == 1
+
+
+def test_list_of_nothing(stack: Stack) -> None:
+    assert stack.cli("list").out == "no dead letters\n"
+
+
+def test_list_through_the_poimen_command(stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
+    stack.dead_letter(stack.record(spawn("a"), 1), RELAY_ERROR)
+
+    code = main(["dlq", "list", "--json", "--queue-url", stack.queue_url])
+
+    assert code == EXIT_OK
+    assert json.loads(capsys.readouterr().out)["kinds"]["relay-error"]["letters"] == 1
+
+
+def test_show_decodes_a_rejected_dead_letter(stack: Stack) -> None:
+    # Given a record the API rejects: its dispatch_key was used for another payload
+    assert stack.harness.run([stack.record(spawn("k-1"), 1, b"key-1")]).relayed == 1
+    headers = [("traceparent", TRACEPARENT)]
+    stack.harness.run([stack.record(spawn("k-1", workflow_ref="wf/other"), 2, b"key-1", headers=headers)])
+    (message,) = stack.messages()
+
+    # When it is shown
+    shown = stack.cli("show", f"sqs:{message['id']}", "--json")
+    text = stack.cli("show", f"sqs:{message['id']}")
+
+    # Then key, value and headers are decoded, and the reason carries the API's problem
+    document = json.loads(shown.out)
+    assert document["id"] == f"sqs:{message['id']}"
+    assert document["key"] == "key-1"
+    assert document["value"] == spawn("k-1", workflow_ref="wf/other")
+    assert document["headers"] == {"traceparent": TRACEPARENT.decode()}
+    assert document["reason"]["kind"] == "rejected"
+    assert document["reason"]["status"] == 422
+    assert document["reason"]["problem"]["type"] == "urn:poimen:problem:dispatch-key-reused"
+    assert document["redrive"].startswith(f'POST /v1/runs for tenant {stack.tenant}, dispatch_key "k-1"')
+    assert "reason:        rejected: the admission API answered 422" in text.out
+    assert '"workflow_ref": "wf/other"' in text.out
+    assert "dispatch-key-reused" in text.out
+    assert len(stack.messages()) == 1
+
+
+def test_show_one_record_of_a_failed_batch_and_the_whole_batch(stack: Stack) -> None:
+    key = stack.park([stack.record(spawn("a"), 5), stack.record(b"\xff\xfe", 6)])
+
+    one = json.loads(stack.cli("show", f"s3:{key}#{stack.topic}-0@6", "--json").out)
+    both = json.loads(stack.cli("show", f"s3:{key}", "--json").out)
+
+    assert one["value"] == {"base64": base64.b64encode(b"\xff\xfe").decode()}
+    assert one["redrive"].startswith("not possible: undecodable: value is not UTF-8")
+    assert [letter["offset"] for letter in both] == [5, 6]
+    assert "failed-batch: the batch failed 3 invocations" in stack.cli("show", f"s3:{key}").out
+
+
+def test_show_an_omitted_value(stack: Stack) -> None:
+    message_id = stack.dead_letter(stack.record(b"x" * 900_000, 7), RELAY_ERROR)
+
+    shown = json.loads(stack.cli("show", f"sqs:{message_id}", "--json").out)
+
+    assert shown["value"]["omitted"] == {"reason": "too large for SQS", "length": 1_200_000}
+    assert shown["redrive"] == f"not possible: value omitted; read it again from Kafka at {stack.topic}/0/7"
+
+
+@pytest.mark.parametrize(
+    ("dead_letter_id", "message"),
+    [
+        ("sqs:nope", "no message sqs:nope in "),
+        ("s3:missing/key", "no object s3://"),
+        ("nope", "'nope' is not a dead-letter ID"),
+    ],
+)
+def test_show_an_unknown_id(stack: Stack, dead_letter_id: str, message: str) -> None:
+    shown = stack.cli("show", dead_letter_id)
+
+    assert shown.code == EXIT_USAGE
+    assert shown.err.startswith(f"poimen dlq show: {message}")
+    assert shown.err.count("\n") == 1
+
+
+# -- redrive ----------------------------------------------------------------------------------------------
+
+
+def test_redrive_admits_a_relay_error_once_and_deletes_it(stack: Stack) -> None:
+    # Given a valid dispatch the relay dead-lettered on an unforeseen fault
+    stack.dead_letter(stack.record(spawn("k-1"), 1, headers=[("traceparent", TRACEPARENT)]), RELAY_ERROR)
+
+    # When it is redriven, twice
+    first, _, _ = stack.redrive()
+    second, _, _ = stack.redrive()
+
+    # Then one run, signed and forwarded as the relay would, and the dead letter is gone
+    assert (first.redriven, first.replayed, first.exit_code) == (1, 0, EXIT_OK)
+    assert second == RedriveSummary()
+    assert len(stack.runs()) == 1
+    assert stack.messages() == []
+    (received,) = stack.harness.api.received
+    assert received["x-poimen-tenant"] == stack.tenant
+    assert received["content-type"] == "application/json"
+    assert received["traceparent"] == TRACEPARENT.decode()
+    assert received["authorization"].startswith(f"AWS4-HMAC-SHA256 Credential={RELAY_KEY.access_key}/")
+    assert "/execute-api/aws4_request" in received["authorization"]
+
+
+def test_redrive_of_an_admitted_record_is_a_replay(stack: Stack) -> None:
+    stack.harness.run([stack.record(spawn("k-1"), 1)])
+    stack.dead_letter(stack.record(spawn("k-1"), 1), RELAY_ERROR)
+
+    summary, _, _ = stack.redrive()
+
+    assert (summary.redriven, summary.replayed) == (0, 1)
+    assert len(stack.runs()) == 1
+    assert stack.messages() == []
+
+
+def test_a_keyless_record_redriven_is_a_new_run_and_is_gone_after(stack: Stack) -> None:
+    stack.dead_letter(stack.record(spawn(), 1), RELAY_ERROR)
+
+    assert stack.redrive()[0].redriven == 1
+    assert stack.redrive()[0] == RedriveSummary()
+    assert len(stack.runs()) == 1
+
+
+def test_redrive_of_a_failed_batch_admits_each_record_once(stack: Stack) -> None:
+    # Given a parked batch of three records, the third repeating the first's dispatch_key
+    stack.park([stack.record(spawn("a"), 10, b"k"), stack.record(spawn("b"), 11), stack.record(spawn("a"), 12, b"k")])
+
+    # When it is redriven
+    summary, notices, _ = stack.redrive()
+
+    # Then two runs, one replay, and the object is gone
+    assert (summary.redriven, summary.replayed, summary.still_failing, summary.skipped) == (2, 1, 0, 0)
+    assert len(stack.runs()) == 2
+    assert stack.objects() == {}
+    assert notices == ["redrive: 3/99 dead letters handled"]
+
+
+def test_a_record_rejected_again_is_replaced_with_its_new_reason(stack: Stack) -> None:
+    # Given a dead letter whose cause is not fixed: its key is taken by another payload
+    stack.harness.run([stack.record(spawn("k-1"), 1)])
+    old = stack.dead_letter(stack.record(spawn("k-1", workflow_ref="wf/other"), 2), RELAY_ERROR)
+
+    # When it is redriven, twice
+    first, notices, _ = stack.redrive()
+    second, third_notices, _ = stack.redrive()
+
+    # Then it stays, once, with the API's answer as its reason; replaced once, then left as it is
+    assert (first.still_failing, first.exit_code) == (1, EXIT_REMAINING)
+    assert second.still_failing == 1
+    (letter,) = stack.messages()
+    assert letter["id"] != old
+    assert notices[0].endswith(f"(now sqs:{letter['id']})")
+    assert third_notices[0].endswith("dispatch-key-reused (unchanged)")
+    assert letter["reason"]["kind"] == "rejected"
+    assert letter["reason"]["status"] == 422
+    assert letter["reason"]["problem"]["type"] == "urn:poimen:problem:dispatch-key-reused"
+    assert letter["record"]["offset"] == 2
+    assert notices[0].startswith(f"still failing: sqs:{old}: rejected: the admission API answered 422")
+    assert len(stack.runs()) == 1
+
+
+def test_what_cannot_be_sent_from_the_queue_is_skipped_and_left(stack: Stack) -> None:
+    omitted = stack.dead_letter(stack.record(b"x" * 900_000, 1), RELAY_ERROR)
+    invalid = stack.dead_letter(stack.record(b"[1]", 2), DeadLetterReason("invalid-json", "value is not a JSON object"))
+    stack.harness.sqs.send_message(QueueUrl=stack.queue_url, MessageBody="hello")
+
+    summary, notices, _ = stack.redrive()
+
+    assert (summary.skipped, summary.exit_code) == (3, EXIT_REMAINING)
+    assert len(stack.messages()) == 3
+    assert f"skipped: sqs:{omitted}: value omitted; read it again from Kafka at {stack.topic}/0/1" in notices
+    assert f"skipped: sqs:{invalid}: invalid-json: value is not a JSON object; it cannot be sent as it is" in notices
+    assert stack.harness.api.received == []
+
+
+def test_failed_batch_records_that_fail_again_move_to_the_queue(stack: Stack) -> None:
+    # Given a batch with a good record, one whose key is taken, and one that is not JSON
+    stack.harness.run([stack.record(spawn("taken"), 1)])
+    stack.park(
+        [stack.record(spawn("good"), 5), stack.record(spawn("taken", workflow_ref="x"), 6), stack.record(b"{", 7)]
+    )
+
+    # When it is redriven
+    summary, _, _ = stack.redrive()
+
+    # Then the good one is admitted and the two others are relay dead letters with their reasons
+    assert (summary.redriven, summary.still_failing) == (1, 2)
+    assert stack.objects() == {}
+    letters = sorted(stack.messages(), key=lambda letter: letter["record"]["offset"])
+    assert [(letter["record"]["offset"], letter["reason"]["kind"]) for letter in letters] == [
+        (6, "rejected"),
+        (7, "invalid-json"),
+    ]
+    assert letters[0]["reason"]["status"] == 422
+    assert len(stack.runs()) == 2
+
+
+def test_without_a_queue_still_failing_records_stay_in_their_object(stack: Stack) -> None:
+    stack.harness.run([stack.record(spawn("taken"), 1)])
+    key = stack.park([stack.record(spawn("good"), 5), stack.record(spawn("taken", workflow_ref="x"), 6)])
+
+    summary, notices, _ = stack.redrive(queue=False)
+
+    assert (summary.redriven, summary.still_failing) == (1, 1)
+    assert "(kept in its object)" in notices[0]
+    kept = parse_object(key, json.dumps(stack.objects()[key]).encode())
+    assert [letter.id for letter in kept.letters] == [f"s3:{key}#{stack.topic}-0@6"]
+    assert stack.objects()[key]["KafkaBatchInfo"]["batchSize"] == 1
+    assert isinstance(stack.objects()[key]["payload"], str)
+
+
+class FailingSends:
+    """An SQS client whose SendMessage cannot reach SQS."""
+
+    def __init__(self, sqs: Any) -> None:
+        self._sqs = sqs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sqs, name)
+
+    def send_message(self, **_: Any) -> Any:
+        raise botocore.exceptions.EndpointConnectionError(endpoint_url="https://sqs.us-east-1.amazonaws.com")
+
+
+def test_a_queue_failing_mid_batch_stops_but_takes_the_confirmed_records_out(stack: Stack) -> None:
+    # Given a batch of a record that fails again, then a good one, then another
+    stack.harness.run([stack.record(spawn("taken"), 1)])
+    records = [stack.record(spawn("good"), 4), stack.record(spawn("taken", workflow_ref="x"), 5)]
+    key = stack.park([*records, stack.record(spawn("later"), 6)])
+
+    # When the queue cannot take the failing record's dead letter
+    summary, _, _ = stack.redrive(sqs=FailingSends(stack.harness.sqs))
+
+    # Then redrive stops; the object keeps exactly what was neither confirmed nor moved
+    assert isinstance(summary.stopped, dlq.AwsUnavailable)
+    assert str(summary.stopped).startswith("cannot send a dead letter to ")
+    assert (summary.redriven, summary.not_attempted, summary.exit_code) == (1, 1, EXIT_UNREACHABLE)
+    kept = parse_object(key, json.dumps(stack.objects()[key]).encode())
+    assert [letter.record["offset"] for letter in kept.letters if letter.record] == [5, 6]
+    assert stack.messages() == []
+
+
+def test_an_unavailable_api_stops_redrive_and_leaves_what_was_not_confirmed(stack: Stack) -> None:
+    # Given a batch of three, and a relay dead letter dead-lettered after it
+    key = stack.park([stack.record(spawn(f"k-{n}"), n) for n in range(3)])
+    later = stack.dead_letter(stack.record(spawn("later"), 9), RELAY_ERROR)
+    http = ScriptedHttp(stack.harness.api, [None, 503])
+
+    # When the API answers the first record, then 503
+    summary, _, _ = stack.redrive(http)
+
+    # Then the first is admitted and removed from the object; the rest stays, nothing more is sent
+    assert (summary.redriven, summary.not_attempted, summary.exit_code) == (1, 3, EXIT_UNREACHABLE)
+    assert "answered 503" in str(summary.stopped)
+    assert http.calls == 2
+    kept = parse_object(key, json.dumps(stack.objects()[key]).encode())
+    assert [letter.record["offset"] for letter in kept.letters if letter.record] == [1, 2]
+    assert [letter["id"] for letter in stack.messages()] == [later]
+
+    # And a second redrive, with the API back, finishes the job without a second run
+    assert stack.redrive()[0].redriven == 3
+    assert len(stack.runs()) == 4
+
+
+@pytest.mark.parametrize(
+    ("failure", "message"),
+    [
+        (urllib3.exceptions.ProtocolError("Connection aborted."), "cannot reach the admission API at"),
+        (403, "the admission API refused the caller with 403"),
+        (404, "the admission API refused the caller with 404"),
+        (429, "the admission API answered 429"),
+    ],
+)
+def test_the_api_unreachable_or_refusing_ends_in_one_line_and_exit_3(
+    stack: Stack, failure: int | Exception, message: str
+) -> None:
+    stack.dead_letter(stack.record(spawn("k-1"), 1), RELAY_ERROR)
+
+    outcome = stack.cli("redrive", "--yes", http=ScriptedHttp(stack.harness.api, [failure]))
+
+    assert outcome.code == EXIT_UNREACHABLE
+    (line,) = outcome.err.splitlines()[-1:]
+    assert line.startswith(f"poimen dlq redrive: stopped: {message}")
+    assert "not attempted" in outcome.out
+    assert len(stack.messages()) == 1
+    assert stack.runs() == []
+
+
+def test_a_dry_run_sends_and_changes_nothing(stack: Stack) -> None:
+    message_id = stack.dead_letter(stack.record(spawn("k-1"), 1), RELAY_ERROR)
+    key = stack.park([stack.record(spawn(), 5), stack.record(b"{", 6)])
+
+    summary, notices, planned = stack.redrive(dry_run=True)
+
+    assert (summary.would_send, summary.skipped) == (2, 1)
+    assert sorted(planned) == [
+        f"would send s3:{key}#{stack.topic}-0@5  tenant {stack.tenant}  dispatch_key (none: a new run)",
+        f'would send sqs:{message_id}  tenant {stack.tenant}  dispatch_key "k-1"',
+    ]
+    assert any("would move to the dead-letter queue" in line for line in notices)
+    assert len(stack.messages()) == 1
+    assert len(stack.objects()) == 1
+    assert stack.harness.api.received == []
+
+
+def test_redrive_only_the_chosen_kinds(stack: Stack) -> None:
+    stack.dead_letter(stack.record(spawn("k-1"), 1), RELAY_ERROR)
+    stack.park([stack.record(spawn("k-2"), 5)])
+
+    outcome = stack.cli("redrive", "--yes", "--kind", "failed-batch")
+
+    assert outcome.code == EXIT_OK
+    assert outcome.out.splitlines()[1].split() == ["redriven", "(201)", "1"]
+    assert len(stack.messages()) == 1
+    assert stack.objects() == {}
+
+
+def test_redrive_refuses_without_a_terminal_and_asks_on_one(stack: Stack) -> None:
+    stack.dead_letter(stack.record(spawn(), 1), RELAY_ERROR)
+
+    refused = stack.cli("redrive")
+    declined = stack.cli("redrive", stdin=FakeTerminal("n\n"))
+    accepted = stack.cli("redrive", stdin=FakeTerminal("y\n"))
+
+    assert refused.code == EXIT_USAGE
+    assert refused.err == (
+        "poimen dlq redrive: refusing to redrive without confirmation: stdin is not a terminal; "
+        "add --yes (or --dry-run)\n"
+    )
+    assert declined.code == EXIT_USAGE
+    assert "1 have no dispatch_key: each becomes a new run. [y/N]" in declined.err
+    assert declined.err.endswith("poimen dlq redrive: redrive not confirmed: nothing was sent\n")
+    assert accepted.code == EXIT_OK
+    assert len(stack.runs()) == 1
+
+
+def test_redrive_of_nothing_prints_an_empty_summary(stack: Stack) -> None:
+    outcome = stack.cli("redrive")
+
+    assert outcome.code == EXIT_OK
+    assert [line.rsplit(maxsplit=1) for line in outcome.out.splitlines()] == [
+        ["outcome", "records"],
+        ["redriven (201)", "0"],
+        ["replayed (200)", "0"],
+        ["still failing", "0"],
+        ["skipped", "0"],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["list"], "nothing to read: give --queue-url"),
+        (["redrive", "--queue-url", "https://sqs/q"], "redrive needs --api-url"),
+        (["show", "s3:k", "--queue-url", "https://sqs/q"], "an s3: ID needs --bucket"),
+        (["show", "sqs:m", "--bucket", "b"], "an sqs: ID needs --queue-url"),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(argv: list[str], message: str) -> None:
+    err = io.StringIO()
+    parser = argparse.ArgumentParser()
+    add_dlq_commands(parser.add_subparsers(dest="command"))
+
+    code = run_dlq(parser.parse_args(["dlq", *argv]), stderr=err)
+
+    assert code == EXIT_USAGE
+    assert err.getvalue().startswith(f"poimen dlq {argv[0]}: {message}")
+    assert err.getvalue().count("\n") == 1
+
+
+def test_aws_refusing_is_one_line_and_exit_3_and_a_traceback_with_debug(stack: Stack) -> None:
+    parser = argparse.ArgumentParser()
+    add_dlq_commands(parser.add_subparsers(dest="command"))
+    missing = stack.queue_url + "-missing"
+    err = io.StringIO()
+
+    code = run_dlq(parser.parse_args(["dlq", "list", "--queue-url", missing]), stderr=err)
+
+    assert code == EXIT_UNREACHABLE
+    assert err.getvalue().startswith("poimen dlq list: AWS refused to read the dead-letter queue")
+    assert "check --queue-url (stack output RelayDeadLetterQueueUrl)" in err.getvalue()
+    assert err.getvalue().count("\n") == 1
+    with pytest.raises(dlq.AwsUnavailable):
+        run_dlq(parser.parse_args(["dlq", "list", "--queue-url", missing, "--debug"]))
+
+
+def test_progress_is_a_bar_on_a_terminal_with_notices_above_it() -> None:
+    terminal = FakeTerminal()
+    progress = Progress(2, terminal)
+
+    progress.advance()
+    progress.note("skipped: x")
+    progress.advance()
+    progress.finish()
+
+    assert terminal.getvalue().endswith(
+        "skipped: x\n\rredrive [###############...............] 1/2\rredrive [##############################] 2/2\n"
+    )
+
+
+def test_ages_read_as_one_unit() -> None:
+    now = datetime(2026, 11, 29, tzinfo=UTC)
+    assert [dlq.age(now - timedelta(seconds=s), now) for s in (5, 300, 7200, 200000)] == ["5s", "5m", "2h", "2d"]
+    assert dlq.age(None, now) == "-"

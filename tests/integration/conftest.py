@@ -123,7 +123,9 @@ def start_dev(
     extra = ("--kafka-port", "0", *extra) if kafka else ("--no-kafka", *extra)
     principals = tmp_path / "principals.json"
     # The relays these tests run in their own process sign as "testing"; `poimen dev` adds its dev key.
-    known = {"testing": {"secret": "testing", "arn": RELAY_ROLE, "tenants": ["*"]}} if test_principal else {}
+    # tests/conftest.py sets AWS_SESSION_TOKEN=testing: the principal declares it, as temporary credentials must.
+    testing = {"secret": "testing", "session_token": "testing", "arn": RELAY_ROLE, "tenants": ["*"]}
+    known = {"testing": testing} if test_principal else {}
     principals.write_text(json.dumps(known))
     extra = ("--principals", str(principals), *extra)
     log = tmp_path / f"poimen-dev-{port}.log"

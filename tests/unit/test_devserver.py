@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, cast
 
-from poimen_tools.local.devserver import Route, http_api_event, http_response
+from poimen_tools.local.devserver import (
+    MAX_PAYLOAD_BYTES,
+    MAX_REQUEST_LINE_AND_HEADER_VALUES,
+    Route,
+    _RequestHandler,
+    http_api_event,
+    http_response,
+    query_parameters,
+)
 from poimen_tools.local.template import Template
 from tests.conftest import load_event
 
@@ -71,3 +83,122 @@ def test_routes_of_the_template_match_like_api_gateway(template: Template) -> No
     assert matching("GET", "/v1/runs/abc-1") == [("GET /v1/runs/{run_id}", {"run_id": "abc-1"})]
     assert matching("GET", "/v1/runs/a/b") == []
     assert matching("DELETE", "/v1/runs") == []
+
+
+# --- the HTTP front, in-process: raw request bytes in, raw response bytes out (no socket) ---------------
+
+
+class _Connection:
+    """What socketserver's stream handler reads from and writes to, minus the socket."""
+
+    def __init__(self, request: bytes) -> None:
+        self._incoming = io.BytesIO(request)
+        self.sent = bytearray()
+
+    def makefile(self, mode: str, *_: object) -> io.BytesIO:
+        assert "r" in mode, "responses go through sendall (wbufsize 0)"
+        return self._incoming
+
+    def sendall(self, data: bytes) -> None:
+        self.sent += data
+
+
+@dataclass
+class _Exchange:
+    status: int
+    body: bytes
+    raw: bytes
+    authenticated: list[tuple[str, str, bytes]]
+    events: list[dict[str, Any]]
+
+
+def _exchange(request: bytes) -> _Exchange:
+    """One connection's worth of requests through the dev server's handler, the function a stub."""
+    authenticated: list[tuple[str, str, bytes]] = []
+    events: list[dict[str, Any]] = []
+
+    def authenticate(method: str, target: str, headers: list[tuple[str, str]], body: bytes) -> str:
+        authenticated.append((method, target, body))
+        return "arn:aws:iam::123456789012:user/dev"
+
+    def invoke(event: dict[str, Any]) -> dict[str, Any]:
+        events.append(event)
+        return {"statusCode": 200, "headers": {"Content-Type": "application/json"}, "body": "{}"}
+
+    server = SimpleNamespace(
+        routes=[Route("POST", "/v1/runs"), Route("GET", "/v1/runs")],
+        authenticate=authenticate,
+        environments=SimpleNamespace(invoke=invoke),
+    )
+    connection = _Connection(request)
+    _RequestHandler(cast(Any, connection), ("127.0.0.1", 40000), cast(Any, server))
+    raw = bytes(connection.sent)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return _Exchange(int(head.split(b" ", 2)[1]), body, raw, authenticated, events)
+
+
+def test_payloads_over_10_mb_get_api_gateways_413_before_the_body_is_read() -> None:
+    # Given a request declaring one byte more than the HTTP API payload quota, and no body yet
+    declared = b"POST /v1/runs HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n" % (MAX_PAYLOAD_BYTES + 1)
+
+    answer = _exchange(declared)
+
+    assert (answer.status, json.loads(answer.body)) == (413, {"message": "Request Entity Too Large"})
+    assert answer.authenticated == []
+    assert b"Connection: close" in answer.raw
+
+
+def test_a_client_expecting_100_continue_hears_413_instead() -> None:
+    declared = b"POST /v1/runs HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n" % (
+        MAX_PAYLOAD_BYTES + 1
+    )
+
+    answer = _exchange(declared)
+
+    assert answer.status == 413
+    assert b"100 Continue" not in answer.raw
+
+
+def test_a_payload_of_exactly_10_mb_reaches_the_function() -> None:
+    body = b"x" * MAX_PAYLOAD_BYTES
+    request = b"POST /v1/runs HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+
+    answer = _exchange(request)
+
+    assert answer.status == 200
+    assert [len(seen) for _, _, seen in answer.authenticated] == [MAX_PAYLOAD_BYTES]
+
+
+def _with_header_values_of(total: int) -> bytes:
+    request_line = b"GET /v1/runs HTTP/1.1"
+    filler = total - len(request_line) - len(b"h")
+    return request_line + b"\r\nHost: h\r\nX-Filler: " + b"f" * filler + b"\r\n\r\n"
+
+
+def test_request_line_and_header_values_over_10240_bytes_are_refused() -> None:
+    at_limit = _exchange(_with_header_values_of(MAX_REQUEST_LINE_AND_HEADER_VALUES))
+    over = _exchange(_with_header_values_of(MAX_REQUEST_LINE_AND_HEADER_VALUES + 1))
+
+    assert at_limit.status == 200
+    assert (over.status, json.loads(over.body)) == (431, {"message": "Request Header Fields Too Large"})
+    assert over.authenticated == []
+
+
+def test_gateway_answers_are_compact_json_like_api_gateways() -> None:
+    answer = _exchange(b"DELETE /v1/runs HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n")
+
+    assert (answer.status, answer.body) == (404, b'{"message":"Not Found"}')
+
+
+def test_query_parameters_decode_plus_as_space_and_escapes_as_utf8() -> None:
+    # "+" is a space and %2B a plus (as API Gateway decodes queryStringParameters; aws/aws-cdk#19827),
+    # and raw UTF-8 bytes on the wire decode as UTF-8; rawQueryString stays as sent.
+    raw_target = "/v1/runs?dispatch_key=a+b%2Bc&x=%C3%A9&y=\u00c3\u00a9"  # as http.server reads the bytes
+
+    event = http_api_event(
+        method="GET", target=raw_target, headers=[], body=b"", principal_arn=None, source_ip="127.0.0.1"
+    )
+
+    assert event["queryStringParameters"] == {"dispatch_key": "a b+c", "x": "é", "y": "é"}
+    assert event["rawQueryString"] == "dispatch_key=a+b%2Bc&x=%C3%A9&y=\u00c3\u00a9"
+    assert query_parameters("a=1&&b") == [("a", "1"), ("b", "")]

@@ -110,7 +110,9 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
             (options.host, options.port),
             environments,
             routes,
-            lambda method, target, headers, body: verify(principals, method, target, headers, body).arn,
+            lambda method, target, headers, body: (
+                verify(principals, method, target, headers, body, region=options.region).arn
+            ),
         )
         with contextlib.ExitStack() as cleanup:
             cleanup.callback(environments.close)

@@ -23,9 +23,14 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
-from poimen_tools.local.sigv4 import Unauthorized
+from poimen_tools.local.sigv4 import Unauthorized, query_pairs
+
+# API Gateway HTTP API quotas, neither adjustable ("Quotas for configuring and running an HTTP API in API
+# Gateway": https://docs.aws.amazon.com/apigateway/latest/developerguide/http-api-quotas.html).
+MAX_PAYLOAD_BYTES = 10 * 1024 * 1024  # "Payload size: 10 MB"
+MAX_REQUEST_LINE_AND_HEADER_VALUES = 10240  # "Total combined size of request line and header values: 10240 bytes"
 
 LambdaHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
 # (method, target, headers, body) -> the caller's principal ARN, or raise Unauthorized.
@@ -84,7 +89,7 @@ def http_api_event(
             continue
         merged[lowered] = f"{merged[lowered]},{value}" if lowered in merged else value
     query: dict[str, str] = {}
-    for name, value in parse_qsl(url.query, keep_blank_values=True):
+    for name, value in query_parameters(url.query):
         query[name] = f"{query[name]},{value}" if name in query else value
     try:
         text_body: str | None = body.decode("utf-8")
@@ -141,6 +146,21 @@ def http_api_event(
     if body:
         event["body"] = text_body if text_body is not None else base64.b64encode(body).decode("ascii")
     return event
+
+
+def query_parameters(raw_query: str) -> list[tuple[str, str]]:
+    """The query's (name, value) pairs as API Gateway decodes them for `queryStringParameters`.
+
+    Percent escapes are UTF-8 and `+` is a space, as in form encoding: API Gateway hands `?sort=-+createdAt`
+    to the function as "- createdAt" (aws/aws-cdk#19827), and SigV4 verification reads a `+` the same way,
+    so what was signed is what the handler gets. A literal plus travels as %2B. `raw_query` is off the wire
+    (bytes read as ISO-8859-1), so raw UTF-8 decodes too.
+    """
+    try:
+        data = raw_query.encode("latin-1")
+    except UnicodeEncodeError:  # a caller's own text, not off the wire
+        data = raw_query.encode("utf-8")
+    return [(name.decode("utf-8", "replace"), value.decode("utf-8", "replace")) for name, value in query_pairs(data)]
 
 
 def http_response(result: dict[str, Any]) -> tuple[int, list[tuple[str, str]], bytes]:
@@ -261,6 +281,11 @@ class LocalApiServer(ThreadingHTTPServer):
         return f"http://{host!s}:{port}"
 
 
+def _gateway_message(message: str) -> bytes:
+    """API Gateway's own JSON answer: `{"message":"..."}`, compact."""
+    return json.dumps({"message": message}, separators=(",", ":")).encode()
+
+
 class _RequestHandler(BaseHTTPRequestHandler):
     server: LocalApiServer
     protocol_version = "HTTP/1.1"
@@ -271,8 +296,11 @@ class _RequestHandler(BaseHTTPRequestHandler):
         except ValueError:
             length = -1
         if length < 0 or "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            self._answer(411, [("Content-Type", "application/json")], b'{"message":"Length Required"}')
-            self.close_connection = True
+            self._refuse(411, "Length Required")
+            return
+        refusal = self._over_limit(length)
+        if refusal is not None:
+            self._refuse(*refusal)
             return
         body = self.rfile.read(length) if length else b""
         path = urlsplit(self.path).path
@@ -281,13 +309,13 @@ class _RequestHandler(BaseHTTPRequestHandler):
             if parameters is not None:
                 break
         else:  # API Gateway answers unknown routes itself; the function never sees them
-            self._answer(404, [("Content-Type", "application/json")], b'{"message":"Not Found"}')
+            self._answer(404, [("Content-Type", "application/json")], _gateway_message("Not Found"))
             return
         headers = list(self.headers.items())
         try:  # IAM authorization, before the function, as API Gateway does it
             principal_arn = self.server.authenticate(self.command, self.path, headers, body)
         except Unauthorized as refusal:
-            self._answer(403, [("Content-Type", "application/json")], json.dumps({"message": str(refusal)}).encode())
+            self._answer(403, [("Content-Type", "application/json")], _gateway_message(str(refusal)))
             return
         event = http_api_event(
             method=self.command,
@@ -304,8 +332,34 @@ class _RequestHandler(BaseHTTPRequestHandler):
         except Exception:  # the invocation failed: API Gateway answers 500
             self.log_error("handler raised:\n%s", traceback.format_exc())
             status, headers = 500, [("Content-Type", "application/json")]
-            payload = b'{"message":"Internal Server Error"}'
+            payload = _gateway_message("Internal Server Error")
         self._answer(status, headers, payload)
+
+    def _over_limit(self, length: int) -> tuple[int, str] | None:
+        """API Gateway's own refusal of a request over its size limits, checked before anything is read."""
+        if len(self.requestline) + sum(len(value) for value in self.headers.values()) > (
+            MAX_REQUEST_LINE_AND_HEADER_VALUES
+        ):
+            return 431, "Request Header Fields Too Large"
+        if length > MAX_PAYLOAD_BYTES:
+            return 413, "Request Entity Too Large"
+        return None
+
+    def handle_expect_100(self) -> bool:
+        # A client waiting for "100 Continue" learns of a refusal before it sends the body.
+        try:
+            refusal = self._over_limit(int(self.headers.get("Content-Length") or 0))
+        except ValueError:
+            refusal = None
+        if refusal is not None:
+            self._refuse(*refusal)
+            return False
+        return super().handle_expect_100()
+
+    def _refuse(self, status: int, message: str) -> None:
+        """API Gateway's own answer, before the body is read: the connection cannot be reused."""
+        self._answer(status, [("Content-Type", "application/json"), ("Connection", "close")], _gateway_message(message))
+        self.close_connection = True
 
     def _answer(self, status: int, headers: list[tuple[str, str]], payload: bytes) -> None:
         self.send_response(status)

@@ -14,6 +14,7 @@ import pytest
 from aws_lambda_powertools.utilities.data_classes.kafka_event import KafkaEventRecord
 
 from poimen.relay import DeadLetterReason, dead_letter_body
+from poimen_tools.local.event_source import on_failure_record
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs
 from tests.integration.conftest import POIMEN, DevServer, free_port
@@ -87,32 +88,7 @@ def failed_batch(records: list[dict[str, Any]]) -> bytes:
         "bootstrapServers": "b-1.poimen.a1bcde.c1.kafka.us-east-1.amazonaws.com:9098",
         "records": {topic_partition: records},
     }
-    return json.dumps(
-        {
-            "requestContext": {
-                "requestId": str(uuid.uuid4()),
-                "functionArn": "arn:aws:lambda:us-east-1:123456789012:function:InboxRelayFunction",
-                "condition": "RetryAttemptsExhausted",
-                "approximateInvokeCount": 101,
-            },
-            "responseContext": {"statusCode": 200, "executedVersion": "$LATEST", "functionError": "Unhandled"},
-            "version": "1.0",
-            "timestamp": "2026-11-29T12:00:00.000Z",
-            "KafkaBatchInfo": {
-                "batchSize": len(records),
-                "eventSourceArn": event["eventSourceArn"],
-                "bootstrapServers": event["bootstrapServers"],
-                "payloadSize": len(json.dumps(event)),
-                "recordsInfo": {
-                    topic_partition: {
-                        "firstRecordOffset": str(records[0]["offset"]),
-                        "lastRecordOffset": str(records[-1]["offset"]),
-                    }
-                },
-            },
-            "payload": json.dumps(event),
-        }
-    ).encode()
+    return json.dumps(on_failure_record(event, attempts=101)).encode()
 
 
 def summary(output: str) -> dict[str, int]:

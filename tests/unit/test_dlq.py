@@ -41,6 +41,7 @@ from poimen_tools.dlq import (
     parse_object,
     run_dlq,
 )
+from poimen_tools.local.event_source import on_failure_record
 from poimen_tools.local.msk import KafkaRecord, msk_event
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs
@@ -70,33 +71,11 @@ def msk_record(record: KafkaRecord) -> dict[str, Any]:
 
 
 def on_failure_object(records: list[KafkaRecord], *, payload: bool = True, attempts: int = 3) -> bytes:
-    """What Lambda writes to an MSK mapping's S3 on-failure destination (Lambda Developer Guide,
-    kafka-on-failure.html): the metadata, and the whole event as a JSON string."""
-    event = msk_event(records)
-    info: dict[str, Any] = {}
-    for record in records:
-        entry = info.setdefault(f"{record.topic}-{record.partition}", {"firstRecordOffset": str(record.offset)})
-        entry["lastRecordOffset"] = str(record.offset)
-    document: dict[str, Any] = {
-        "requestContext": {
-            "requestId": str(uuid.uuid4()),
-            "functionArn": "arn:aws:lambda:us-east-1:123456789012:function:InboxRelayFunction",
-            "condition": "RetryAttemptsExhausted",
-            "approximateInvokeCount": attempts,
-        },
-        "responseContext": {"statusCode": 200, "executedVersion": "$LATEST", "functionError": "Unhandled"},
-        "version": "1.0",
-        "timestamp": "2026-11-29T12:00:00.000Z",
-        "KafkaBatchInfo": {
-            "batchSize": len(records),
-            "eventSourceArn": event["eventSourceArn"],
-            "bootstrapServers": event["bootstrapServers"],
-            "payloadSize": len(json.dumps(event)),
-            "recordsInfo": info,
-        },
-    }
-    if payload:
-        document["payload"] = json.dumps(event)
+    """What Lambda writes to an MSK mapping's S3 on-failure destination, as the local event source writes
+    it; without `payload`, the metadata-only record of an SQS or SNS destination."""
+    document = {**on_failure_record(msk_event(records), attempts), "timestamp": "2026-11-29T12:00:00.000Z"}
+    if not payload:
+        del document["payload"]
     return json.dumps(document).encode()
 
 

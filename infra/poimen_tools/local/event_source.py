@@ -133,7 +133,7 @@ class LocalMskEventSource:
                 log.warning("relay invocation %d/%d failed: %s", attempt, self._max_attempts, error)
             if attempt < self._max_attempts and self._stop.wait(self._retry_base * 2 ** (attempt - 1)):
                 return False
-        self._on_failure(on_failure_record(messages, event, self._max_attempts, self.bootstrap_servers))
+        self._on_failure(on_failure_record(event, self._max_attempts))
         return True
 
     @staticmethod
@@ -185,20 +185,21 @@ def _bytes(value: str | bytes | None) -> bytes | None:
     return value.encode() if isinstance(value, str) else value
 
 
-def on_failure_record(messages: list[Message], event: dict[str, Any], attempts: int, bootstrap: str) -> dict[str, Any]:
-    """What Lambda writes to an MSK mapping's S3 OnFailure destination: the batch's metadata, and the
-    whole event as a JSON string in `payload` (Lambda Developer Guide, "Capturing discarded batches for
-    Amazon MSK and self-managed Apache Kafka event sources", S3 destination example invocation record)."""
+def on_failure_record(event: dict[str, Any], attempts: int) -> dict[str, Any]:
+    """What Lambda writes to an MSK mapping's S3 OnFailure destination for the batch `event`: the batch's
+    metadata, and the whole event as a JSON string in `payload` (Lambda Developer Guide, "Capturing
+    discarded batches for Amazon MSK and self-managed Apache Kafka event sources", S3 destination
+    example invocation record)."""
     payload = json.dumps(event)
     ranges: dict[str, dict[str, Any]] = {}
-    for message in messages:
-        name = f"{message.topic()}-{message.partition()}"
-        _kind, timestamp = message.timestamp()
+    records = [record for group in event["records"].values() for record in group]
+    for record in records:
         entry = ranges.setdefault(
-            name, {"firstRecordOffset": str(message.offset()), "firstRecordTimestamp": str(timestamp)}
+            f"{record['topic']}-{record['partition']}",
+            {"firstRecordOffset": str(record["offset"]), "firstRecordTimestamp": str(record["timestamp"])},
         )
-        entry["lastRecordOffset"] = str(message.offset())
-        entry["lastRecordTimestamp"] = str(timestamp)
+        entry["lastRecordOffset"] = str(record["offset"])
+        entry["lastRecordTimestamp"] = str(record["timestamp"])
     return {
         "requestContext": {
             "requestId": str(uuid.uuid4()),
@@ -210,9 +211,9 @@ def on_failure_record(messages: list[Message], event: dict[str, Any], attempts: 
         "version": "1.0",
         "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "KafkaBatchInfo": {
-            "batchSize": len(messages),
+            "batchSize": len(records),
             "eventSourceArn": event["eventSourceArn"],
-            "bootstrapServers": bootstrap,
+            "bootstrapServers": event["bootstrapServers"],
             "payloadSize": len(payload),
             "recordsInfo": ranges,
         },

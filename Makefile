@@ -30,7 +30,7 @@ ALARM_EMAIL ?=
 STAGE_PARAMETERS = $(shell $(PYTHON) -c "import tomllib; \
 	print(tomllib.load(open('samconfig.toml', 'rb'))['$(CONFIG_ENV)']['deploy']['parameters']['parameter_overrides'])")
 
-.PHONY: install run test lint check-bundle build deploy kafka-jars dynalite format bench openapi clean
+.PHONY: install run test lint check-bundle build deploy kafka-jars dynalite format bench soak openapi clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -97,6 +97,11 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.admission_bench
 	$(BIN)/python -m benchmarks.relay_bench
+
+# 10,000 dispatch messages through a real broker and `poimen dev`, killed twice and the broker restarted
+# once; exits non-zero unless every key is one run and nothing was dead-lettered (several minutes).
+soak: $(STAMP) kafka-jars
+	$(BIN)/python -m benchmarks.soak
 
 openapi: $(STAMP)
 	$(BIN)/python -m poimen_tools.openapi > infra/openapi.json

@@ -18,12 +18,19 @@ from poimen.dispatch import DispatchPublisher
 from poimen.kafka import dispatch_topic
 from poimen.principals import GrantPrincipal, InvalidPrincipal, grant_principal
 from poimen.store import Store
-from poimen_tools.dlq import add_dlq_commands, run_dlq
 from poimen_tools.local.dev import DevOptions, run_dev
 from poimen_tools.topics import SEVEN_DAYS_MS, ensure_topics
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["dlq"]:
+        # Imported only for `poimen dlq`: it loads the relay's modules, whose Powertools logger and
+        # metrics read their settings when imported; `poimen dev` must import them only after it has
+        # set the functions' environment (else its relay has no metrics namespace and fails every batch).
+        from poimen_tools.dlq import main as dlq_main
+
+        return dlq_main(arguments[1:])
     parser = argparse.ArgumentParser(prog="poimen", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     defaults = DevOptions()
@@ -104,11 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _table_arguments(change)
     _table_arguments(grant_actions.add_parser("list", help="every principal and its tenants"))
 
-    add_dlq_commands(commands)  # poimen dlq list|show|redrive: poimen_tools/dlq.py
+    # Listed here, parsed by poimen_tools/dlq.py (see the top of main).
+    commands.add_parser("dlq", help="inspect and redrive dead letters: poimen dlq {list,show,redrive} --help")
 
-    args = parser.parse_args(argv)
-    if args.command == "dlq":
-        return run_dlq(args)
+    args = parser.parse_args(arguments)
     if args.command == "grants":
         return _grants(args)
     if args.command == "topics":

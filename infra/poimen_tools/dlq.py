@@ -1051,6 +1051,13 @@ def add_dlq_commands(commands: argparse._SubParsersAction[argparse.ArgumentParse
     redrive.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
 
+def main(argv: list[str]) -> int:
+    """`poimen dlq ...` (argv without `dlq`), parsed and run."""
+    parser = argparse.ArgumentParser(prog="poimen")
+    add_dlq_commands(parser.add_subparsers(dest="command", required=True))
+    return run_dlq(parser.parse_args(["dlq", *argv]))
+
+
 def run_dlq(
     args: argparse.Namespace,
     *,

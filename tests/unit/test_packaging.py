@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tomllib
 
 import yaml
@@ -50,3 +52,13 @@ def test_deploy_workflow_runs_only_the_makefile_commands() -> None:
         "staging": ["make deploy CONFIG_ENV=staging PYTHON=python3.13"],
         "prod": ["make deploy CONFIG_ENV=prod PYTHON=python3.13"],
     }
+
+
+def test_the_cli_loads_no_powertools_object_before_poimen_dev_sets_the_functions_environment() -> None:
+    # Powertools' Logger and Metrics read POWERTOOLS_* when created: created at the CLI's import, the
+    # relay that `poimen dev` runs in-process had no metrics namespace and failed every batch.
+    modules = "('poimen.observability', 'poimen.relay')"
+    code = f"import sys, poimen_tools.cli; print(sorted(m for m in {modules} if m in sys.modules))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+
+    assert loaded.strip() == "[]"

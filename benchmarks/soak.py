@@ -1,0 +1,645 @@
+"""Soak: dispatch messages through a real broker and `poimen dev` while both are knocked over.
+
+10,000 keyed dispatch messages over two tenants, 30 % of them published a second time later in the
+stream, go through a local KRaft broker and a `poimen dev` subprocess (its local MSK event source and
+relay) while `poimen dev` is killed with SIGKILL twice and the broker is restarted once. The table, the
+relay's DLQ and its failed-batches bucket live in a moto server of this script's own, so they outlive
+`poimen dev`. Every dispatch_key must end as exactly one run; nothing may be dead-lettered or parked.
+
+Run: `make soak`, or `.venv/bin/python -m benchmarks.soak --messages 500` for a quick check. Prints one
+table. Exit codes: 0 the soak held (one run per key, no dead letter, no parked batch); 1 it did not;
+2 the local stack could not start (the one-line cause is printed); 130 interrupted (every process it
+started is stopped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from poimen.contract import RunRequest
+from poimen.dispatch import DispatchPublisher
+from poimen.kafka import dispatch_topic
+from poimen_tools.local.event_source import LocalMskEventSource
+from poimen_tools.local.kafka_broker import BrokerError, KafkaBroker, free_port
+from poimen_tools.topics import ensure_topics
+
+REPO = Path(__file__).resolve().parent.parent
+POIMEN = Path(sys.executable).parent / "poimen"
+TENANTS = ("acme", "globex")
+PARTITIONS = 6
+TABLE = "poimen-admission-local"  # `poimen dev`'s defaults, which this script leaves as they are
+DLQ = "poimen-relay-dlq-local"
+# What `poimen dev` announces and the soak reads back (the same after every restart).
+ANNOUNCED = ("Admission API", "Relay dead-letter queue", "Kafka bootstrap", "Failed batches (S3)")
+# The consumer group `poimen dev`'s event source uses; its committed offsets count the records handled.
+RELAY_GROUP: str = inspect.signature(LocalMskEventSource).parameters["group_id"].default
+# A moto server in its own process, with the item writes serialised as in `poimen dev` (DynamoDB's
+# writes are atomic per item; bare moto checks a condition and writes with no lock in between).
+MOTO_SERVER = (
+    "import signal, sys\n"
+    "from poimen_tools.local.moto import EmbeddedMoto\n"
+    "with EmbeddedMoto(int(sys.argv[1])):\n"
+    "    signal.pause()\n"
+)
+AWS = Config(connect_timeout=2, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"})
+
+
+class StackError(RuntimeError):
+    """A part of the local stack (moto, the broker, `poimen dev`) did not start."""
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    tenant: str
+    request: RunRequest
+    duplicate: bool
+
+
+def build_stream(messages: int, duplicate_ratio: float, rng: random.Random) -> list[Dispatch]:
+    """`messages` distinct keys over the tenants; a share of them again, each copy after its original."""
+    originals = [
+        Dispatch(
+            rng.choice(TENANTS),
+            RunRequest(workflow_ref="wf/soak", input={"n": i}, dispatch_key=f"soak-{i:06d}"),
+            duplicate=False,
+        )
+        for i in range(messages)
+    ]
+    ordered = [(float(i), dispatch) for i, dispatch in enumerate(originals)]
+    for i in rng.sample(range(messages), round(messages * duplicate_ratio)):
+        # Anywhere after the original: the same body (a replay, not a reused key with a new payload).
+        position = i + 0.5 + rng.random() * (messages - i)
+        ordered.append((position, Dispatch(originals[i].tenant, originals[i].request, duplicate=True)))
+    ordered.sort(key=lambda entry: entry[0])
+    return [dispatch for _, dispatch in ordered]
+
+
+def _process_group(pgid: int) -> list[int]:
+    """The live processes of a process group (Linux /proc)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses, so split after the last ')'
+        fields = text[text.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def _kill_group(pgid: int, timeout: float = 10.0) -> None:
+    """SIGKILL every process of the group and wait (bounded) until none is left."""
+    deadline = time.monotonic() + timeout
+    while _process_group(pgid) and time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+
+
+class MotoServer:
+    """The local AWS (DynamoDB, SQS, S3) in a process of its own, so its state outlives `poimen dev`."""
+
+    def __init__(self, log: Path) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._log = log
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> None:
+        with self._log.open("ab") as out:
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", MOTO_SERVER, str(self.port)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                start_new_session=True,
+            )
+        client = self.dynamodb()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise StackError(f"the moto server exited with {self._process.returncode}; see {self._log}")
+            try:
+                client.list_tables()
+                return
+            except Exception:
+                time.sleep(0.2)
+        raise StackError(f"the moto server did not answer within {timeout:.0f} s; see {self._log}")
+
+    def dynamodb(self) -> Any:
+        return boto3.client("dynamodb", endpoint_url=self.endpoint, config=AWS)
+
+    def sqs(self) -> Any:
+        return boto3.client("sqs", endpoint_url=self.endpoint, config=AWS)
+
+    def s3(self) -> Any:
+        return boto3.client("s3", endpoint_url=self.endpoint, config=AWS)
+
+    def stop(self) -> None:
+        if self._process is not None:
+            _kill_group(self._process.pid)
+            self._process.wait()
+            self._process = None
+
+
+class DevProcess:
+    """`poimen dev` as a subprocess in its own session, so its whole process group can be killed."""
+
+    def __init__(self, folder: Path, bootstrap: str, aws_endpoint: str) -> None:
+        self._folder = folder
+        self._port = free_port()
+        self._bootstrap = bootstrap
+        self._aws_endpoint = aws_endpoint
+        self.starts = 0
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def logs(self) -> list[Path]:
+        return sorted(self._folder.glob("poimen-dev-*.log"))
+
+    def start(self, timeout: float = 180.0) -> dict[str, str]:
+        """Start it; what it announced ("Failed batches (S3)": bucket, ...) once it is serving."""
+        self.starts += 1
+        log = self._folder / f"poimen-dev-{self.starts}.log"
+        command = [str(POIMEN), "dev", "--port", str(self._port), "--kafka-bootstrap", self._bootstrap]
+        # Every service on this script's moto server: the table, the DLQ and the failed-batches bucket
+        # must outlive `poimen dev` (its embedded moto would die with it).
+        for service in ("dynamodb", "sqs", "s3"):
+            command += [f"--{service}-endpoint", self._aws_endpoint]
+        command += ["--table-name", TABLE, "--dlq-name", DLQ]
+        with log.open("ab") as out:  # append mode: the execution environments share this file
+            self.process = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                start_new_session=True,
+                # INFO: the admission handler logs each run it admits or replays, counted below.
+                env={**os.environ, "POWERTOOLS_LOG_LEVEL": "INFO"},
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                tail = log.read_text(errors="replace")[-2000:]
+                raise StackError(f"poimen dev exited with {self.process.returncode}; see {log}:\n{tail}")
+            text = log.read_text(errors="replace")
+            if "Kafka bootstrap: " in text:
+                lines = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+                return {name: lines[name].strip() for name in ANNOUNCED}
+            time.sleep(0.2)
+        raise StackError(f"poimen dev did not announce itself within {timeout:.0f} s; see {log}")
+
+    def kill(self) -> int:
+        """SIGKILL the whole process group (the front and its execution environments); how many died."""
+        assert self.process is not None
+        members = len(_process_group(self.process.pid))
+        _kill_group(self.process.pid)
+        self.process.wait()
+        return members
+
+    def stop(self) -> None:
+        """Ctrl-C as a person would stop it, then SIGKILL whatever of its group is left."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=30)
+        _kill_group(process.pid)
+        process.wait()
+
+
+class Publisher(threading.Thread):
+    """Publishes the stream at a steady rate, recording when each key was first published."""
+
+    def __init__(self, bootstrap: str, stream: list[Dispatch], rate: float) -> None:
+        super().__init__(name="soak-publisher", daemon=True)
+        # log_level 0: while the broker restarts librdkafka would print each refused connection; the
+        # delivery reports still say whether every record made it.
+        self._publisher = DispatchPublisher(bootstrap, log_level=0)
+        self._stream = stream
+        self._rate = rate
+        self.published = 0
+        self.first_published: dict[tuple[str, str], float] = {}
+        self.failure: str | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            start = time.monotonic()
+            for index, dispatch in enumerate(self._stream):
+                if self._rate > 0:
+                    delay = start + index / self._rate - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+                key = (dispatch.tenant, dispatch.request.dispatch_key or "")
+                self.first_published.setdefault(key, time.time())
+                self._publisher.publish(dispatch.tenant, dispatch.request)
+                self.published = index + 1
+            self._publisher.flush(300)
+        except Exception as error:
+            self.failure = f"{type(error).__name__}: {error}"
+        finally:
+            self.done.set()
+
+
+class Relay:
+    """How far the relay in `poimen dev` has got: the offsets its consumer group committed."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self._bootstrap = bootstrap
+        self._admin = self._client()
+        self._abandoned: list[AdminClient] = []
+        self.failed_lookups = 0
+        self._partitions = [
+            TopicPartition(dispatch_topic(tenant), partition) for tenant in TENANTS for partition in range(PARTITIONS)
+        ]
+
+    def _client(self) -> AdminClient:
+        return AdminClient({"bootstrap.servers": self._bootstrap, "log_level": 0})
+
+    def handled(self) -> int | None:
+        """Records handled (committed), or None while the broker does not answer."""
+        request = ConsumerGroupTopicPartitions(RELAY_GROUP, self._partitions)
+        try:
+            (future,) = self._admin.list_consumer_group_offsets([request], request_timeout=5).values()
+            return sum(max(int(tp.offset), 0) for tp in future.result(timeout=15).topic_partitions)
+        except Exception:
+            # The broker is away, or its coordinator still loading; or this client outlived a broker
+            # restart: librdkafka's admin client then times out on this request for good (seen here
+            # with confluent-kafka 2.x; a new client answers at once). So the next look-up uses a new
+            # one; the old is kept, as destroying a client with a request outstanding may block.
+            self.failed_lookups += 1
+            self._abandoned.append(self._admin)
+            self._admin = self._client()
+            return None
+
+    def wait_handled(self, timeout: float) -> int:
+        """The records handled, once the broker answers (0 if it does not within `timeout`)."""
+        deadline = time.monotonic() + timeout
+        while (handled := self.handled()) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return handled or 0
+
+    def wait_beyond(self, handled: int, timeout: float, progress: Callable[[], None]) -> bool:
+        """Whether more than `handled` records are handled within `timeout` seconds."""
+        return _wait(lambda: (self.handled() or 0) > handled, timeout, poll=0.2, progress=progress)
+
+
+@dataclass
+class Disruption:
+    name: str
+    at_handled: int
+    down_seconds: float = 0.0
+    resumed_after: float | None = None  # from back up to the relay's next commit
+    detail: str = ""
+
+
+@dataclass
+class Outcome:
+    runs: int = 0
+    created: dict[tuple[str, str], float] = field(default_factory=dict)
+    dead_letters_approximate: int = 0
+    dead_letters_received: int = 0
+    dead_letter_kinds: dict[str, int] = field(default_factory=dict)
+    parked_batches: int = 0
+    handled: int | None = None
+
+
+def _log(started: float, text: str) -> None:
+    print(f"[{time.monotonic() - started:7.1f}s] {text}", file=sys.stderr, flush=True)
+
+
+def _wait(
+    condition: Callable[[], bool], timeout: float, poll: float = 0.5, progress: Callable[[], None] | None = None
+) -> bool:
+    """Poll `condition` until it holds or `timeout` passes; `progress` is called every 30 s meanwhile."""
+    deadline = time.monotonic() + timeout
+    reported = time.monotonic()
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        if progress is not None and time.monotonic() - reported >= 30:
+            progress()
+            reported = time.monotonic()
+        time.sleep(poll)
+    return condition()
+
+
+def _progress(started: float, publisher: Publisher, relay: Relay) -> None:
+    _log(started, f"published {publisher.published}, handled {relay.handled()}")
+
+
+def _count_runs(dynamodb: Any) -> int:
+    pages = dynamodb.get_paginator("scan").paginate(
+        TableName=TABLE,
+        Select="COUNT",
+        FilterExpression="begins_with(pk, :p)",
+        ExpressionAttributeValues={":p": {"S": "RUN#"}},
+    )
+    return sum(page["Count"] for page in pages)
+
+
+def _created_at(dynamodb: Any) -> dict[tuple[str, str], float]:
+    """(tenant, dispatch_key) -> the run's created_at, as epoch seconds, read from the table."""
+    pages = dynamodb.get_paginator("scan").paginate(
+        TableName=TABLE,
+        FilterExpression="begins_with(pk, :p)",
+        ProjectionExpression="tenant_id, dispatch_key, created_at",
+        ExpressionAttributeValues={":p": {"S": "RUN#"}},
+    )
+    created = {}
+    for page in pages:
+        for item in page["Items"]:
+            stamp = datetime.fromisoformat(item["created_at"]["S"].replace("Z", "+00:00")).timestamp()
+            created[(item["tenant_id"]["S"], item.get("dispatch_key", {}).get("S", ""))] = stamp
+    return created
+
+
+def _dead_letters(sqs: Any, url: str, outcome: Outcome) -> None:
+    attributes = sqs.get_queue_attributes(
+        QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    )["Attributes"]
+    outcome.dead_letters_approximate = int(attributes["ApproximateNumberOfMessages"]) + int(
+        attributes["ApproximateNumberOfMessagesNotVisible"]
+    )
+    for _ in range(1000):  # bounded: 10 a receive
+        messages = sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0, VisibilityTimeout=600
+        ).get("Messages", [])
+        if not messages:
+            break
+        for message in messages:
+            outcome.dead_letters_received += 1
+            body = json.loads(message["Body"])
+            kind = body.get("reason", {}).get("kind") or body.get("requestContext", {}).get("condition", "?")
+            outcome.dead_letter_kinds[kind] = outcome.dead_letter_kinds.get(kind, 0) + 1
+
+
+def _parked_batches(s3: Any, bucket: str) -> int:
+    """Batches the event source gave up on (its on-failure destination): each object is one batch."""
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+    return sum(page.get("KeyCount", 0) for page in pages)
+
+
+def _admissions(logs: list[Path]) -> dict[str, int]:
+    """The handler's own account of each POST it served: "run admitted" / "run replayed" lines."""
+    counts = {"run admitted": 0, "run replayed": 0}
+    for log in logs:
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("{") and ('"run admitted"' in line or '"run replayed"' in line):
+                try:
+                    message = json.loads(line)["message"]
+                except (ValueError, KeyError):
+                    continue
+                counts[message] = counts.get(message, 0) + 1
+    return counts
+
+
+def _percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def soak(args: argparse.Namespace, folder: Path) -> int:
+    started = time.monotonic()
+    rng = random.Random(args.seed)
+    stream = build_stream(args.messages, args.duplicate_ratio, rng)
+    duplicates = sum(dispatch.duplicate for dispatch in stream)
+    moto = MotoServer(folder / "moto.log")
+    broker = KafkaBroker(folder / "kafka")
+    dev: DevProcess | None = None
+    publisher: Publisher | None = None
+    disruptions: list[Disruption] = []
+    outcome = Outcome()
+    admissions: dict[str, int] = {}
+    try:
+        moto.start()
+        broker.start()
+        _log(started, f"moto {moto.endpoint}, broker {broker.bootstrap_servers}")
+        for tenant in TENANTS:
+            ensure_topics(broker.bootstrap_servers, tenant, partitions=PARTITIONS, replication_factor=1)
+        dev = DevProcess(folder, broker.bootstrap_servers, moto.endpoint)
+        announced = dev.start()
+        dlq_url, bucket = announced["Relay dead-letter queue"], announced["Failed batches (S3)"]
+        relay = Relay(broker.bootstrap_servers)
+        _log(started, f"poimen dev up; publishing {len(stream)} messages ({duplicates} duplicates)")
+        publisher = Publisher(broker.bootstrap_servers, stream, args.rate)
+        publisher.start()
+        dynamodb = moto.dynamodb()
+
+        def kill_dev(disruption: Disruption) -> int:
+            assert dev is not None
+            disruption.detail = f"{dev.kill()} processes in its group killed"
+            # Exact: nothing commits for the group until a restarted relay has rejoined it.
+            return relay.wait_handled(60.0)
+
+        def stop_broker(disruption: Disruption) -> int:
+            handled = disruption.at_handled  # the broker is going away: the count just before it
+            broker.stop()
+            return handled
+
+        def start_dev() -> None:
+            assert dev is not None
+            if dev.start() != announced:
+                raise StackError("poimen dev announced other endpoints after a restart")
+
+        # Each at a share of the records the relay has handled, so each lands mid-stream, after the
+        # relay recovered from the one before: (share, name, take it down -> records handled, bring it back).
+        plan: list[tuple[float, str, Callable[[Disruption], int], Callable[[], None]]] = [
+            (0.25, "SIGKILL poimen dev (group) #1", kill_dev, start_dev),
+            (0.50, "broker stop + start", stop_broker, broker.start),
+            (0.75, "SIGKILL poimen dev (group) #2", kill_dev, start_dev),
+        ]
+        for share, name, take_down, bring_back in plan:
+            threshold = int(share * len(stream))
+            if not relay.wait_beyond(threshold - 1, args.timeout, lambda: _progress(started, publisher, relay)):
+                _log(started, f"the relay did not reach {threshold} handled records within {args.timeout:.0f} s")
+                break
+            disruption = Disruption(name, relay.handled() or 0)
+            _log(started, f"{name} at {disruption.at_handled} handled, {publisher.published} published")
+            down = time.monotonic()
+            handled = take_down(disruption)
+            bring_back()
+            back = time.monotonic()
+            disruption.down_seconds = back - down
+            # The first commit after it is back: the relay (re)joined its group and handled a batch.
+            if handled < len(stream) and relay.wait_beyond(handled, args.timeout, lambda: None):
+                disruption.resumed_after = time.monotonic() - back
+            disruptions.append(disruption)
+            resumed = "-" if disruption.resumed_after is None else f"{disruption.resumed_after:.1f} s"
+            _log(
+                started,
+                f"back after {disruption.down_seconds:.1f} s; relay resumed after {resumed} "
+                f"({relay.failed_lookups} failed offset look-ups so far)",
+            )
+
+        if not publisher.done.wait(args.timeout):
+            _log(started, "the publisher did not finish in time")
+        _log(started, f"published {publisher.published}; waiting for {args.messages} runs")
+        finished = _wait(
+            # The cheap check first: a scan of the whole table is only worth it once every record is handled.
+            lambda: (relay.handled() or 0) >= len(stream) and _count_runs(dynamodb) >= args.messages,
+            args.timeout,
+            poll=2.0,
+            progress=lambda: _progress(started, publisher, relay),
+        )
+        if not finished:
+            _log(started, f"deadline: not every record was handled within {args.timeout} s")
+        outcome.runs = _count_runs(dynamodb)
+        outcome.handled = relay.handled()
+        outcome.created = _created_at(dynamodb)
+        _dead_letters(moto.sqs(), dlq_url, outcome)
+        outcome.parked_batches = _parked_batches(moto.s3(), bucket)
+        dev.stop()
+        admissions = _admissions(dev.logs)
+    finally:
+        if dev is not None:
+            dev.stop()
+        broker.stop()
+        moto.stop()
+
+    return _report(args, duplicates, publisher, outcome, disruptions, admissions)
+
+
+def _report(
+    args: argparse.Namespace,
+    duplicates: int,
+    publisher: Publisher | None,
+    outcome: Outcome,
+    disruptions: list[Disruption],
+    admissions: dict[str, int],
+) -> int:
+    assert publisher is not None
+    published = publisher.first_published
+    latencies = [outcome.created[key] - at for key, at in published.items() if key in outcome.created]
+    first = min(published.values(), default=0.0)
+    last = max(outcome.created.values(), default=first)
+    wall = max(last - first, 1e-9)
+    dead_letters = max(outcome.dead_letters_approximate, outcome.dead_letters_received)
+    held = (
+        outcome.runs == args.messages
+        and dead_letters == 0
+        and outcome.parked_batches == 0
+        and publisher.failure is None
+    )
+
+    print(
+        f"\nSoak: {args.messages} dispatch keys over {', '.join(TENANTS)}, {args.duplicate_ratio:.0%} published "
+        f"twice, seed {args.seed}, publish rate {args.rate or 'unpaced'}/s\n"
+    )
+    rows = [
+        ("messages published", f"{publisher.published}"),
+        ("  of which duplicates", f"{duplicates}"),
+        ("records handled by the relay (committed)", f"{outcome.handled}"),
+        ("msgs/s (runs / wall time)", f"{outcome.runs / wall:.1f}"),
+        ("wall time, first publish -> last run (s)", f"{wall:.1f}"),
+        ("p50 publish -> run latency (s)", f"{statistics.median(latencies):.2f}" if latencies else "-"),
+        ("p99 publish -> run latency (s)", f"{_percentile(latencies, 0.99):.2f}" if latencies else "-"),
+        ("runs in the table", f"{outcome.runs}  [must be {args.messages}]"),
+        (
+            "dead letters in the relay DLQ",
+            f"{dead_letters}  [must be 0]  (approximate {outcome.dead_letters_approximate}, "
+            f"received {outcome.dead_letters_received})",
+        ),
+        ("failed batches parked in S3 (on-failure)", f"{outcome.parked_batches}  [must be 0]"),
+        (
+            "API answers (poimen dev logs)",
+            f"{admissions.get('run admitted', 0)} admitted, {admissions.get('run replayed', 0)} replayed",
+        ),
+    ]
+    if outcome.dead_letter_kinds:
+        rows.append(("dead-letter kinds", json.dumps(outcome.dead_letter_kinds)))
+    if publisher.failure:
+        rows.append(("publisher failure", publisher.failure))
+    for name, value in rows:
+        print(f"{name:42} {value}")
+    print(f"\n{'disruption':32} {'at handled':>10} {'down (s)':>9} {'relay resumed after (s)':>24}")
+    print("-" * 78)
+    for disruption in disruptions:
+        # "-": nothing was left to handle when it came back, or the relay never resumed (then runs are short)
+        resumed = f"{disruption.resumed_after:.1f}" if disruption.resumed_after is not None else "-"
+        print(
+            f"{disruption.name:32} {disruption.at_handled:10d} {disruption.down_seconds:9.1f} {resumed:>24}"
+            + (f"  ({disruption.detail})" if disruption.detail else "")
+        )
+    print(
+        f"\n{'PASS' if held else 'FAIL'}: {outcome.runs} runs for {args.messages} keys, {dead_letters} dead letters, "
+        f"{outcome.parked_batches} parked batches"
+    )
+    return 0 if held and len(disruptions) == 3 else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=10_000, help="distinct dispatch keys (default: %(default)s)")
+    parser.add_argument(
+        "--duplicate-ratio", type=float, default=0.3, help="share published twice (default: %(default)s)"
+    )
+    parser.add_argument("--seed", type=int, default=1, help="tenants and duplicate positions (default: %(default)s)")
+    parser.add_argument(
+        "--rate", type=float, default=40.0, help="messages published per second, 0 for unpaced (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=900.0, help="bound of each wait, seconds (default: %(default)s)"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, broker data) on success")
+    args = parser.parse_args()
+    if args.messages < 4 or not 0 <= args.duplicate_ratio <= 1:
+        parser.error("--messages must be at least 4 and --duplicate-ratio within [0, 1]")
+    signal.signal(signal.SIGTERM, _interrupt)
+    # moto takes any credentials; none of this reaches an AWS account.
+    os.environ.update({"AWS_ACCESS_KEY_ID": "soak", "AWS_SECRET_ACCESS_KEY": "soak", "AWS_DEFAULT_REGION": "us-east-1"})
+    os.environ.pop("AWS_SESSION_TOKEN", None)
+    folder = Path(tempfile.mkdtemp(prefix="poimen-soak-"))
+    code = 2
+    try:
+        code = soak(args, folder)
+    except (StackError, BrokerError) as error:
+        print(f"soak: the local stack did not start: {error}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("soak: interrupted; every process it started is stopped", file=sys.stderr)
+        code = 130
+    finally:
+        if code == 0 and not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            print(f"logs and broker data: {folder}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,6 +8,39 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 SAM_VERSION := 1.170.0
 SAM := .venv-sam/bin/sam
+# checkov, in a venv of its own like the SAM CLI (its pins clash with the project's). Offline: no download
+# from Prisma Cloud, no version check. `make lint` scans template.yaml, then the template as CloudFormation
+# gets it (Fn::ForEach expanded, SAM transformed, offline) with the hardened parameters below; findings
+# and suppressions: docs/posture.md.
+CHECKOV_VERSION := 3.3.30
+CHECKOV := .venv-checkov/bin/checkov
+CHECKOV_SCAN := CKV_SKIP_PACKAGE_UPDATE_CHECK=true $(CHECKOV) --framework cloudformation --skip-download --compact --quiet
+CHECKOV_PARAMETERS := Tenants=acme,globex SnapStart=PublishedVersions AdmissionReservedConcurrency=100 \
+	RelayReservedConcurrency=20 KmsKeyArn=arn:aws:kms:us-east-1:111122223333:key/00000000-0000-0000-0000-000000000000
+# template.yaml as the stack receives it, offline: SAM CLI's own expansion of AWS::LanguageExtensions, then
+# SAM's translator (local CodeUris become placeholder S3 URIs, no managed policy is looked up). Arguments:
+# the template, then Name=value parameters. tests/unit/test_template_posture.py runs it too.
+define SAM_TRANSFORM
+import json, os, sys
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+from samcli.lib.cfn_language_extensions.sam_integration import expand_language_extensions
+from samcli.yamlhelper import yaml_parse
+from samtranslator.translator.transform import transform
+class NoManagedPolicies:
+    def load(self):
+        return {}
+parameters = dict(argument.split("=", 1) for argument in sys.argv[2:])
+with open(sys.argv[1]) as source:
+    template = expand_language_extensions(yaml_parse(source.read()), parameters, enabled=True).expanded_template
+for name, resource in template["Resources"].items():
+    properties = resource.get("Properties", {})
+    for key in ("CodeUri", "ContentUri"):
+        if isinstance(properties.get(key), str):
+            properties[key] = f"s3://offline-artifacts/{name}.zip"
+template["Transform"] = "AWS::Serverless-2016-10-31"
+print(json.dumps(transform(template, parameters, NoManagedPolicies()), indent=1))
+endef
+export SAM_TRANSFORM
 ACTIONLINT_VERSION := v1.7.12
 ACTIONLINT := .cache/bin/actionlint
 # A second DynamoDB engine for the tests (npm, on LevelDB), so nothing relies on one emulator's quirks.
@@ -30,25 +63,34 @@ ALARM_EMAIL ?=
 STAGE_PARAMETERS = $(shell $(PYTHON) -c "import tomllib; \
 	print(tomllib.load(open('samconfig.toml', 'rb'))['$(CONFIG_ENV)']['deploy']['parameters']['parameter_overrides'])")
 
-.PHONY: install run test lint check-bundle build deploy kafka-jars dynalite format bench soak openapi clean
+.PHONY: install run test lint check-bundle build deploy kafka-jars dynalite format bench soak openapi docs clean
 
 $(STAMP): pyproject.toml
+	@echo "make: creating $(VENV) and installing the project into it with $(PYTHON) (pip, about a minute)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+$(CHECKOV):
+	@echo "make: installing checkov $(CHECKOV_VERSION) into .venv-checkov (pip, about a minute)"
+	$(PYTHON) -m venv .venv-checkov
+	.venv-checkov/bin/python -m pip install --quiet checkov==$(CHECKOV_VERSION)
+
 $(SAM):
+	@echo "make: installing the SAM CLI $(SAM_VERSION) into .venv-sam (pip, about a minute)"
 	$(PYTHON) -m venv .venv-sam
 	.venv-sam/bin/python -m pip install --quiet aws-sam-cli==$(SAM_VERSION)
 
 $(DYNALITE):
+	@echo "make: installing dynalite $(DYNALITE_VERSION) into .cache/dynalite (npm, about 20 s)"
 	npm install --prefix .cache/dynalite --no-audit --no-fund --silent dynalite@$(DYNALITE_VERSION)
 
 dynalite: $(DYNALITE)
 
 $(ACTIONLINT):
+	@echo "make: building actionlint $(ACTIONLINT_VERSION) into .cache/bin (go install, about a minute)"
 	GOBIN=$(CURDIR)/.cache/bin go install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
 
 install: $(STAMP)
@@ -56,11 +98,16 @@ install: $(STAMP)
 run: $(STAMP) kafka-jars
 	$(BIN)/poimen dev
 
-lint: $(STAMP)
+lint: $(STAMP) $(SAM) $(CHECKOV)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/cfn-lint template.yaml
+	$(CHECKOV_SCAN) --file template.yaml
+	@mkdir -p .cache/checkov
+	$(OFFLINE_AWS) .venv-sam/bin/python -c "$$SAM_TRANSFORM" template.yaml $(CHECKOV_PARAMETERS) \
+		> .cache/checkov/template.transformed.json
+	$(CHECKOV_SCAN) --file .cache/checkov/template.transformed.json
 
 # The deployable bundle, offline: the template as `sam deploy` will see it, the deploy workflow, and
 # `sam build` for two tenants (tests/integration/test_bundle.py inspects what it built).
@@ -85,6 +132,8 @@ deploy: build
 
 # The local Kafka broker's jars, from Maven Central into .cache/kafka (needs Java 17 and Maven).
 kafka-jars: $(STAMP)
+	@ls .cache/kafka/*/lib/.complete >/dev/null 2>&1 || \
+		echo "make: fetching the Kafka broker's jars into .cache/kafka (Maven Central, about a minute)"
 	$(BIN)/python -c "from poimen_tools.local.kafka_broker import kafka_jars; print(kafka_jars())"
 
 test: lint check-bundle kafka-jars dynalite
@@ -106,5 +155,10 @@ soak: $(STAMP) kafka-jars
 openapi: $(STAMP)
 	$(BIN)/python -m poimen_tools.openapi > infra/openapi.json
 
+# docs/cli.md, the CLI reference, from the argparse parser (tests/unit/test_docs.py fails when it is stale).
+docs: $(STAMP)
+	$(BIN)/python -m poimen_tools.clidoc > docs/cli.md.tmp
+	mv docs/cli.md.tmp docs/cli.md
+
 clean:
-	rm -rf $(VENV) .venv-sam .cache .aws-sam .mypy_cache .ruff_cache .pytest_cache .coverage
+	rm -rf $(VENV) .venv-sam .venv-checkov .cache .aws-sam .mypy_cache .ruff_cache .pytest_cache .coverage

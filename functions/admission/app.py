@@ -5,8 +5,13 @@ from typing import Any
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from poimen.api import app
+from poimen import snapstart
+from poimen.api import admission_service, app, warm
 from poimen.observability import logger, metrics
+
+# SnapStart: the snapshot carries validation already built; each restored environment builds its own
+# DynamoDB client (connections, credentials) and grants cache on its first request.
+snapstart.register(before_snapshot=warm, after_restore=admission_service.cache_clear)
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)

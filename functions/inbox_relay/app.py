@@ -3,8 +3,12 @@
 from aws_lambda_powertools.utilities.data_classes import KafkaEvent, event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from poimen import snapstart
 from poimen.observability import logger, metrics
-from poimen.relay import handle_batch
+from poimen.relay import handle_batch, relay_service
+
+# SnapStart: each restored environment builds its own HTTP pool, SQS client and credentials on its first batch.
+snapstart.register(after_restore=relay_service.cache_clear)
 
 
 @logger.inject_lambda_context

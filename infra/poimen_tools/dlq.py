@@ -40,9 +40,10 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from poimen.contract import TENANT_HEADER
 from poimen.kafka import tenant_of_dispatch_topic
 from poimen.relay import RECORD_FAULT_STATUSES, RETRYABLE_STATUSES, TRACEPARENT, DeadLetterReason, dead_letter_body
+from poimen.wire import TENANT_HEADER
+from poimen_tools.credentials import local_credentials
 from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY
 
 RELAY_KINDS = ("invalid-topic", "empty-value", "undecodable", "invalid-json", "rejected", "relay-error")
@@ -1051,9 +1052,9 @@ def add_dlq_commands(commands: argparse._SubParsersAction[argparse.ArgumentParse
     redrive.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
 
-def main(argv: list[str]) -> int:
-    """`poimen dlq ...` (argv without `dlq`), parsed and run."""
-    parser = argparse.ArgumentParser(prog="poimen")
+def main(argv: list[str], parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> int:
+    """`poimen dlq ...` (argv without `dlq`), parsed (by `parser_class`: the CLI's, one-line errors) and run."""
+    parser = parser_class(prog="poimen")
     add_dlq_commands(parser.add_subparsers(dest="command", required=True))
     return run_dlq(parser.parse_args(["dlq", *argv]))
 
@@ -1108,7 +1109,7 @@ def _run(
     if not args.dry_run:
         if not args.api_url:
             raise UsageError("redrive needs --api-url (stack output AdmissionApiUrl), or --dry-run")
-        signer = credentials or _caller_credentials(args.dev_key)
+        signer = credentials or _caller_credentials(args.dev_key, args.api_url)
         api = AdmissionApi(args.api_url, signer, args.region, http)
     with holding(queue, batches, REDRIVE_VISIBILITY_SECONDS) as parcels:
         chosen = [parcel for parcel in parcels if not args.kind or parcel.kind in args.kind]
@@ -1162,8 +1163,8 @@ def _confirm(planned: Plan, api: AdmissionApi, stdin: TextIO, err: TextIO) -> No
         raise UsageError("redrive not confirmed: nothing was sent")
 
 
-def _caller_credentials(dev_key: bool) -> Any:
-    if dev_key:
+def _caller_credentials(dev_key: bool, api_url: str) -> Any:
+    if dev_key or _local_credentials(api_url):
         return Credentials(DEV_ACCESS_KEY, DEV_SECRET_KEY)
     found = botocore.session.get_session().get_credentials()
     if found is None:
@@ -1186,8 +1187,16 @@ def _aws_client(service: str, args: argparse.Namespace) -> Any:
     }
     if args.aws_endpoint:
         options["endpoint_url"] = args.aws_endpoint
-    if args.dev_key:
+    endpoint = (
+        args.aws_endpoint or os.environ.get(f"AWS_ENDPOINT_URL_{service.upper()}") or os.environ.get("AWS_ENDPOINT_URL")
+    )
+    if args.dev_key or _local_credentials(endpoint):
         # Local only, like the dev key itself: moto takes any key, so poimen dev needs no AWS credentials.
         # Without --aws-endpoint the SDK's AWS_ENDPOINT_URL_SQS / _S3 still name the local endpoints.
         options |= {"aws_access_key_id": DEV_ACCESS_KEY, "aws_secret_access_key": DEV_SECRET_KEY}
     return boto3.client(service, **options)  # type: ignore[call-overload]
+
+
+def _local_credentials(endpoint: str | None) -> bool:
+    """Whether `endpoint` is a loopback one the SDK's chain has no credentials for (then: the dev key)."""
+    return local_credentials(endpoint) is not None

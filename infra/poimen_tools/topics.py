@@ -6,9 +6,22 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from poimen.kafka import dispatch_topic, events_topic
-from poimen.kafka_client import client_config
+from poimen.kafka_client import broker_error_reason, client_config, quiet_client_settings
 
 SEVEN_DAYS_MS = 7 * 24 * 3600 * 1000
+DEFAULT_TIMEOUT_SECONDS = 30.0
+# The admin client's errors when no broker answered in time, as opposed to a broker refusing the request.
+_UNREACHABLE = frozenset({KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN})
+
+
+class KafkaUnreachable(Exception):
+    """No broker of `bootstrap_servers` answered within the timeout."""
+
+    def __init__(self, bootstrap_servers: str, reason: str, timeout_seconds: float) -> None:
+        super().__init__(f"no answer from {bootstrap_servers} within {timeout_seconds:g} s ({reason})")
+        self.bootstrap_servers = bootstrap_servers
+        self.reason = reason
+        self.timeout_seconds = timeout_seconds
 
 
 def ensure_topics(
@@ -19,16 +32,27 @@ def ensure_topics(
     replication_factor: int = -1,
     retention_ms: int = SEVEN_DAYS_MS,
     iam_region: str | None = None,
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> dict[str, str]:
     """Create `poimen.<tenant>.events` and `.dispatch` unless they exist; {topic: "created"|"exists"}.
 
     A replication factor of -1 takes the broker's `default.replication.factor` (3 on MSK, 1 locally).
-    An existing topic is reported as it is, not altered.
+    An existing topic is reported as it is, not altered. KafkaUnreachable when no broker answers within
+    `timeout_seconds`; a broker's refusal (say, too few brokers for the replication factor) is raised
+    as confluent-kafka's KafkaException.
 
     `.dispatch` retention must not exceed how long admission remembers a dispatch_key. Run items are
     never deleted, so with run-scoped keys that is forever, and any retention is safe.
     """
-    admin = AdminClient(client_config(bootstrap_servers, iam_region))
+    broker_errors: list[str] = []
+    admin = AdminClient(
+        client_config(
+            bootstrap_servers,
+            iam_region,
+            error_cb=lambda error: broker_errors.append(str(error.str())),
+            **quiet_client_settings(timeout_seconds),
+        )
+    )
     admin.poll(0)  # librdkafka serves oauth_cb (MSK IAM) only from poll()
     topics = [dispatch_topic(tenant_id), events_topic(tenant_id)]
     futures = admin.create_topics(
@@ -36,7 +60,7 @@ def ensure_topics(
             NewTopic(topic, partitions, replication_factor, config={"retention.ms": str(retention_ms)})
             for topic in topics
         ],
-        request_timeout=30,
+        request_timeout=timeout_seconds,
     )
     outcome: dict[str, str] = {}
     for topic, future in futures.items():
@@ -44,7 +68,13 @@ def ensure_topics(
             future.result()
             outcome[topic] = "created"
         except KafkaException as error:
-            if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            code = error.args[0].code()
+            if code in _UNREACHABLE:
+                admin.poll(0)  # serves error_cb: the transport error that says why
+                transport = [text for text in broker_errors if "failed:" in text]
+                reason = broker_error_reason(transport[-1]) if transport else str(error.args[0].str())
+                raise KafkaUnreachable(bootstrap_servers, reason, timeout_seconds) from error
+            if code != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
             outcome[topic] = "exists"
     return outcome

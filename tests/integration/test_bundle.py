@@ -111,7 +111,7 @@ def test_built_template_declares_one_mapping_per_tenant(built: Path, commands: l
         assert [_substituted(topic) for topic in mapping["Topics"]] == [f"poimen.{tenant}.dispatch"]
         group = mapping["AmazonManagedKafkaEventSourceConfig"]["ConsumerGroupId"]
         assert _substituted(group) == f"poimen-relay-{tenant}"
-        assert mapping["FunctionName"] == {"Ref": "InboxRelayFunction"}
+        assert mapping["FunctionName"] == {"Ref": "InboxRelayFunction.Alias"}
         assert mapping["DestinationConfig"]["OnFailure"]["Destination"] == {
             "Fn::GetAtt": ["FailedBatchesBucket", "Arn"]
         }

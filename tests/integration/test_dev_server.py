@@ -139,6 +139,10 @@ def test_one_key_with_two_payloads_concurrently_is_one_run(dev: DevServer, tenan
     assert statuses.count(201) == 1
     assert set(statuses) <= {200, 201, 422}
     assert statuses.count(422) == 10  # every request carrying the losing payload
+    # the status line's reason phrase is RFC 9110's, as the problem's title is
+    assert {(answer.reason, answer.json()["title"]) for answer in answers if answer.status_code == 422} == {
+        ("Unprocessable Content", "Unprocessable Content")
+    }
     assert {answer.json()["run_id"] for answer in answers} == {keyed_run_id(tenant, "k-1")}
     assert len(count_runs(dev.dynamodb(), dev.table_name, tenant)) == 1
 

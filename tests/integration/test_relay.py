@@ -18,7 +18,6 @@ from moto.dynamodb.models import DynamoDBBackend
 from moto.server import ThreadedMotoServer
 
 from poimen.config import Settings
-from poimen.contract import MAX_BODY_BYTES
 from poimen.ids import keyed_run_id
 from poimen.relay import (
     AdmissionApiRefused,
@@ -26,6 +25,7 @@ from poimen.relay import (
     DeadLetterQueueUnavailable,
     relay_service,
 )
+from poimen.wire import MAX_BODY_BYTES
 from poimen_tools.local.devserver import LocalLambdaContext
 from poimen_tools.local.moto import serialise_dynamodb_writes
 from poimen_tools.local.msk import KafkaRecord, msk_event

@@ -15,9 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from poimen.admission import Admission
-from poimen.contract import MAX_BODY_BYTES, RunRequest
+from poimen.contract import RunRequest
 from poimen.ids import keyed_run_id
 from poimen.store import Store
+from poimen.wire import MAX_BODY_BYTES
 from tests.conftest import count_runs
 from tests.unit.conftest import Invoke
 

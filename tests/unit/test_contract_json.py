@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from poimen.contract import MAX_JSON_DEPTH, JSONNumber, JSONTooDeep, Run, json_text, parse_json, run_json
+from poimen.contract import JSONNumber, JSONTooDeep, Run, json_text, parse_json, run_json
+from poimen.wire import MAX_JSON_DEPTH
 
 
 def test_numbers_are_read_exactly_and_written_as_sent() -> None:

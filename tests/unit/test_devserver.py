@@ -9,9 +9,12 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
+
 from poimen_tools.local.devserver import (
     MAX_PAYLOAD_BYTES,
     MAX_REQUEST_LINE_AND_HEADER_VALUES,
+    LocalApiServer,
     Route,
     _RequestHandler,
     http_api_event,
@@ -112,7 +115,7 @@ class _Exchange:
     events: list[dict[str, Any]]
 
 
-def _exchange(request: bytes) -> _Exchange:
+def _exchange(request: bytes, answer: dict[str, Any] | None = None) -> _Exchange:
     """One connection's worth of requests through the dev server's handler, the function a stub."""
     authenticated: list[tuple[str, str, bytes]] = []
     events: list[dict[str, Any]] = []
@@ -123,7 +126,7 @@ def _exchange(request: bytes) -> _Exchange:
 
     def invoke(event: dict[str, Any]) -> dict[str, Any]:
         events.append(event)
-        return {"statusCode": 200, "headers": {"Content-Type": "application/json"}, "body": "{}"}
+        return answer or {"statusCode": 200, "headers": {"Content-Type": "application/json"}, "body": "{}"}
 
     server = SimpleNamespace(
         routes=[Route("POST", "/v1/runs"), Route("GET", "/v1/runs")],
@@ -202,3 +205,27 @@ def test_query_parameters_decode_plus_as_space_and_escapes_as_utf8() -> None:
     assert event["queryStringParameters"] == {"dispatch_key": "a b+c", "x": "é", "y": "é"}
     assert event["rawQueryString"] == "dispatch_key=a+b%2Bc&x=%C3%A9&y=\u00c3\u00a9"
     assert query_parameters("a=1&&b") == [("a", "1"), ("b", "")]
+
+
+@pytest.mark.parametrize(("status", "phrase"), [(413, b"Content Too Large"), (422, b"Unprocessable Content")])
+def test_status_lines_have_rfc_9110s_reason_phrases_as_the_problem_titles_do(status: int, phrase: bytes) -> None:
+    problem = {"statusCode": status, "headers": {"Content-Type": "application/problem+json"}, "body": "{}"}
+
+    answer = _exchange(b"POST /v1/runs HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n", problem)
+
+    assert answer.raw.startswith(b"HTTP/1.1 %d %s\r\n" % (status, phrase))
+
+
+@pytest.mark.parametrize("gone", [BrokenPipeError, ConnectionResetError, ConnectionAbortedError])
+def test_a_client_that_went_away_is_not_a_server_error(
+    gone: type[ConnectionError], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a client that closed its connection before the answer was written
+    try:
+        raise gone("the client hung up")
+    except ConnectionError:
+        # When socketserver reports it
+        LocalApiServer.handle_error(cast(Any, None), None, ("127.0.0.1", 40000))
+
+    # Then nothing is printed: no traceback for a client's own choice
+    assert capsys.readouterr() == ("", "")

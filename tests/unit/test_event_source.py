@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
 from poimen_tools.local.event_source import LocalMskEventSource
 
@@ -97,3 +98,29 @@ def test_a_failed_topic_batch_rewinds_every_uncommitted_topic_of_the_poll() -> N
     # Then nothing is committed and both topics read again from their first record of the poll
     assert consumer.committed == []
     assert consumer.positions == {("poimen.a.dispatch", 0): 0, ("poimen.b.dispatch", 0): 0}
+
+
+@dataclass
+class _Error(_Message):
+    """What consume() returns for a consumer error: a message carrying it."""
+
+    _error: KafkaError | None = None
+
+    def error(self) -> KafkaError | None:  # type: ignore[override]
+        return self._error
+
+
+def test_no_dispatch_topic_yet_is_not_logged_as_a_problem(caplog: pytest.LogCaptureFixture) -> None:
+    # Given a subscription no topic matches yet (no tenant has published), then a real consumer error
+    not_yet = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, "Subscribed topic not available")
+    down = KafkaError(KafkaError._TRANSPORT, "Connection refused")
+    consumer = _Consumer(owned=[], polled=[_Error("", -1, -1001, not_yet), _Error("", -1, -1001, down)])
+    source = LocalMskEventSource("127.0.0.1:1", lambda *_: {}, lambda _: None)
+
+    # When one poll returns both
+    with caplog.at_level(logging.DEBUG, logger="poimen_tools.local.event_source"):
+        source._poll_once(consumer)  # type: ignore[arg-type]
+
+    # Then only the real error is a warning; the missing topic is a debug line
+    levels = [(record.levelno, "Subscribed topic" in record.getMessage()) for record in caplog.records]
+    assert levels == [(logging.DEBUG, True), (logging.WARNING, False)]

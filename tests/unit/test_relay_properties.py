@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from poimen.contract import MAX_BODY_BYTES
 from poimen.relay import MAX_DEAD_LETTER_BYTES, TRACEPARENT
 from poimen.store import Store
+from poimen.wire import MAX_BODY_BYTES
 from poimen_tools.local.msk import KafkaRecord, msk_event
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs

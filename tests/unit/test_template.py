@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from poimen.contract import TENANT_PATTERN
 from poimen.store import HASH_KEY, RunRecord
+from poimen.wire import TENANT_PATTERN
 from poimen_tools.local.template import Template
 
 # Actions that take no resource ARN (IAM's "*" is the only possible resource for them).
@@ -31,17 +31,29 @@ def _statements(template: Template, function: str) -> list[dict[str, Any]]:
     return [s for policy in template.properties(function).get("Policies", []) for s in policy["Statement"]]
 
 
+def _policy_resources(template: Template) -> dict[str, list[dict[str, Any]]]:
+    """The statements of each AWS::IAM::Policy declared beside the functions' own policies."""
+    return {
+        name: res["Properties"]["PolicyDocument"]["Statement"]
+        for name, res in template.resources.items()
+        if res["Type"] == "AWS::IAM::Policy"
+    }
+
+
 def _functions(template: Template) -> list[str]:
     return [name for name, res in template.resources.items() if res["Type"] == "AWS::Serverless::Function"]
 
 
 def test_no_statement_uses_wildcards_where_a_resource_can_be_named(template: Template) -> None:
-    for function in _functions(template):
-        for statement in _statements(template, function):
-            actions = _as_list(statement["Action"])
-            assert not [a for a in actions if a == "*" or a.endswith(":*")], (function, statement["Sid"])
-            if statement["Resource"] == "*":
-                assert set(actions) <= RESOURCELESS_ACTIONS, (function, statement["Sid"])
+    statements = [(f, s) for f in _functions(template) for s in _statements(template, f)]
+    statements += [(name, s) for name, policy in _policy_resources(template).items() for s in policy]
+
+    assert len({owner for owner, _ in statements}) >= 5
+    for owner, statement in statements:
+        actions = _as_list(statement["Action"])
+        assert not [a for a in actions if a == "*" or a.endswith(":*")], (owner, statement["Sid"])
+        if statement["Resource"] == "*":
+            assert set(actions) <= RESOURCELESS_ACTIONS, (owner, statement["Sid"])
 
 
 def test_admission_may_only_put_and_get_items_of_its_table(template: Template) -> None:
@@ -76,7 +88,7 @@ def test_one_msk_event_source_per_tenant_topic(template: Template) -> None:
     assert sorted(mappings) == ["RelaySourceacme", "RelaySourcebeta2"]
     for tenant in TENANTS:
         mapping = mappings[f"RelaySource{tenant.replace('-', '')}"]
-        assert mapping["FunctionName"] == {"Ref": "InboxRelayFunction"}
+        assert mapping["FunctionName"] == {"Ref": "InboxRelayFunction.Alias"}  # the published version
         assert mapping["Topics"] == [{"Fn::Sub": f"poimen.{tenant}.dispatch"}]
         assert mapping["AmazonManagedKafkaEventSourceConfig"]["ConsumerGroupId"] == {
             "Fn::Sub": f"poimen-relay-{tenant}"
@@ -85,7 +97,10 @@ def test_one_msk_event_source_per_tenant_topic(template: Template) -> None:
         assert mapping["DestinationConfig"]["OnFailure"]["Destination"] == {
             "Fn::GetAtt": ["FailedBatchesBucket", "Arn"]
         }
-        assert resources[f"RelaySource{tenant.replace('-', '')}"]["DependsOn"] == "RelayInvokeAdmissionApi"
+        assert resources[f"RelaySource{tenant.replace('-', '')}"]["DependsOn"] == [
+            "RelayInvokeAdmissionApi",
+            "RelayMskNetworkAccess",
+        ]
         assert mapping["MaximumRetryAttempts"] == {"Ref": "RelayMaxRetryAttempts"}
         assert set(mapping["ProvisionedPollerConfig"]) == {"MinimumPollers", "MaximumPollers"}
         assert mapping["BatchSize"] == {"Ref": "RelayBatchSize"}
@@ -131,7 +146,11 @@ def test_table_matches_the_model_and_is_protected(template: Template) -> None:
     assert table["StreamSpecification"] == {"StreamViewType": RunRecord.Meta.stream_view_type}
     assert table["BillingMode"] == "PAY_PER_REQUEST"
     assert table["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
-    assert table["SSESpecification"] == {"SSEEnabled": True}
+    assert table["SSESpecification"] == {
+        "SSEEnabled": True,  # the AWS managed key, or KmsKeyArn's (tests/unit/test_template_posture.py)
+        "SSEType": {"Fn::If": ["HasKmsKey", "KMS", {"Ref": "AWS::NoValue"}]},
+        "KMSMasterKeyId": {"Fn::If": ["HasKmsKey", {"Ref": "KmsKeyArn"}, {"Ref": "AWS::NoValue"}]},
+    }
     assert table["DeletionProtectionEnabled"] == {"Ref": "TableDeletionProtection"}
     assert template.resources["AdmissionTable"]["DeletionPolicy"] == "Retain"
 
@@ -139,7 +158,8 @@ def test_table_matches_the_model_and_is_protected(template: Template) -> None:
 def test_dead_letter_queue_is_encrypted_and_keeps_messages_14_days(template: Template) -> None:
     queue = template.properties("RelayDeadLetterQueue")
 
-    assert queue["SqsManagedSseEnabled"] is True
+    assert queue["SqsManagedSseEnabled"] == {"Fn::If": ["HasKmsKey", {"Ref": "AWS::NoValue"}, True]}
+    assert queue["KmsMasterKeyId"] == {"Fn::If": ["HasKmsKey", {"Ref": "KmsKeyArn"}, {"Ref": "AWS::NoValue"}]}
     assert queue["MessageRetentionPeriod"] == 14 * 24 * 3600
 
 
@@ -147,9 +167,8 @@ def test_failed_batches_bucket_keeps_records_private_encrypted_and_expiring(temp
     bucket = template.properties("FailedBatchesBucket")
     (tls_only,) = template.properties("FailedBatchesBucketPolicy")["PolicyDocument"]["Statement"]
 
-    assert bucket["BucketEncryption"]["ServerSideEncryptionConfiguration"] == [
-        {"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}
-    ]
+    (encryption,) = bucket["BucketEncryption"]["ServerSideEncryptionConfiguration"]
+    assert encryption["ServerSideEncryptionByDefault"]["SSEAlgorithm"] == {"Fn::If": ["HasKmsKey", "aws:kms", "AES256"]}
     assert set(bucket["PublicAccessBlockConfiguration"].values()) == {True}
     assert len(bucket["PublicAccessBlockConfiguration"]) == 4
     assert bucket["OwnershipControls"] == {"Rules": [{"ObjectOwnership": "BucketOwnerEnforced"}]}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -21,7 +22,7 @@ from poimen.config import Settings
 from poimen.store import Store
 from poimen_tools.local.devserver import ExecutionEnvironments, LineWriter, LocalApiServer, Route
 from poimen_tools.local.event_source import LocalMskEventSource, failed_batch_key
-from poimen_tools.local.kafka_broker import KafkaBroker
+from poimen_tools.local.kafka_broker import BrokerError, KafkaBroker
 from poimen_tools.local.moto import EmbeddedMoto
 from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY, Principal, dev_principal, load_principals, verify
 from poimen_tools.local.template import Template, default_template_path
@@ -83,10 +84,13 @@ class DevStack:
 
 @contextlib.contextmanager
 def dev_stack(options: DevOptions) -> Iterator[DevStack]:
-    """Local AWS, the table and DLQ as template.yaml declares them, and the API server (not yet serving).
+    """Local AWS, the table and DLQ as template.yaml declares them, and the API server, listening.
 
-    It sets this process's AWS environment (region, endpoints, the function's variables), as the
-    execution environments it starts inherit it.
+    The server listens only once every execution environment has imported the handler (and the local
+    broker answers), so a connection is answered as soon as the caller runs `serve_forever`: nothing
+    connects earlier to a server that cannot answer yet. Its port is bound first, so a taken port fails
+    at once (PortInUse). It sets this process's AWS environment (region, endpoints, the function's
+    variables), as the execution environments it starts inherit it.
     """
     template = Template(options.template_path or default_template_path())
     # This process's AWS identity is the documented dev key: moto takes any key, and the relay that
@@ -117,56 +121,86 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
         with contextlib.ExitStack() as cleanup:
             cleanup.callback(environments.close)
             cleanup.callback(server.server_close)
+            environments.start()  # they import the handler while the broker starts
             bootstrap = bucket = None
             if options.kafka:
                 bucket = _failed_batches_bucket(options.failed_batches_bucket)
-                bootstrap = _start_kafka(template, options, server.url, dlq_url, bucket, cleanup)
+                bootstrap = options.kafka_bootstrap or _start_broker(options.kafka_port, cleanup)
+            environments.wait_ready()
+            server.listen()
+            if bootstrap is not None and bucket is not None:
+                _start_event_source(template, bootstrap, server.url, dlq_url, bucket, cleanup)
             yield DevStack(server, endpoints, options.table_name, dlq_url, bootstrap, bucket)
 
 
 def run_dev(options: DevOptions) -> int:
-    """`poimen dev`: serve until Ctrl-C (or SIGTERM)."""
-    signal.signal(signal.SIGTERM, _interrupt)
+    """`poimen dev`: serve until Ctrl-C or SIGTERM, which stop it cleanly with one line, "Stopping."
+    (a second one ends it at once). The banner prints once a request would be answered.
+
+    Raises PortInUse if the API's port is taken, BrokerError if the local broker cannot start.
+    """
+    _stop_on_signals()
     # Whole lines only: the relay logs from this process into the stdout the environments share.
     sys.stdout = LineWriter(sys.stdout.fileno())
-    with dev_stack(options) as stack:
-        url = stack.server.url
-        print(f"Admission API: {url}", flush=True)
-        print(f"{stack.endpoints.describe()}  table: {stack.table_name}", flush=True)
-        print(f"Relay dead-letter queue: {stack.dlq_url}", flush=True)
-        if stack.kafka_bootstrap:
-            print(f"Kafka bootstrap: {stack.kafka_bootstrap}  (relay consuming poimen.<tenant>.dispatch)", flush=True)
-            print(
-                f"Publish: poimen dispatch publish --bootstrap-servers {stack.kafka_bootstrap} --tenant acme "
-                "--workflow-ref wf/hello --input '{}' --dispatch-key k-2",
-                flush=True,
-            )
-        if stack.failed_batches_bucket:
-            print(f"Failed batches (S3): {stack.failed_batches_bucket}", flush=True)
-            endpoints = stack.endpoints
-            # One --aws-endpoint serves SQS and S3 alike; split, the SDK's variables name each.
-            where = (
-                f"--aws-endpoint {endpoints.sqs}"
-                if endpoints.sqs == endpoints.s3
-                else f"(with AWS_ENDPOINT_URL_SQS={endpoints.sqs} AWS_ENDPOINT_URL_S3={endpoints.s3})"
-            )
-            print(
-                f"Dead letters: poimen dlq list --api-url {url} --queue-url {stack.dlq_url} "
-                f"--bucket {stack.failed_batches_bucket} {where} --dev-key",
-                flush=True,
-            )
-        print(f"Credentials (SigV4, execute-api): {DEV_ACCESS_KEY}:{DEV_SECRET_KEY}", flush=True)
+    try:
+        with dev_stack(options) as stack:
+            _announce(stack, options)
+            stack.server.serve_forever()
+    except KeyboardInterrupt:
+        pass  # "Stopping." is printed when the signal comes, and the stack stopped on the way out
+    return 0
+
+
+def _stop_on_signals() -> None:
+    """The first SIGINT or SIGTERM stops `poimen dev` (KeyboardInterrupt); a second, while it stops, ends
+    it at once: its execution environments and broker die with it (see ExecutionEnvironments)."""
+    stopping = False
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        if stopping:
+            os._exit(128 + signum)
+        stopping = True
+        os.write(2, b"Stopping.\n")  # not print(): the signal may have interrupted a write to stderr
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+
+
+def _announce(stack: DevStack, options: DevOptions) -> None:
+    url = stack.server.url
+    print(f"Admission API: {url}", flush=True)
+    print(f"{stack.endpoints.describe()}  table: {stack.table_name}", flush=True)
+    print(f"Relay dead-letter queue: {stack.dlq_url}", flush=True)
+    if stack.kafka_bootstrap:
+        print(f"Kafka bootstrap: {stack.kafka_bootstrap}  (relay consuming poimen.<tenant>.dispatch)", flush=True)
         print(
-            f"Try: curl -si --aws-sigv4 aws:amz:{options.region}:execute-api --user {DEV_ACCESS_KEY}:{DEV_SECRET_KEY} "
-            f"-X POST {url}/v1/runs -H 'Content-Type: application/json' -H 'X-Poimen-Tenant: acme' "
-            '-d \'{"workflow_ref": "wf/hello", "input": {}, "dispatch_key": "k-1"}\'',
+            f"Publish: poimen dispatch publish --bootstrap-servers {stack.kafka_bootstrap} --tenant acme "
+            "--workflow-ref wf/hello --input '{}' --dispatch-key k-2",
             flush=True,
         )
-        try:
-            stack.server.serve_forever()
-        except KeyboardInterrupt:
-            print("Stopping.", file=sys.stderr, flush=True)
-    return 0
+    if stack.failed_batches_bucket:
+        print(f"Failed batches (S3): {stack.failed_batches_bucket}", flush=True)
+        endpoints = stack.endpoints
+        # One --aws-endpoint serves SQS and S3 alike; split, the SDK's variables name each.
+        where = (
+            f"--aws-endpoint {endpoints.sqs}"
+            if endpoints.sqs == endpoints.s3
+            else f"(with AWS_ENDPOINT_URL_SQS={endpoints.sqs} AWS_ENDPOINT_URL_S3={endpoints.s3})"
+        )
+        print(
+            f"Dead letters: poimen dlq list --api-url {url} --queue-url {stack.dlq_url} "
+            f"--bucket {stack.failed_batches_bucket} {where} --dev-key",
+            flush=True,
+        )
+    print(f"Credentials (SigV4, execute-api): {DEV_ACCESS_KEY}:{DEV_SECRET_KEY}", flush=True)
+    print(
+        f"Try: curl -si --aws-sigv4 aws:amz:{options.region}:execute-api --user {DEV_ACCESS_KEY}:{DEV_SECRET_KEY} "
+        f"-X POST {url}/v1/runs -H 'Content-Type: application/json' -H 'X-Poimen-Tenant: acme' "
+        '-d \'{"workflow_ref": "wf/hello", "input": {}, "dispatch_key": "k-1"}\'',
+        flush=True,
+    )
 
 
 def _failed_batches_bucket(name: str) -> str:
@@ -177,22 +211,36 @@ def _failed_batches_bucket(name: str) -> str:
     return name
 
 
-def _start_kafka(
+def _start_broker(port: int, cleanup: contextlib.ExitStack) -> str:
+    """A local broker in a fresh folder, removed when it stops; kept, with its logs, if it cannot start."""
+    data = Path(tempfile.mkdtemp(prefix="poimen-kafka-"))
+    broker = KafkaBroker(data, port=port)
+    try:
+        broker.start()
+    except BrokerError as error:
+        if str(broker.log_file) in str(error):  # the error sends the reader to the logs: keep them
+            raise BrokerError(f"{error} (both kept)") from None
+        shutil.rmtree(data, ignore_errors=True)
+        raise
+    except BaseException:
+        shutil.rmtree(data, ignore_errors=True)
+        raise
+    cleanup.callback(shutil.rmtree, data, ignore_errors=True)
+    cleanup.callback(broker.stop)
+    return broker.bootstrap_servers
+
+
+def _start_event_source(
     template: Template,
-    options: DevOptions,
+    bootstrap: str,
     api_url: str,
     dlq_url: str,
     bucket: str,
     cleanup: contextlib.ExitStack,
-) -> str:
-    """A local broker (unless one is given) and the local MSK event source feeding the relay handler."""
-    bootstrap = options.kafka_bootstrap
-    if bootstrap is None:
-        data = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="poimen-kafka-")))
-        broker = cleanup.enter_context(KafkaBroker(data, port=options.kafka_port))
-        bootstrap = broker.bootstrap_servers
+) -> None:
+    """The local MSK event source feeding the relay handler, which posts to the (listening) API."""
     # The relay's two variables. Its other ones (service name) are left out: this process's environment
-    # is also what the admission execution environments inherit when they start.
+    # is also what the admission execution environments inherit (they started already).
     os.environ.update({"ADMISSION_API_URL": api_url, "DLQ_URL": dlq_url})
     s3 = boto3.client("s3")
     mapping_id = str(uuid.uuid4())
@@ -205,11 +253,6 @@ def _start_kafka(
     )
     source.start()
     cleanup.callback(source.stop)
-    return bootstrap
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

@@ -6,22 +6,28 @@ This translation is the only local-only code on the request path; routes live in
 from __future__ import annotations
 
 import base64
+import contextlib
+import ctypes
+import errno
 import io
 import json
 import multiprocessing
 import os
 import re
+import signal
 import sys
 import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -197,22 +203,117 @@ class ExecutionEnvironments:
     A Lambda execution environment never runs two invocations at once, and the handler's libraries
     rely on that (Powertools keeps the current event on the resolver). Threads sharing one handler
     would mix requests up; processes do not, and they still race each other on DynamoDB.
+
+    `start()` launches all N and each imports the handler (Lambda's init phase) at once; `wait_ready()`
+    returns when every one has, so the first requests never wait for an import. The environments
+    ignore Ctrl-C and SIGTERM (their owner stops them with `close()`), and end with their owner
+    however it ends, SIGKILL included.
     """
 
     def __init__(self, template_path: str, logical_id: str, concurrency: int) -> None:
         self.function_name = logical_id
+        self.concurrency = concurrency
+        self._template_path = template_path
+        self._pool: ProcessPoolExecutor | None = None
+        self._loaded: Any = None  # multiprocessing.synchronize.Barrier
+        self._warming: list[Future[None]] = []
+
+    def start(self, load_timeout: float = 120.0) -> None:
+        """Launch every environment (without waiting): each imports the handler."""
+        if self._pool is not None:
+            raise RuntimeError("the execution environments are already started")
+        context = multiprocessing.get_context("spawn")
+        # Each warm-up call waits here until all N have loaded the handler: no environment can take
+        # two of them, so N calls mean N environments started and loaded.
+        self._loaded = context.Barrier(self.concurrency)
         self._pool = ProcessPoolExecutor(
-            max_workers=concurrency,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_load_handler,
-            initargs=(template_path, logical_id),
+            max_workers=self.concurrency,
+            mp_context=context,
+            initializer=_start_environment,
+            initargs=(
+                self._template_path,
+                self.function_name,
+                self._loaded,
+                os.getpid(),
+                # The parent-death signal fires when the *thread* that started a process ends (they
+                # are all started below): ask for it only from the main thread, whose end is the process's.
+                threading.current_thread() is threading.main_thread(),
+            ),
         )
+        # A process started with Ctrl-C blocked keeps it blocked until its initializer ignores it: a
+        # Ctrl-C while it is still starting is never a traceback. (multiprocessing's resource
+        # tracker is started the same way.)
+        with _stop_signals_blocked():
+            # ProcessPoolExecutor starts a spawn-context process per call while none is idle.
+            self._warming = [self._pool.submit(_wait_until_all_loaded, load_timeout) for _ in range(self.concurrency)]
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Until every environment has imported the handler; raises if one could not."""
+        deadline = time.monotonic() + timeout
+        try:
+            for warming in self._warming:
+                warming.result(timeout=max(0.0, deadline - time.monotonic()))
+        except FutureTimeout:
+            raise EnvironmentsNotReady(
+                f"the {self.function_name} execution environments did not load the handler within {timeout:.0f} s"
+            ) from None
+        except Exception as error:  # the initializer raised (its traceback is on stderr) or a process died
+            raise EnvironmentsNotReady(
+                f"an execution environment of {self.function_name} failed to load the handler ({error!r}); "
+                "see the traceback above"
+            ) from error
 
     def invoke(self, event: dict[str, Any]) -> dict[str, Any]:
+        if self._pool is None:
+            raise RuntimeError("the execution environments are not started")
         return self._pool.submit(_invoke_loaded_handler, event).result()
 
     def close(self) -> None:
+        if self._pool is None:
+            return
+        self._loaded.abort()  # environments still waiting for the others give up: shutdown is prompt
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class EnvironmentsNotReady(RuntimeError):
+    """The function's execution environments could not load the handler."""
+
+
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def _stop_signals_blocked() -> Iterator[None]:
+    """Processes started inside inherit SIGINT and SIGTERM blocked (this thread's mask, across exec)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent(parent_pid: int, *, parent_death_signal: bool = True) -> None:
+    """End this process as soon as `parent_pid`, its parent, ends, however it ends (SIGKILL included).
+
+    On Linux the kernel sends SIGKILL at the parent's death (PR_SET_PDEATHSIG: it fires when the
+    thread that started this process ends, so only ask for it when that was the parent's main
+    thread). Everywhere, a thread also watches for this process being re-parented.
+    """
+    if parent_death_signal and sys.platform == "linux":
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # it died before the signal was asked for
+        os._exit(1)
+    threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), name="parent-watch", daemon=True).start()
+
+
+def _exit_when_orphaned(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(0.5)
+    os._exit(1)
 
 
 class LineWriter(io.TextIOBase):
@@ -237,6 +338,25 @@ class LineWriter(io.TextIOBase):
 
 
 _loaded: tuple[LambdaHandler, str] | None = None
+_all_loaded: Any = None  # the environments' shared barrier (multiprocessing.synchronize.Barrier)
+
+
+def _start_environment(
+    template_path: str, logical_id: str, all_loaded: Any, parent_pid: int, parent_death_signal: bool
+) -> None:
+    """An execution environment's init phase: outlive nothing, ignore stop signals, import the handler."""
+    _die_with_parent(parent_pid, parent_death_signal=parent_death_signal)
+    # Ctrl-C reaches the whole process group; the environments are stopped by their owner instead.
+    for stop in _STOP_SIGNALS:
+        signal.signal(stop, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # one that came meanwhile is dropped
+    global _all_loaded
+    _all_loaded = all_loaded
+    _load_handler(template_path, logical_id)
+
+
+def _wait_until_all_loaded(timeout: float) -> None:
+    _all_loaded.wait(timeout)
 
 
 def _load_handler(template_path: str, logical_id: str) -> None:
@@ -256,8 +376,28 @@ def _invoke_loaded_handler(event: dict[str, Any]) -> dict[str, Any]:
     return handler(event, LocalLambdaContext(function_name))
 
 
+class PortInUse(OSError):
+    """The API's address is taken (another `poimen dev`, or another server, listens there)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(
+            errno.EADDRINUSE,
+            f"{host}:{port} is already in use (another poimen dev?): stop what listens there, "
+            "or choose another port with --port (0: any free port)",
+        )
+        self.host, self.port = host, port
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
 class LocalApiServer(ThreadingHTTPServer):
-    """Threaded HTTP front (API Gateway's part) over the function's execution environments."""
+    """Threaded HTTP front (API Gateway's part) over the function's execution environments.
+
+    It binds its port when made (so a taken port fails at once, and the URL is known) and accepts
+    connections only after `listen()`: its owner calls that once a request would be answered, so
+    nothing connects to a server that cannot answer yet.
+    """
 
     daemon_threads = True
     # socketserver's default listen backlog is 5: a burst of concurrent clients would be reset.
@@ -270,10 +410,33 @@ class LocalApiServer(ThreadingHTTPServer):
         routes: list[Route],
         authenticate: Authenticator,
     ) -> None:
-        super().__init__(address, _RequestHandler)
+        super().__init__(address, _RequestHandler, bind_and_activate=False)
         self.environments = environments
         self.routes = routes
         self.authenticate = authenticate
+        with self._port_in_use_named(address):
+            self.server_bind()
+
+    def listen(self) -> None:
+        """Start accepting connections (served once `serve_forever` runs)."""
+        with self._port_in_use_named(self.server_address[:2]):
+            self.server_activate()
+
+    @contextlib.contextmanager
+    def _port_in_use_named(self, address: tuple[Any, ...]) -> Iterator[None]:
+        try:
+            yield
+        except OSError as error:
+            self.server_close()
+            if error.errno == errno.EADDRINUSE:
+                raise PortInUse(str(address[0]), int(address[1])) from None
+            raise
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that gave up (closed, reset) is not the server's error: no traceback for it.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
     @property
     def url(self) -> str:
@@ -289,6 +452,11 @@ def _gateway_message(message: str) -> bytes:
 class _RequestHandler(BaseHTTPRequestHandler):
     server: LocalApiServer
     protocol_version = "HTTP/1.1"
+    # RFC 9110's reason phrases, as Python 3.13 has them and the problem+json titles (poimen.api) say;
+    # 3.11 and 3.12 still have RFC 7231's "Request Entity Too Large" and RFC 4918's "Unprocessable Entity".
+    responses = MappingProxyType(
+        {**BaseHTTPRequestHandler.responses, 413: ("Content Too Large", ""), 422: ("Unprocessable Content", "")}
+    )
 
     def _invoke(self) -> None:
         try:

@@ -26,6 +26,10 @@ from poimen_tools.local.msk import KafkaRecord, msk_event
 
 log = logging.getLogger(__name__)
 OnFailure = Callable[[dict[str, Any]], None]
+SESSION_TIMEOUT_MS = 6000
+# Not errors: the end of a partition, and no dispatch topic yet (no tenant has published), which the
+# subscription picks up once one is created.
+_NOT_YET = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 
 
 class LocalMskEventSource:
@@ -84,6 +88,16 @@ class LocalMskEventSource:
                 "max.poll.interval.ms": budget_ms + 60_000,
                 # New tenant topics are picked up within a second, as a new mapping would start them.
                 "topic.metadata.refresh.interval.ms": 1000,
+                # A member that died without leaving (`poimen dev` killed) keeps its partitions until its
+                # session times out: 45 s by default, 6 s here (the broker's least, group.min.session.
+                # timeout.ms), so a restart resumes within seconds. Not static membership
+                # (group.instance.id): a static member never leaves, so even a clean stop would hold the
+                # partitions for the timeout unless restarted under the same id, and two `poimen dev`s
+                # sharing one broker with one id would fence each other. Heartbeats come from
+                # librdkafka's own thread, so a slow relay cannot miss them (max.poll.interval.ms bounds
+                # the handling).
+                "session.timeout.ms": SESSION_TIMEOUT_MS,
+                "heartbeat.interval.ms": SESSION_TIMEOUT_MS // 3,
             }
         )
         try:
@@ -103,7 +117,9 @@ class LocalMskEventSource:
             error = message.error()
             if error is None:
                 messages.append(message)
-            elif error.code() != KafkaError._PARTITION_EOF:
+            elif error.code() in _NOT_YET:
+                log.debug("consumer: %s", error)
+            else:
                 log.warning("consumer: %s", error)
         by_topic: dict[str, list[Message]] = {}
         for message in messages:

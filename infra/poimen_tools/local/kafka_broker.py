@@ -7,12 +7,17 @@ The jars come from Maven Central (infra/kafka/pom.xml) into a cache folder git i
 from __future__ import annotations
 
 import base64
+import ctypes
+import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -37,10 +42,12 @@ def kafka_jars(cache: Path = DEFAULT_CACHE) -> Path:
     if shutil.which("mvn") is None:
         raise BrokerError("Maven (mvn) is needed to fetch the Kafka broker jars")
     lib.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
+    fetched = subprocess.run(
         [
             "mvn",
-            "-B",
+            "--batch-mode",
+            "--no-transfer-progress",
+            "-Dstyle.color=never",  # plain text in logs and `make test` output (Maven 3.5+ colours otherwise)
             "-q",
             "-f",
             str(POM),
@@ -48,8 +55,12 @@ def kafka_jars(cache: Path = DEFAULT_CACHE) -> Path:
             f"-DoutputDirectory={lib}",
             "-DincludeScope=runtime",
         ],
-        check=True,
+        check=False,
     )
+    if fetched.returncode != 0:
+        raise BrokerError(
+            f"Maven could not fetch the Kafka broker jars (exit {fetched.returncode}); see its output above"
+        )
     done.touch()
     return lib
 
@@ -79,7 +90,14 @@ class KafkaBroker:
     def log_file(self) -> Path:
         return self.data_dir / "broker.log"
 
+    @property
+    def output_file(self) -> Path:
+        """The JVM's own stdout and stderr (what happens before logging starts)."""
+        return self.data_dir / "broker.out"
+
     def _java(self, main_class: str, *arguments: str) -> list[str]:
+        if shutil.which("java") is None:
+            raise BrokerError("Java 17 or later (java) is needed to run the local Kafka broker")
         jars = self._jars or kafka_jars()
         return [
             "java",
@@ -148,10 +166,15 @@ class KafkaBroker:
         cluster_id = next(
             line.split("=", 1)[1] for line in meta.read_text().splitlines() if line.startswith("cluster.id=")
         )
-        with (self.data_dir / "broker.out").open("ab") as out:
-            # Its own session: a Ctrl-C meant for `poimen dev` must not kill the broker under it.
+        with self.output_file.open("ab") as out:
+            # Its own session: a Ctrl-C meant for `poimen dev` must not kill the broker under it (its
+            # owner stops it cleanly). But it must not outlive its owner either, SIGKILL included.
             self._process = subprocess.Popen(
-                self._java("kafka.Kafka", str(config)), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                self._java("kafka.Kafka", str(config)),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_terminate_with_parent(),
             )
         try:
             self.wait_ready(timeout, cluster_id)
@@ -166,7 +189,9 @@ class KafkaBroker:
         admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
         while time.monotonic() < deadline:
             if self._process is not None and self._process.poll() is not None:
-                raise BrokerError(f"the broker exited with {self._process.returncode}; see {self.log_file}")
+                raise BrokerError(
+                    f"the broker exited with {self._process.returncode}; see {self.log_file} and {self.output_file}"
+                )
             try:
                 metadata = admin.list_topics(timeout=1)
             except Exception:
@@ -176,7 +201,7 @@ class KafkaBroker:
                 raise BrokerError(f"another Kafka cluster answers on {self.bootstrap_servers}")
             if metadata.brokers:
                 return
-        raise BrokerError(f"the broker did not answer within {timeout} s; see {self.log_file}")
+        raise BrokerError(f"the broker did not answer within {timeout} s; see {self.log_file} and {self.output_file}")
 
     def stop(self, timeout: float = 30.0) -> None:
         """A clean shutdown (SIGTERM), so a later start keeps every committed record."""
@@ -198,3 +223,28 @@ class KafkaBroker:
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
         self.stop()
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _terminate_with_parent() -> Callable[[], None] | None:
+    """A preexec_fn: the broker gets SIGTERM (a clean shutdown) when this process dies, SIGKILL included.
+
+    Linux only (PR_SET_PDEATHSIG), and only from the main thread: the signal fires when the thread that
+    started the child ends, and another thread may end long before this process does.
+    """
+    if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the signal was asked for
+            os._exit(1)
+
+    return preexec

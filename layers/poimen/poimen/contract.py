@@ -1,8 +1,9 @@
 """The HTTP contract of POST /v1/runs: request and response bodies, limits, header names, and JSON as
 the API reads and writes it (strict, numbers exact).
 
-Everything that speaks to the API (the handler, the relay, publishers) shares these definitions;
-this module depends on nothing else in the package.
+Everything that speaks to the API (the handler, publishers, the client) shares these definitions; the
+names and limits themselves are in `poimen.wire`, which the relay imports without pydantic. This module
+depends on nothing else in the package.
 """
 
 from __future__ import annotations
@@ -16,19 +17,7 @@ from typing import Annotated, Any, Literal, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field
 
-TENANT_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
-# 1-255 characters, none of them a C0/C1 control character or DEL.
-DISPATCH_KEY_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]{1,255}$"
-MAX_BODY_BYTES = 256 * 1024
-# Levels of JSON nesting in a body, the body object being the first: deep enough for any real input,
-# shallow enough that nothing which reads a run (the JSON stacks of Python, Powertools, pydantic, callers'
-# parsers) ever meets its recursion limit.
-MAX_JSON_DEPTH = 64
-# Run ids are UUIDs (v8 when derived from a dispatch_key, v7 otherwise), lower-case as the API writes them.
-RUN_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
-
-TENANT_HEADER = "X-Poimen-Tenant"
-REPLAYED_HEADER = "Idempotent-Replayed"
+from poimen.wire import DISPATCH_KEY_PATTERN, MAX_JSON_DEPTH, TENANT_PATTERN
 
 TenantId = Annotated[str, Field(pattern=TENANT_PATTERN, description="Tenant id; part of Kafka topic names")]
 DispatchKey = Annotated[
@@ -47,7 +36,9 @@ GoalId = Annotated[str, Field(min_length=1, max_length=256)]
 class RunRequest(BaseModel):
     """Body of POST /v1/runs."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # defer_build: the validator is built on first use, not at import (cold start); warmed before a
+    # SnapStart snapshot (poimen.api.warm). Run and Problem are only ever built for the OpenAPI document.
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
 
     workflow_ref: WorkflowRef
     input: dict[str, Any]
@@ -57,6 +48,8 @@ class RunRequest(BaseModel):
 
 class Run(BaseModel):
     """A run as the API returns it; a replayed admission returns the first answer unchanged."""
+
+    model_config = ConfigDict(defer_build=True)
 
     run_id: str
     tenant_id: str
@@ -71,7 +64,7 @@ class Run(BaseModel):
 class Problem(BaseModel):
     """RFC 9457 problem details; extension members (`errors`, `run_id`) ride along."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)
 
     type: str
     title: str

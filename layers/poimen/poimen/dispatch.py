@@ -9,25 +9,83 @@ from confluent_kafka import KafkaError, Message, Producer
 from poimen.contract import RunRequest, json_text
 from poimen.ids import keyed_run_id, unkeyed_run_id
 from poimen.kafka import dispatch_topic, partition_key
-from poimen.kafka_client import client_config
+from poimen.kafka_client import broker_error_reason, client_config, quiet_client_settings
+
+# librdkafka's own default for `message.timeout.ms`: a record waits five minutes for a broker.
+DEFAULT_DELIVERY_TIMEOUT_SECONDS = 300.0
+# What flush() waits beyond the delivery timeout, so every record's delivery report (with its reason) is in.
+_FLUSH_MARGIN_SECONDS = 2.0
 
 
 class PublishFailed(RuntimeError):
     """The broker did not acknowledge dispatch records within the producer's delivery timeout."""
 
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        unsent: int,
+        failures: list[str],
+        broker_errors: list[str],
+        timeout_seconds: float,
+    ) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.unsent = unsent  # records neither acknowledged nor failed when flush gave up
+        self.failures = failures  # each failed record's delivery error, e.g. "Local: Message timed out"
+        self.broker_errors = broker_errors  # the client's errors meanwhile, latest last (why it timed out)
+        self.timeout_seconds = timeout_seconds
+        super().__init__(
+            f"{self.records} dispatch record(s) not acknowledged by {bootstrap_servers} within "
+            f"{timeout_seconds:g} s; failures: {failures}" + (f"; broker: {broker_errors[-1]}" if broker_errors else "")
+        )
+
+    @property
+    def records(self) -> int:
+        return self.unsent + len(self.failures)
+
+    @property
+    def reason(self) -> str:
+        """Why, in a few words: the broker's last error if any (e.g. 'connection refused'), else the
+        first record's delivery error."""
+        if self.broker_errors:
+            return broker_error_reason(self.broker_errors[-1])
+        if self.failures:
+            return self.failures[0]
+        return "no acknowledgement"
+
 
 class DispatchPublisher:
     """An idempotent producer with acks=all: a retried send never duplicates a record in the log.
 
-    While the broker is down, records wait in the producer's queue (up to `message.timeout.ms`, five
-    minutes by default) and go out when it is back.
+    While the broker is down, records wait in the producer's queue for `delivery_timeout_seconds`
+    (librdkafka's `message.timeout.ms`, five minutes by default) and go out when it is back; past it,
+    `flush` raises PublishFailed with each record's delivery error and the broker's last error.
+    librdkafka's own log lines go to the Python logger `poimen.kafka.librdkafka` at warning level.
     """
 
-    def __init__(self, bootstrap_servers: str, iam_region: str | None = None, **extra: Any) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        iam_region: str | None = None,
+        *,
+        delivery_timeout_seconds: float = DEFAULT_DELIVERY_TIMEOUT_SECONDS,
+        **extra: Any,
+    ) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.delivery_timeout_seconds = delivery_timeout_seconds
+        quick = delivery_timeout_seconds if delivery_timeout_seconds < DEFAULT_DELIVERY_TIMEOUT_SECONDS else None
         # murmur2: the partitioner of Java producers, so every producer puts a partition key in one place.
-        settings = {"enable.idempotence": True, "acks": "all", "partitioner": "murmur2_random", **extra}
+        settings = {
+            "enable.idempotence": True,
+            "acks": "all",
+            "partitioner": "murmur2_random",
+            "message.timeout.ms": int(delivery_timeout_seconds * 1000),
+            "error_cb": self._client_error,
+            **quiet_client_settings(quick),
+            **extra,
+        }
         self._producer = Producer(client_config(bootstrap_servers, iam_region, **settings))
         self._failures: list[str] = []
+        self._broker_errors: list[str] = []
         self._producer.poll(0)  # serves oauth_cb before the first request (librdkafka calls it from poll)
 
     def publish(self, tenant_id: str, request: RunRequest) -> str | None:
@@ -47,13 +105,28 @@ class DispatchPublisher:
         self._producer.poll(0)
         return run_id
 
-    def flush(self, timeout: float = 30.0) -> None:
-        """Wait until every queued record is acknowledged; raise if any failed or is still queued."""
-        remaining = self._producer.flush(timeout)
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued record is acknowledged; raise PublishFailed if any failed or is still
+        queued. By default it waits as long as a record may (the delivery timeout), so each unsent record
+        comes back with its delivery error rather than as merely still queued."""
+        wait = self.delivery_timeout_seconds + _FLUSH_MARGIN_SECONDS if timeout is None else timeout
+        remaining = self._producer.flush(wait)
         failures, self._failures = self._failures, []
+        broker_errors, self._broker_errors = self._broker_errors, []
         if failures or remaining:
-            raise PublishFailed(f"{remaining} dispatch record(s) unsent; failures: {failures}")
+            raise PublishFailed(
+                self.bootstrap_servers, remaining, failures, broker_errors, self.delivery_timeout_seconds
+            )
 
     def _delivered(self, error: KafkaError | None, _message: Message) -> None:
         if error is not None:
-            self._failures.append(str(error))
+            self._failures.append(str(error.str()))
+
+    def _client_error(self, error: KafkaError) -> None:
+        # Transport errors are not fatal (librdkafka keeps retrying): kept to say why records time out.
+        # "1/1 brokers are down" follows the transport error that says why, and would hide it.
+        if error.code() == KafkaError._ALL_BROKERS_DOWN and self._broker_errors:
+            return
+        text = str(error.str())
+        if text not in self._broker_errors[-1:]:
+            self._broker_errors = [*self._broker_errors[-9:], text]

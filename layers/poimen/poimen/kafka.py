@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from poimen.contract import TENANT_PATTERN
+from poimen.wire import TENANT_PATTERN
 
 _TENANT = TENANT_PATTERN.strip("^$")
 _DISPATCH_TOPIC = re.compile(rf"^poimen\.(?P<tenant>{_TENANT})\.dispatch$")

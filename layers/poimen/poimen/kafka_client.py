@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Any
 
 from aws_msk_iam_sasl_signer import MSKAuthTokenProvider
+
+# librdkafka's own log lines go to this logger, never raw to stderr (see `quiet_client_settings`).
+LIBRDKAFKA_LOGGER = "poimen.kafka.librdkafka"
+# A library's logger has no handler but this one: with no logging configured, Python's last-resort
+# handler would print every line to stderr, as librdkafka itself did.
+logging.getLogger(LIBRDKAFKA_LOGGER).addHandler(logging.NullHandler())
+# syslog's warning level, as librdkafka counts: notices and debug lines are not even produced.
+_LOG_LEVEL_WARNING = 4
+_CONNECT_FAILED = re.compile(r"failed: (?P<reason>[^(]+?)\s*(?:\(|$)")
 
 
 def msk_iam_token_callback(region: str, credentials_provider: Any | None = None) -> Any:
@@ -39,3 +50,24 @@ def client_config(bootstrap_servers: str, iam_region: str | None = None, **extra
             "oauth_cb": msk_iam_token_callback(iam_region),
         }
     return config
+
+
+def quiet_client_settings(timeout_seconds: float | None = None) -> dict[str, Any]:
+    """librdkafka logging through the Python logger `LIBRDKAFKA_LOGGER` at warning level, and, with
+    `timeout_seconds`, connection attempts bounded by it.
+
+    Without a `logger`, librdkafka prints every failed connection attempt to stderr itself: a
+    command waiting on an absent broker printed a line every few hundred milliseconds.
+    """
+    settings: dict[str, Any] = {"logger": logging.getLogger(LIBRDKAFKA_LOGGER), "log_level": _LOG_LEVEL_WARNING}
+    if timeout_seconds is not None:
+        # A broker that accepts no connection is given up on within the caller's timeout, not 30 s.
+        settings["socket.connection.setup.timeout.ms"] = max(1000, int(timeout_seconds * 1000))
+    return settings
+
+
+def broker_error_reason(text: str) -> str:
+    """The short reason in a librdkafka transport error: 'connection refused' out of
+    '127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused (after 0ms ...)'."""
+    match = _CONNECT_FAILED.search(text)
+    return match["reason"].strip().lower() if match else text.strip()

@@ -23,7 +23,6 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
-import boto3
 import botocore.config
 import botocore.exceptions
 import botocore.session
@@ -35,9 +34,9 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 
 from poimen.config import RelaySettings
-from poimen.contract import TENANT_HEADER
 from poimen.kafka import tenant_of_dispatch_topic
 from poimen.observability import logger, metrics
+from poimen.wire import TENANT_HEADER
 
 RETRYABLE_STATUSES = frozenset({408, 429}) | frozenset(range(500, 600))
 # The answers that blame the record itself: dead-letter it and drain on. Any other refusal (401, 403,
@@ -138,10 +137,12 @@ class Relay:
         self._settings = settings
         self._runs_url = f"{settings.admission_api_url}/v1/runs"
         self._http = http or urllib3.PoolManager(maxsize=settings.max_concurrency, block=True, retries=False)
+        # botocore, not boto3: boto3 would import s3transfer and multiprocessing on the cold path for nothing.
+        session = botocore.session.get_session()
         # AWS endpoints come from the standard SDK configuration (AWS_ENDPOINT_URL_SQS, ...). One attempt
         # per call, bounded by its timeouts: the relay retries itself, and only while an attempt still
         # fits before the deadline.
-        self._sqs = sqs or boto3.client(
+        self._sqs: Any = sqs or session.create_client(
             "sqs",
             region_name=settings.region,
             config=botocore.config.Config(
@@ -151,7 +152,7 @@ class Relay:
                 max_pool_connections=settings.max_concurrency,
             ),
         )
-        found = credentials or botocore.session.get_session().get_credentials()
+        found = credentials or session.get_credentials()
         if found is None:
             raise RuntimeError("no AWS credentials to sign admission API calls with")
         self._credentials: Any = found
@@ -425,7 +426,11 @@ def _retry_after_seconds(value: str | None) -> float:
 
 @lru_cache(maxsize=1)
 def relay_service() -> Relay:
-    """The relay built once per execution environment from the validated environment, on first use."""
+    """The relay built once per execution environment from the validated environment, on first use.
+
+    Its HTTP pool, SQS client and credentials are per environment: after a SnapStart restore
+    `relay_service.cache_clear()` drops them (functions/inbox_relay/app.py), and the next batch builds new ones.
+    """
     return Relay(RelaySettings.from_env())
 
 

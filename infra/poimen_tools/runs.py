@@ -1,0 +1,255 @@
+"""`poimen runs spawn|get|find`: the admission API from the shell, through `poimen.client`.
+
+Answers are JSON on stdout (numbers in `input` exactly as the API keeps them); a failure is one line on
+stderr and an exit code. Calls are signed (SigV4, execute-api) with your AWS credentials; against a
+loopback URL (`poimen dev`) for which the SDK finds none, with poimen dev's documented dev key
+(`--dev-key` forces it). A spawn without --dispatch-key gets a key generated for it, so its retries
+never admit it twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+from urllib.parse import urlsplit
+
+from botocore.credentials import Credentials
+
+from poimen.client import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_TIMEOUT_SECONDS,
+    RUN_NOT_FOUND,
+    AdmissionClient,
+    AdmissionError,
+    DispatchKeyReused,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    Unavailable,
+)
+from poimen.contract import json_text, parse_json
+from poimen_tools.credentials import is_loopback, local_credentials
+from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8080"  # `poimen dev` (make run)
+# `poimen dev`'s default region: the one signed for against a loopback URL unless --region says otherwise.
+LOCAL_REGION = "us-east-1"
+
+# The codes every `poimen` command uses (poimen_tools/cli.py), as they apply to an API call.
+EXIT_OK = 0
+EXIT_NOT_FOUND = 1  # get, find: no such run for this tenant
+EXIT_USAGE = 2  # bad arguments, or a request the API refused as such (400, 413, 415, 422 dispatch_key reused)
+EXIT_UNAVAILABLE = 3  # no answer (or only 408/429/5xx) after every retry, no credentials, the caller refused (403)
+
+EPILOG = """\
+output: spawn prints {"replayed": true|false, "run": {...}}; get and find print the run; numbers in input
+exactly as the API keeps them.
+
+exit codes: 0 done; 1 no such run (get, find); 2 usage: bad arguments, or a request the API refused (400,
+413, 415; 422 dispatch_key reused, the line names the existing run); 3 unavailable: no answer, or only
+408/429/5xx, after every retry; no credentials; the caller refused (403: signature or tenant not granted);
+a --base-url that is not the admission API."""
+
+
+class _Failure(Exception):
+    """Ends the command with one line and `exit_code`."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`poimen runs spawn|get|find` under `commands`; each leaf parser sets `run` (its handler, `run` here)
+    and `prog`, as every `poimen` command does."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--base-url",
+        type=_base_url,
+        default=DEFAULT_BASE_URL,
+        metavar="URL",
+        help="admission API base URL, e.g. the stack output AdmissionApiUrl (default: %(default)s, poimen dev)",
+    )
+    common.add_argument("--tenant", required=True, help="the tenant the call acts for (X-Poimen-Tenant)")
+    common.add_argument(
+        "--region", help="SigV4 region (default: the execute-api host's, else the SDK's; us-east-1 on loopback)"
+    )
+    common.add_argument(
+        "--dev-key",
+        action="store_true",
+        help="sign with poimen dev's documented dev key (default on loopback when the SDK finds no credentials)",
+    )
+    common.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=DEFAULT_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="per attempt (default: %(default)g)",
+    )
+    common.add_argument(
+        "--max-attempts", type=_attempts, default=DEFAULT_MAX_ATTEMPTS, help="attempts in all (default: %(default)s)"
+    )
+    formatter = argparse.RawDescriptionHelpFormatter
+    runs = commands.add_parser(
+        "runs",
+        help="spawn and look up runs through the admission API",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=formatter,
+    )
+    actions = runs.add_subparsers(dest="action", required=True)
+    spawn = actions.add_parser(
+        "spawn",
+        parents=[common],
+        help="POST /v1/runs; retried safely (a key is generated when none is given)",
+        epilog=EPILOG,
+        formatter_class=formatter,
+    )
+    spawn.add_argument("--workflow-ref", required=True)
+    spawn.add_argument("--input", required=True, type=_json_object, help="a JSON object (numbers kept exactly)")
+    spawn.add_argument("--goal-id")
+    spawn.add_argument(
+        "--dispatch-key", help="repeats of a key answer the first run (default: one generated for this call)"
+    )
+    get = actions.add_parser(
+        "get", parents=[common], help="GET /v1/runs/{run_id}", epilog=EPILOG, formatter_class=formatter
+    )
+    get.add_argument("run_id", metavar="RUN_ID")
+    find = actions.add_parser(
+        "find",
+        parents=[common],
+        help="GET /v1/runs?dispatch_key=: did the spawn with this key land?",
+        epilog=EPILOG,
+        formatter_class=formatter,
+    )
+    find.add_argument("dispatch_key", metavar="DISPATCH_KEY")
+    for leaf in (spawn, get, find):
+        leaf.set_defaults(run=run, prog=leaf.prog)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`poimen runs ...` on its own (argv without `runs`); `--debug` anywhere raises instead of the line."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in arguments
+    parser = argparse.ArgumentParser(prog="poimen")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["runs", *(argument for argument in arguments if argument != "--debug")])
+    args.debug = debug
+    return run(args)
+
+
+def run(
+    args: argparse.Namespace,
+    *,
+    client: AdmissionClient | None = None,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    """One `poimen runs <action>`. The API's answers and refusals end here, as JSON on stdout or one line
+    on stderr and its exit code (`args.debug`: raised instead); anything else is left to the caller."""
+    out, err = stdout or sys.stdout, stderr or sys.stderr
+    try:
+        with client or _client(args) as api:
+            document = _act(api, args)
+    except (AdmissionError, _Failure) as error:
+        if getattr(args, "debug", False):
+            raise
+        line, code = _explain(error, args)
+        print(f"{getattr(args, 'prog', 'poimen runs')}: {' '.join(line.split())}", file=err)
+        return code
+    out.write(document + "\n")
+    return EXIT_OK
+
+
+def _act(api: AdmissionClient, args: argparse.Namespace) -> str:
+    if args.action == "spawn":
+        spawned = api.spawn(
+            args.tenant, args.workflow_ref, args.input, goal_id=args.goal_id, dispatch_key=args.dispatch_key
+        )
+        return json_text({"replayed": spawned.replayed, "run": spawned.run.model_dump()})
+    if args.action == "get":
+        return json_text(api.get(args.tenant, args.run_id).model_dump())
+    found = api.find(args.tenant, args.dispatch_key)
+    if found is None:
+        raise _Failure(f"no run for dispatch_key {args.dispatch_key!r} in tenant {args.tenant}", EXIT_NOT_FOUND)
+    return json_text(found.model_dump())
+
+
+def _explain(error: Exception, args: argparse.Namespace) -> tuple[str, int]:
+    """(the cause and what to do about it, the exit code)."""
+    if isinstance(error, _Failure):
+        return str(error), error.exit_code
+    if isinstance(error, DispatchKeyReused):
+        return (
+            f"{error}: dispatch_key {args.dispatch_key!r} already admitted run {error.run_id} with a different "
+            "request; use another key, or poimen runs get that run",
+            EXIT_USAGE,
+        )
+    if isinstance(error, NotFound) and error.problem is not None and error.problem.type == RUN_NOT_FOUND:
+        return str(error), EXIT_NOT_FOUND
+    if isinstance(error, InvalidRequest):
+        return str(error), EXIT_USAGE
+    if isinstance(error, Forbidden):
+        fix = "check your credentials (--dev-key for poimen dev) and the tenant's grants (poimen grants list)"
+        return f"{error}: {fix}", EXIT_UNAVAILABLE
+    if isinstance(error, Unavailable):
+        return f"{error}: check --base-url and that the API is up, then try again", EXIT_UNAVAILABLE
+    # A route the API lacks (404), 401, 405, a redirect, a success that is no run.
+    return f"{error}: is --base-url the admission API (the stack output AdmissionApiUrl)?", EXIT_UNAVAILABLE
+
+
+def _client(args: argparse.Namespace) -> AdmissionClient:
+    loopback = is_loopback(args.base_url)
+    credentials = None
+    if args.dev_key:
+        credentials = Credentials(DEV_ACCESS_KEY, DEV_SECRET_KEY)
+    elif (dev_key := local_credentials(args.base_url)) is not None:
+        credentials = Credentials(*dev_key)
+    # poimen dev checks signatures for its own --region (us-east-1 unless told), whatever the SDK's says.
+    region = args.region or (LOCAL_REGION if loopback else None)
+    try:
+        return AdmissionClient(
+            args.base_url, region=region, credentials=credentials, timeout=args.timeout, max_attempts=args.max_attempts
+        )
+    except ValueError as error:  # no credentials, or no region, found
+        fix = "configure them (AWS_PROFILE, aws sso login), pass --region, or --dev-key for poimen dev"
+        raise _Failure(f"{error}: {fix}", EXIT_UNAVAILABLE) from error
+
+
+def _base_url(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL without query or fragment")
+    return text
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from error
+    if not 0 < seconds <= 3600:
+        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 3600 seconds")
+    return seconds
+
+
+def _attempts(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of attempts from 1 to 100")
+    return int(text)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = parse_json(text)
+    except (ValueError, RecursionError) as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from error
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+if __name__ == "__main__":
+    sys.exit(main())

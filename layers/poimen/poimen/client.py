@@ -1,0 +1,410 @@
+"""A typed Python client of the admission API: SigV4-signed HTTP, retries that never admit a run twice.
+
+It knows only the HTTP contract (`poimen.contract`), as the relay does, and shares no path with it to
+the store: it never imports the store, admission or the API module (a test enforces it). Nothing in the
+Lambda functions imports it. See docs/client.md.
+
+Every spawn carries a dispatch_key. A spawn without one gets a key generated for that call
+(`poimen-client/<uuid4>`), reused only by that call's own retries: a retry after a lost answer replays
+the run the first attempt admitted, and two calls are still two runs, as two keyless POSTs are.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, Final
+from urllib.parse import quote, urlsplit
+
+import botocore.credentials
+import botocore.exceptions
+import botocore.session
+import urllib3
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from pydantic import ValidationError
+
+from poimen.contract import Problem, Run, json_text, parse_json
+from poimen.wire import REPLAYED_HEADER, TENANT_HEADER, TENANT_PATTERN
+
+__all__ = [
+    "GENERATED_KEY_PREFIX",
+    "AdmissionClient",
+    "AdmissionError",
+    "DispatchKeyReused",
+    "Forbidden",
+    "InvalidRequest",
+    "NotFound",
+    "Spawned",
+    "Unavailable",
+    "UnexpectedAnswer",
+    "generated_dispatch_key",
+]
+
+# The prefix of the dispatch keys this client generates for keyless spawns; 14 + 36 characters, well
+# inside the API's 1-255 and free of control characters. Callers should not choose keys with it.
+GENERATED_KEY_PREFIX: Final = "poimen-client/"
+RETRYABLE_STATUSES: Final = frozenset({408, 429}) | frozenset(range(500, 600))
+SERVICE: Final = "execute-api"
+RUN_NOT_FOUND: Final = "urn:poimen:problem:run-not-found"
+DISPATCH_KEY_REUSED: Final = "urn:poimen:problem:dispatch-key-reused"
+# Longer than the admission function's own 10 s timeout (template.yaml): a slow invocation ends in the
+# gateway's answer rather than in the client giving up first.
+DEFAULT_TIMEOUT_SECONDS: Final = 15.0
+DEFAULT_MAX_ATTEMPTS: Final = 5
+_EXECUTE_API_HOST = re.compile(r"[a-z0-9]+\.execute-api\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(\.cn)?")
+_TENANT = re.compile(TENANT_PATTERN)
+
+
+class AdmissionError(Exception):
+    """Any failure of a call. `status` is the HTTP status (None: no answer, or refused before sending);
+    `problem` the RFC 9457 problem the API answered (None for API Gateway's own `{"message": ...}`
+    refusals and for failures without an answer); `body` the answer's body as parsed JSON (or text)."""
+
+    def __init__(
+        self, message: str, *, status: int | None = None, problem: Problem | None = None, body: Any = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.problem = problem
+        self.body = body
+
+
+class InvalidRequest(AdmissionError):
+    """400, 413 or 415: the request itself is wrong (or it could not be built: status None)."""
+
+
+class Forbidden(AdmissionError):
+    """403: the caller is not granted the tenant, or its signature was refused (API Gateway's IAM check)."""
+
+
+class NotFound(AdmissionError):
+    """404: no such run for this tenant (problem type run-not-found), or no such route (a wrong base URL)."""
+
+
+class DispatchKeyReused(AdmissionError):
+    """422: the dispatch_key already admitted `run_id`, for a different workflow_ref, input or goal_id."""
+
+    def __init__(self, message: str, *, run_id: str, status: int, problem: Problem | None, body: Any) -> None:
+        super().__init__(message, status=status, problem=problem, body=body)
+        self.run_id = run_id
+
+
+class Unavailable(AdmissionError):
+    """No answer, or only 408, 429 and 5xx, after every attempt; or the API asked to wait longer than
+    `max_retry_after`. `retry_after` is what the last answer asked for, in seconds (None if nothing)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        attempts: int,
+        retry_after: float | None = None,
+        status: int | None = None,
+        problem: Problem | None = None,
+        body: Any = None,
+    ) -> None:
+        super().__init__(message, status=status, problem=problem, body=body)
+        self.attempts = attempts
+        self.retry_after = retry_after
+
+
+class UnexpectedAnswer(AdmissionError):
+    """An answer the contract does not define (a redirect, 401, 405, a success that is not a run):
+    usually a base URL that is not the admission API."""
+
+
+@dataclass(frozen=True)
+class Spawned:
+    """The answer to a spawn.
+
+    `replayed`: the API answered 200 `Idempotent-Replayed: true`, the dispatch_key had admitted this run
+    before. With a key of the caller's, that may have been an earlier spawn or an earlier attempt of this
+    same call whose answer was lost (`attempts` > 1); with a generated key it can only be the latter, so
+    it is always False: the call admitted the run. `run.dispatch_key` is the key sent, generated or not.
+    """
+
+    run: Run
+    replayed: bool
+    attempts: int
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+
+def generated_dispatch_key() -> str:
+    """A fresh key for one keyless spawn: `poimen-client/` and a random UUID."""
+    return f"{GENERATED_KEY_PREFIX}{uuid.uuid4()}"
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    headers: Mapping[str, str]
+    data: bytes
+    attempts: int
+
+
+class AdmissionClient:
+    """The admission API at `base_url` (the stack output AdmissionApiUrl, or `poimen dev`'s URL).
+
+    Calls are signed with SigV4 for execute-api, as IAM authorization requires: with `credentials`, else
+    the standard botocore chain (environment, profile, SSO, container or instance role), resolved once
+    and refreshed by botocore as they expire. `region` defaults to the one in an execute-api host name,
+    else the SDK's configured region.
+
+    Each attempt is re-signed and bounded by `timeout` seconds (connect, and each read). Connection
+    errors, timeouts, 408, 429 and 5xx are retried up to `max_attempts` attempts in all, after a
+    full-jitter exponential backoff (uniform in [0, min(backoff_cap, backoff_base * 2^n)]) and never
+    sooner than a `Retry-After` asks; one asking for more than `max_retry_after` seconds ends the call
+    with Unavailable at once. `sleep` and `rng` are there for tests. Safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        region: str | None = None,
+        credentials: botocore.credentials.Credentials | None = None,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        backoff_base: float = 0.25,
+        backoff_cap: float = 8.0,
+        max_retry_after: float = 60.0,
+        http: urllib3.PoolManager | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise ValueError(f"base_url must be an http(s) URL without query or fragment: {base_url!r}")
+        if max_attempts < 1 or timeout <= 0:
+            raise ValueError("max_attempts must be at least 1 and timeout positive")
+        self.base_url = base_url.rstrip("/")
+        session = None
+        if region is None:
+            found = _EXECUTE_API_HOST.fullmatch(parts.hostname)
+            session = botocore.session.get_session()
+            region = found["region"] if found else session.get_config_variable("region")
+            if not region:
+                raise ValueError("no region: pass region=, or configure one (AWS_DEFAULT_REGION, a profile)")
+        if credentials is None:
+            credentials = (session or botocore.session.get_session()).get_credentials()
+            if credentials is None:
+                raise ValueError("no AWS credentials found to sign admission API calls with")
+        self.region: str = region
+        self._credentials = credentials
+        self._timeout = urllib3.Timeout(connect=timeout, read=timeout)
+        self._max_attempts = max_attempts
+        self._backoff_base = backoff_base
+        self._backoff_cap = backoff_cap
+        self._max_retry_after = max_retry_after
+        self._http = http or urllib3.PoolManager(retries=False)
+        self._sleep = sleep
+        # Backoff jitter spreads retries; it is not security-relevant randomness.
+        self._rng = rng or random.Random()  # noqa: S311
+
+    def __enter__(self) -> AdmissionClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.clear()
+
+    def spawn(
+        self,
+        tenant: str,
+        workflow_ref: str,
+        input: Mapping[str, Any],
+        *,
+        goal_id: str | None = None,
+        dispatch_key: str | None = None,
+    ) -> Spawned:
+        """POST /v1/runs. Without `dispatch_key`, a key is generated for this call (see the module doc):
+        however often it retries, it admits at most one run. Raises DispatchKeyReused, Forbidden,
+        InvalidRequest, Unavailable (or another AdmissionError)."""
+        generated = dispatch_key is None
+        key = generated_dispatch_key() if dispatch_key is None else dispatch_key
+        request: dict[str, Any] = {"workflow_ref": workflow_ref, "input": dict(input)}
+        if goal_id is not None:
+            request["goal_id"] = goal_id
+        request["dispatch_key"] = key
+        try:
+            body = json_text(request).encode("utf-8")
+        except (TypeError, ValueError) as error:  # a non-JSON value, NaN, a lone surrogate
+            raise InvalidRequest(f"the spawn request cannot be sent as JSON: {error}") from error
+        answer = self._call("POST", "/v1/runs", tenant, body=body)
+        if answer.status not in (200, 201):
+            raise _refusal(answer)
+        replayed = answer.status == 200 and answer.headers.get(REPLAYED_HEADER, "").lower() == "true"
+        return Spawned(_run(answer), replayed=replayed and not generated, attempts=answer.attempts)
+
+    def get(self, tenant: str, run_id: str) -> Run:
+        """GET /v1/runs/{run_id}. Raises NotFound (no such run for this tenant), Forbidden, ..."""
+        answer = self._call("GET", f"/v1/runs/{quote(run_id, safe='')}", tenant)
+        if answer.status != 200:
+            raise _refusal(answer)
+        return _run(answer)
+
+    def find(self, tenant: str, dispatch_key: str) -> Run | None:
+        """GET /v1/runs?dispatch_key=: the run the key admitted, or None. A 404 that is not the API's
+        run-not-found (a route the API does not have: a wrong base URL) raises NotFound."""
+        answer = self._call("GET", "/v1/runs", tenant, query=f"dispatch_key={quote(dispatch_key, safe='-_.~')}")
+        if answer.status == 200:
+            return _run(answer)
+        refusal = _refusal(answer)
+        if isinstance(refusal, NotFound) and refusal.problem is not None and refusal.problem.type == RUN_NOT_FOUND:
+            return None
+        raise refusal
+
+    # --- one call: sign, send, retry ------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, tenant: str, *, body: bytes = b"", query: str = "") -> _Answer:
+        if not _TENANT.fullmatch(tenant):
+            raise InvalidRequest(f"tenant {tenant!r} does not match {TENANT_PATTERN}")
+        # Encoded here as SigV4 canonicalises a query (unreserved characters bare, upper-case hex), so the
+        # URL sent is the one signed: botocore signs a query as it finds it.
+        url = f"{self.base_url}{path}" + (f"?{query}" if query else "")
+        headers = {TENANT_HEADER: tenant}
+        if method == "POST":
+            headers["Content-Type"] = "application/json"
+        attempt = 0
+        while True:
+            attempt += 1
+            retry_after: float | None = None
+            last: _Answer | None = None
+            try:
+                response = self._http.request(
+                    method,
+                    url,
+                    body=body if method == "POST" else None,
+                    headers=self._signed(method, url, headers, body),
+                    timeout=self._timeout,
+                    redirect=False,
+                )
+            except urllib3.exceptions.HTTPError as error:  # refused, reset, dropped, timed out
+                failure = f"{type(error).__name__}: {error}"
+            else:
+                if response.status not in RETRYABLE_STATUSES:
+                    return _Answer(response.status, response.headers, response.data, attempt)
+                last = _Answer(response.status, response.headers, response.data, attempt)
+                failure = f"HTTP {response.status}"
+                retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
+            if retry_after is not None and retry_after > self._max_retry_after:
+                raise _unavailable(f"the API asks to retry after {retry_after:.0f} s", attempt, retry_after, last)
+            if attempt >= self._max_attempts:
+                tries = f"{attempt} attempt" + ("s" if attempt > 1 else "")
+                raise _unavailable(f"unavailable after {tries}: {failure}", attempt, retry_after, last)
+            self._sleep(max(retry_after or 0.0, self._backoff(attempt - 1)))
+
+    def _backoff(self, retry: int) -> float:
+        ceiling = min(self._backoff_cap, self._backoff_base * 2 ** min(retry, 30))
+        return self._rng.uniform(0, ceiling)
+
+    def _signed(self, method: str, url: str, headers: dict[str, str], body: bytes) -> dict[str, str]:
+        """SigV4 (execute-api): a new signature, and date, for every attempt."""
+        request = AWSRequest(method=method, url=url, data=body, headers=headers)
+        try:
+            credentials = self._credentials.get_frozen_credentials()
+        except botocore.exceptions.BotoCoreError as error:
+            raise Forbidden(f"cannot sign the call: no usable AWS credentials ({error})") from error
+        SigV4Auth(credentials, SERVICE, self.region).add_auth(request)
+        return dict(request.headers.items())
+
+
+def _run(answer: _Answer) -> Run:
+    """The run in a success answer, its input's numbers exact (integers int, others JSONNumber)."""
+    try:
+        return Run.model_validate(parse_json(answer.data.decode("utf-8")))
+    except (ValueError, ValidationError) as error:
+        raise UnexpectedAnswer(
+            f"HTTP {answer.status} carried no run: is the base URL the admission API?",
+            status=answer.status,
+            body=_json_or_text(answer.data),
+        ) from error
+
+
+def _refusal(answer: _Answer) -> AdmissionError:
+    """The typed error for a non-success answer."""
+    body = _json_or_text(answer.data)
+    problem = _problem(body)
+    message = f"HTTP {answer.status}: {_summary(problem, body)}"
+    if answer.status == 422 and problem is not None and problem.type == DISPATCH_KEY_REUSED:
+        run_id = str((problem.model_extra or {}).get("run_id", ""))
+        return DispatchKeyReused(
+            f"{message} (run {run_id})", run_id=run_id, status=answer.status, problem=problem, body=body
+        )
+    kind: type[AdmissionError] = {
+        400: InvalidRequest,
+        413: InvalidRequest,
+        415: InvalidRequest,
+        403: Forbidden,
+        404: NotFound,
+    }.get(answer.status, UnexpectedAnswer)
+    return kind(message, status=answer.status, problem=problem, body=body)
+
+
+def _unavailable(message: str, attempts: int, retry_after: float | None, last: _Answer | None) -> Unavailable:
+    if last is None:
+        return Unavailable(message, attempts=attempts, retry_after=retry_after)
+    body = _json_or_text(last.data)
+    problem = _problem(body)
+    return Unavailable(
+        f"{message} ({_summary(problem, body)})",
+        attempts=attempts,
+        retry_after=retry_after,
+        status=last.status,
+        problem=problem,
+        body=body,
+    )
+
+
+def _problem(body: Any) -> Problem | None:
+    if not isinstance(body, dict):
+        return None
+    try:
+        return Problem.model_validate(body)
+    except ValidationError:
+        return None
+
+
+def _summary(problem: Problem | None, body: Any) -> str:
+    if problem is not None:
+        return f"{problem.detail} [{problem.type}]"
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        return str(body["message"])  # API Gateway's own refusals
+    return (str(body) or "no body")[:200]
+
+
+def _json_or_text(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return data.decode("utf-8", "replace")
+
+
+def _retry_after_seconds(value: str | None, now: datetime | None = None) -> float | None:
+    """Retry-After as delay-seconds or an HTTP-date (RFC 9110 10.2.3), in seconds from now; None if
+    absent or unreadable."""
+    if not value:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # "-0000": UTC, as HTTP-dates always are
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())

@@ -1,0 +1,279 @@
+"""`poimen` as a user meets it: every expected failure is one line on stderr naming the cause and the fix,
+with the exit code `poimen --help` documents; `--debug` shows the traceback; local commands need no AWS
+credentials. Each test runs the installed console script with no AWS settings at all (no AWS_*
+variables, a HOME without ~/.aws)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from poimen_tools.local.moto import EmbeddedMoto
+from poimen_tools.local.template import Template
+from tests.integration.conftest import POIMEN
+
+ROLE = "arn:aws:iam::123456789012:role/poimen-orchestrator"
+
+
+@dataclass
+class Outcome:
+    code: int
+    out: str
+    err: str
+    seconds: float
+
+    @property
+    def line(self) -> str:
+        """The one line on stderr; fails unless there is exactly one."""
+        lines = self.err.splitlines()
+        assert len(lines) == 1, f"expected one line on stderr, got:\n{self.err}"
+        assert "Traceback" not in self.err
+        return lines[0]
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    empty = tmp_path / "home"
+    empty.mkdir()
+    return empty
+
+
+def poimen(home: Path, *argv: str, env: dict[str, str] | None = None, timeout: float = 120) -> Outcome:
+    """The `poimen` console script in an environment with no AWS settings (plus `env`)."""
+    scrubbed = {name: value for name, value in os.environ.items() if not name.startswith(("AWS_", "POWERTOOLS_"))}
+    scrubbed |= {"HOME": str(home), **(env or {})}
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(POIMEN), *argv], capture_output=True, text=True, env=scrubbed, timeout=timeout, check=False
+    )
+    return Outcome(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+@dataclass
+class LocalDynamoDB:
+    endpoint: str
+    table_name: str
+    client: Any
+
+
+@pytest.fixture(scope="module")
+def local_dynamodb(template: Template) -> Iterator[LocalDynamoDB]:
+    """A moto server on loopback holding an admission table built from template.yaml."""
+    with EmbeddedMoto() as moto:
+        client = boto3.client("dynamodb", endpoint_url=moto.endpoint)
+        table_name = f"admission-{uuid.uuid4().hex[:8]}"
+        client.create_table(**template.create_table_request("AdmissionTable", table_name))
+        yield LocalDynamoDB(moto.endpoint, table_name, client)
+
+
+# -- DynamoDB (poimen grants) -------------------------------------------------------------------------
+
+
+def test_grants_against_a_local_endpoint_need_no_aws_credentials(local_dynamodb: LocalDynamoDB, home: Path) -> None:
+    where = ["--dynamodb-endpoint", local_dynamodb.endpoint, "--table-name", local_dynamodb.table_name]
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+
+    added = poimen(home, "grants", "add", "--principal", ROLE, "--tenant", tenant, *where)
+    listed = poimen(home, "grants", "list", *where)
+
+    assert (added.code, added.err) == (0, "")
+    assert (listed.code, listed.err) == (0, "")
+    assert f"{ROLE}\t" in listed.out
+    assert tenant in listed.out
+
+
+def test_an_unreachable_dynamodb_endpoint_is_one_line_and_exit_3(home: Path) -> None:
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+
+    outcome = poimen(home, "grants", "list", "--dynamodb-endpoint", endpoint)
+
+    assert outcome.line == (
+        f"poimen grants list: cannot reach DynamoDB at {endpoint} (connection refused); "
+        "start it (poimen dev) or pass --dynamodb-endpoint"
+    )
+    assert outcome.code == 3
+
+
+def test_a_missing_table_is_one_line_and_exit_1(local_dynamodb: LocalDynamoDB, home: Path) -> None:
+    outcome = poimen(home, "grants", "list", "--table-name", "nope", "--dynamodb-endpoint", local_dynamodb.endpoint)
+
+    assert outcome.line == (
+        f"poimen grants list: no table nope in DynamoDB at {local_dynamodb.endpoint}: pass --table-name "
+        "(poimen dev prints its table) or --dynamodb-endpoint"
+    )
+    assert outcome.code == 1
+
+
+def test_aws_without_credentials_is_one_line_and_exit_3(home: Path) -> None:
+    # No endpoint: AWS itself, for which the dev key is never used.
+    outcome = poimen(home, "grants", "list")
+
+    assert outcome.line == (
+        "poimen grants list: no AWS credentials for DynamoDB in us-east-1: configure them (AWS_PROFILE, "
+        "aws sso login), or pass --dynamodb-endpoint for a local table"
+    )
+    assert outcome.code == 3
+
+
+def test_aws_unreachable_is_one_line_and_exit_3(home: Path) -> None:
+    # Given credentials, and a network that reaches nothing (a proxy on a closed port stands in for it)
+    env = {
+        "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE",
+        "AWS_SECRET_ACCESS_KEY": "secret",
+        "HTTPS_PROXY": f"http://127.0.0.1:{closed_port()}",
+    }
+
+    outcome = poimen(home, "grants", "list", env=env)
+
+    assert outcome.line.startswith("poimen grants list: cannot reach DynamoDB in us-east-1 (")
+    assert outcome.line.endswith("); check the network and --region")
+    assert outcome.code == 3
+
+
+def test_removing_a_grant_that_is_not_there_is_one_line_and_exit_1(local_dynamodb: LocalDynamoDB, home: Path) -> None:
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    where = ["--dynamodb-endpoint", local_dynamodb.endpoint, "--table-name", local_dynamodb.table_name]
+
+    outcome = poimen(home, "grants", "remove", "--principal", ROLE, "--tenant", tenant, *where)
+
+    assert outcome.line == (
+        f"poimen grants remove: {ROLE} holds no grant of tenant {tenant}: nothing removed (see poimen grants list)"
+    )
+    assert outcome.code == 1
+
+
+def test_debug_shows_the_traceback(home: Path) -> None:
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+
+    outcome = poimen(home, "--debug", "grants", "list", "--dynamodb-endpoint", endpoint)
+    after = poimen(home, "grants", "list", "--dynamodb-endpoint", endpoint, "--debug")
+
+    for debugged in (outcome, after):
+        assert "Traceback (most recent call last)" in debugged.err
+        assert "StoreUnavailable" in debugged.err
+        assert debugged.code != 0
+
+
+# -- input -------------------------------------------------------------------------------------------
+
+
+def test_input_that_is_no_json_object_is_one_line_and_exit_2(home: Path) -> None:
+    outcome = poimen(home, "dispatch", "publish", "--tenant", "acme", "--workflow-ref", "wf", "--input", "[1]")
+
+    assert outcome.line == (
+        "poimen dispatch publish: argument --input: must be a JSON object, like '{\"key\": 1}'; "
+        "see poimen dispatch publish --help"
+    )
+    assert outcome.code == 2
+
+
+def test_a_spawn_request_the_api_would_refuse_is_one_line_and_exit_2(home: Path) -> None:
+    outcome = poimen(home, "dispatch", "publish", "--tenant", "acme", "--workflow-ref=", "--input", "{}")
+
+    assert outcome.line == (
+        "poimen dispatch publish: not a valid spawn request: workflow_ref: String should have at least 1 character"
+    )
+    assert outcome.code == 2
+
+
+# -- Kafka -------------------------------------------------------------------------------------------
+
+
+def test_publishing_to_an_absent_broker_fails_fast_in_one_line_naming_it(home: Path) -> None:
+    broker = f"127.0.0.1:{closed_port()}"
+    argv = ["--tenant", "acme", "--workflow-ref", "wf", "--input", "{}", "--bootstrap-servers", broker]
+
+    outcome = poimen(home, "dispatch", "publish", *argv, "--timeout", "2")
+
+    assert outcome.line == (
+        f"poimen dispatch publish: cannot publish to Kafka at {broker} (connection refused): 1 record(s) not "
+        "acknowledged within 2 s; start the broker (poimen dev) or pass --bootstrap-servers (--timeout to wait longer)"
+    )
+    assert outcome.code == 3
+    # The 2 s timeout plus the interpreter's start (slow on a loaded machine), far from librdkafka's 5 minutes.
+    assert outcome.seconds < 30
+
+
+def test_declaring_topics_on_an_absent_broker_fails_fast_in_one_line(home: Path) -> None:
+    broker = f"127.0.0.1:{closed_port()}"
+
+    outcome = poimen(home, "topics", "ensure", "--tenant", "acme", "--bootstrap-servers", broker, "--timeout", "2")
+
+    assert outcome.line == (
+        f"poimen topics ensure: cannot reach Kafka at {broker} (connection refused) within 2 s; "
+        "start it (poimen dev) or pass --bootstrap-servers"
+    )
+    assert outcome.code == 3
+    assert outcome.seconds < 30
+
+
+# -- poimen dev -------------------------------------------------------------------------------------
+
+
+def test_dev_on_a_port_in_use_is_one_line_naming_the_option_and_exit_4(home: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+
+        outcome = poimen(home, "dev", "--port", str(port), "--no-kafka")
+
+    assert outcome.line == (
+        f"poimen dev: port {port} on 127.0.0.1 is in use; stop what listens there, or pass --port with another "
+        "port (0 for any free one)"
+    )
+    assert outcome.code == 4
+
+
+# -- the command list ----------------------------------------------------------------------------------
+
+
+def test_help_lists_every_command_and_the_exit_codes(home: Path) -> None:
+    outcome = poimen(home, "--help")
+
+    assert outcome.code == 0
+    for command in ("dev", "topics", "dispatch", "grants", "dlq"):
+        assert f"\n    {command} " in outcome.out
+    for code in ("0", "1", "2", "3", "4", "70", "130"):
+        assert f"\n  {code} " in outcome.out
+
+
+def test_dlq_errors_are_one_line_too(home: Path) -> None:
+    unknown = poimen(home, "dlq", "peek")
+    nothing = poimen(home, "dlq", "list")
+
+    assert unknown.line.startswith("poimen dlq: argument action: invalid choice: 'peek'")
+    assert unknown.code == 2
+    assert nothing.line == (
+        "poimen dlq list: nothing to read: give --queue-url (the relay's dead-letter queue) and/or --bucket"
+    )
+    assert nothing.code == 2
+
+
+def test_dlq_against_a_local_endpoint_needs_no_aws_credentials(local_dynamodb: LocalDynamoDB, home: Path) -> None:
+    # Given a queue in the local moto server, and no AWS credentials nor --dev-key
+    queue_url = boto3.client("sqs", endpoint_url=local_dynamodb.endpoint).create_queue(
+        QueueName=f"dlq-{uuid.uuid4().hex[:8]}"
+    )["QueueUrl"]
+
+    outcome = poimen(home, "dlq", "list", "--queue-url", queue_url, "--aws-endpoint", local_dynamodb.endpoint)
+
+    assert (outcome.code, outcome.err) == (0, "")

@@ -1,0 +1,255 @@
+"""The CLI's edge in-process: each failure's one line and exit code (`explain`), the dev key only for
+loopback endpoints, and the publisher's fail-fast settings. The console script itself, end to end, is
+tests/integration/test_cli_errors.py."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import botocore.exceptions
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from pydantic import ValidationError
+
+from poimen import dispatch
+from poimen.contract import RunRequest
+from poimen.dispatch import DispatchPublisher, PublishFailed
+from poimen.errors import StoreUnavailable
+from poimen.kafka_client import LIBRDKAFKA_LOGGER, broker_error_reason
+from poimen.principals import InvalidPrincipal
+from poimen.store import Store
+from poimen_tools import cli, dlq
+from poimen_tools.cli import GrantNotFound, PortInUse, build_parser, explain, main
+from poimen_tools.credentials import is_loopback, local_credentials
+from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY
+from poimen_tools.topics import KafkaUnreachable
+
+REFUSED = "127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused (after 0ms in state CONNECT)"
+
+
+def grants_args(*argv: str) -> argparse.Namespace:
+    args = build_parser().parse_args(["grants", "list", *argv])
+    args.debug = False
+    return args
+
+
+def publish_args() -> argparse.Namespace:
+    return build_parser().parse_args(
+        ["dispatch", "publish", "--tenant", "acme", "--workflow-ref", "wf", "--input", "{}"]
+    )
+
+
+def validation_error() -> ValidationError:
+    try:
+        RunRequest(workflow_ref="", input={})
+    except ValidationError as error:
+        return error
+    raise AssertionError("RunRequest accepted an empty workflow_ref")
+
+
+@pytest.mark.parametrize(
+    ("error", "args", "line", "code"),
+    [
+        (
+            StoreUnavailable('DynamoDB unreachable: Could not connect to the endpoint URL: "http://127.0.0.1:1/"'),
+            grants_args("--dynamodb-endpoint", "http://127.0.0.1:1"),
+            "cannot reach DynamoDB at http://127.0.0.1:1 (Could not connect to the endpoint URL: "
+            '"http://127.0.0.1:1/"); start it (poimen dev) or pass --dynamodb-endpoint',
+            3,
+        ),
+        (
+            botocore.exceptions.ClientError({"Error": {"Code": "ResourceNotFoundException", "Message": "no"}}, "Scan"),
+            grants_args("--table-name", "nope", "--dynamodb-endpoint", "http://localhost:8000"),
+            "no table nope in DynamoDB at http://localhost:8000: pass --table-name (poimen dev prints its table) "
+            "or --dynamodb-endpoint",
+            1,
+        ),
+        (
+            botocore.exceptions.ClientError({"Error": {"Code": "AccessDeniedException", "Message": "denied"}}, "Scan"),
+            grants_args("--region", "eu-west-1"),
+            "DynamoDB in eu-west-1 refused the call (AccessDeniedException: denied); check your AWS credentials "
+            "and --region",
+            3,
+        ),
+        (
+            GrantNotFound("arn:aws:iam::123456789012:role/r", "acme"),
+            grants_args(),
+            "arn:aws:iam::123456789012:role/r holds no grant of tenant acme: nothing removed (see poimen grants list)",
+            1,
+        ),
+        (InvalidPrincipal("'x' is not an IAM or STS principal ARN"), grants_args(), "'x' is not", 2),
+        (
+            validation_error(),
+            publish_args(),
+            "not a valid spawn request: workflow_ref: String should have at least 1 character",
+            2,
+        ),
+        (
+            PublishFailed("b:9092", 0, ["Local: Message timed out"], [REFUSED], 10.0),
+            publish_args(),
+            "cannot publish to Kafka at b:9092 (connection refused): 1 record(s) not acknowledged within 10 s; "
+            "start the broker (poimen dev) or pass --bootstrap-servers (--timeout to wait longer)",
+            3,
+        ),
+        (
+            PublishFailed("b:9092", 0, ["Broker: Unknown topic or partition"], [], 10.0),
+            publish_args(),
+            "Kafka at b:9092 has no topic poimen.acme.dispatch: create it with poimen topics ensure --tenant acme "
+            "--bootstrap-servers b:9092",
+            1,
+        ),
+        (
+            KafkaUnreachable("b:9092", "connection refused", 2.0),
+            publish_args(),
+            "cannot reach Kafka at b:9092 (connection refused) within 2 s; start it (poimen dev) or pass "
+            "--bootstrap-servers",
+            3,
+        ),
+        (
+            KafkaException(KafkaError(KafkaError.INVALID_REPLICATION_FACTOR, "Replication factor too large")),
+            publish_args(),
+            "Kafka at 127.0.0.1:9092 refused: Replication factor too large",
+            1,
+        ),
+        (
+            PortInUse("--kafka-port", "127.0.0.1", 9092),
+            build_parser().parse_args(["dev"]),
+            "port 9092 on 127.0.0.1 is in use; stop what listens there, or pass --kafka-port with another port "
+            "(0 for any free one), --kafka-bootstrap HOST:PORT to use a broker already there, or --no-kafka",
+            4,
+        ),
+        (
+            FileNotFoundError(2, "No such file or directory", "principals.json"),
+            build_parser().parse_args(["dev"]),
+            "cannot read principals.json (no such file or directory); check the path",
+            2,
+        ),
+        (KeyboardInterrupt(), grants_args(), "interrupted", 130),
+        (
+            RuntimeError("first\nsecond"),
+            grants_args(),
+            "unexpected RuntimeError: first second; rerun with --debug for the traceback, and report it",
+            70,
+        ),
+    ],
+)
+def test_each_failure_is_one_line_and_its_exit_code(
+    error: BaseException, args: argparse.Namespace, line: str, code: int
+) -> None:
+    explained, exit_code = explain(error, args)
+
+    assert explained.startswith(line)
+    assert "\n" not in explained
+    assert exit_code == code
+
+
+def test_the_cli_and_dlq_share_one_table_of_exit_codes() -> None:
+    assert (dlq.EXIT_OK, dlq.EXIT_REMAINING, dlq.EXIT_USAGE, dlq.EXIT_UNREACHABLE) == (
+        cli.EXIT_OK,
+        cli.EXIT_NOT_FOUND,
+        cli.EXIT_USAGE,
+        cli.EXIT_UNAVAILABLE,
+    )
+    for code in (0, 1, 2, 3, 4, 70, 130):
+        assert f"\n  {code} " in cli.EPILOG
+
+
+def test_a_usage_error_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["dispatch", "publish", "--tenant", "acme"])
+
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert err.splitlines() == [
+        "poimen dispatch publish: the following arguments are required: --workflow-ref, --input; "
+        "see poimen dispatch publish --help"
+    ]
+
+
+def test_removing_a_grant_that_is_not_there_says_so(
+    store: Store, table_name: str, tenant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    principal = "arn:aws:iam::123456789012:role/poimen-orchestrator"
+    store.grant(principal, "other-tenant")
+
+    code = main(["grants", "remove", "--principal", principal, "--tenant", tenant, "--table-name", table_name])
+
+    out, err = capsys.readouterr()
+    assert (code, out) == (1, "")
+    assert err.splitlines() == [
+        f"poimen grants remove: {principal} holds no grant of tenant {tenant}: nothing removed (see poimen grants list)"
+    ]
+    assert store.granted_tenants(principal) == frozenset({"other-tenant"})
+
+
+@pytest.mark.parametrize(
+    ("url", "loopback"),
+    [
+        ("http://127.0.0.1:8000", True),
+        ("http://localhost:4566", True),
+        ("http://127.8.9.10", True),
+        ("http://[::1]:8000", True),
+        ("127.0.0.1:9092", True),
+        ("https://dynamodb.us-east-1.amazonaws.com", False),
+        ("http://10.0.0.7:8000", False),
+        ("http://localhost.example.com", False),
+    ],
+)
+def test_loopback_endpoints_are_told_from_others(url: str, loopback: bool) -> None:
+    assert is_loopback(url) is loopback
+
+
+@pytest.fixture
+def no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-role probe from a unit test
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_the_dev_key_stands_in_only_for_a_loopback_endpoint_without_credentials() -> None:
+    assert local_credentials("http://127.0.0.1:8000") == (DEV_ACCESS_KEY, DEV_SECRET_KEY)
+    assert local_credentials("https://dynamodb.us-east-1.amazonaws.com") is None
+    assert local_credentials(None) is None
+
+
+def test_the_callers_own_credentials_win_even_for_a_loopback_endpoint() -> None:
+    # tests/conftest.py sets testing/testing
+    assert local_credentials("http://127.0.0.1:8000") is None
+
+
+def test_the_publisher_fails_fast_with_a_timeout_and_routes_librdkafka_logs(monkeypatch: pytest.MonkeyPatch) -> None:
+    configs: list[dict[str, Any]] = []
+
+    class Recorder:
+        def __init__(self, config: dict[str, Any]) -> None:
+            configs.append(config)
+
+        def poll(self, timeout: float) -> int:
+            return 0
+
+    monkeypatch.setattr(dispatch, "Producer", Recorder)
+
+    DispatchPublisher("127.0.0.1:1", delivery_timeout_seconds=2)
+    DispatchPublisher("127.0.0.1:1")
+
+    quick, default = configs
+    assert quick["message.timeout.ms"] == 2000
+    assert quick["socket.connection.setup.timeout.ms"] == 2000
+    assert quick["logger"].name == default["logger"].name == LIBRDKAFKA_LOGGER
+    assert default["message.timeout.ms"] == 300_000  # the orchestrator's publisher waits out an outage
+    assert "socket.connection.setup.timeout.ms" not in default
+
+
+def test_a_failed_publish_says_why_the_broker_did_not_answer() -> None:
+    # Given the client's errors as librdkafka reports them while no broker listens
+    failed = PublishFailed("127.0.0.1:1", 0, ["Local: Message timed out"], [REFUSED], 2.0)
+
+    assert failed.reason == "connection refused"
+    assert failed.records == 1
+    assert "failures: ['Local: Message timed out']" in str(failed)
+    assert broker_error_reason("1/1 brokers are down") == "1/1 brokers are down"

@@ -1,0 +1,507 @@
+"""poimen.client against a scripted HTTP peer on loopback: signing, retries and backoff, Retry-After, the
+keyless spawn's generated key, and the mapping of answers to typed errors. The backoff's sleep is
+injected and recorded: no test waits for it."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs
+
+import pytest
+from botocore.credentials import Credentials, ReadOnlyCredentials
+
+from poimen.client import (
+    GENERATED_KEY_PREFIX,
+    AdmissionClient,
+    DispatchKeyReused,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    Unavailable,
+    UnexpectedAnswer,
+    _retry_after_seconds,
+)
+from poimen.contract import parse_json
+from poimen.wire import DISPATCH_KEY_PATTERN
+from poimen_tools.local.sigv4 import Principal, verify
+
+TENANT = "acme"
+KEY = Principal("AKIDCLIENT", "client-secret", "arn:aws:iam::123456789012:user/client", ("*",))
+RUN_ID = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"
+DROP = "drop"  # read the request, close the connection without an answer
+STALL = "stall"  # read the request, answer nothing until the test ends
+
+
+def run_body(dispatch_key: str | None = "k-1", **changes: Any) -> dict[str, Any]:
+    return {
+        "run_id": RUN_ID,
+        "tenant_id": TENANT,
+        "workflow_ref": "wf/a",
+        "input": {"n": 1},
+        "goal_id": None,
+        "dispatch_key": dispatch_key,
+        "status": "admitted",
+        "created_at": "2026-01-02T03:04:05.678Z",
+        **changes,
+    }
+
+
+def problem(status: int, kind: str, **extensions: Any) -> tuple[int, dict[str, str], Any]:
+    body = {"type": f"urn:poimen:problem:{kind}", "title": "t", "status": status, "detail": f"{kind} detail"}
+    return status, {"Content-Type": "application/problem+json"}, {**body, **extensions}
+
+
+@dataclass
+class Received:
+    method: str
+    target: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def header(self, name: str) -> str | None:
+        return next((value for key, value in self.headers if key.lower() == name.lower()), None)
+
+
+@dataclass
+class Peer:
+    """Answers each request with the next scripted answer (status, headers, JSON body), DROP or STALL;
+    an echo of the spawn as a 201 run when the script is empty."""
+
+    url: str = ""
+    script: list[Any] = field(default_factory=list)
+    received: list[Received] = field(default_factory=list)
+    released: threading.Event = field(default_factory=threading.Event)
+
+
+@pytest.fixture
+def peer() -> Iterator[Peer]:
+    api = Peer()
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _answer(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            with lock:
+                api.received.append(Received(self.command, self.path, list(self.headers.items()), body))
+                step = api.script.pop(0) if api.script else None
+            if step == DROP:
+                self.close_connection = True
+                return
+            if step == STALL:
+                api.released.wait(10)
+                self.close_connection = True
+                return
+            if step is None:
+                sent = json.loads(body) if body else {}
+                step = (201, {}, run_body(sent.get("dispatch_key"), input=sent.get("input", {})))
+            status, headers, payload = step
+            data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+            self.send_response(status)
+            for name, value in {"Content-Type": "application/json", **headers}.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    api.url = f"http://127.0.0.1:{server.server_address[1]}"
+    yield api
+    api.released.set()
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)
+
+
+class Ceiling(random.Random):
+    """Backoff at its ceiling, so the delays a test sees are the exponential bounds themselves."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
+class Floor(random.Random):
+    def uniform(self, a: float, b: float) -> float:
+        return a
+
+
+@dataclass
+class Sleeps:
+    delays: list[float] = field(default_factory=list)
+
+    def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
+def client(peer: Peer, sleeps: Sleeps | None = None, **options: Any) -> AdmissionClient:
+    defaults: dict[str, Any] = {
+        "region": "us-east-1",
+        "credentials": Credentials(KEY.access_key, KEY.secret_key),
+        "timeout": 2.0,
+        "sleep": sleeps or Sleeps(),
+        "rng": Ceiling(),
+    }
+    return AdmissionClient(peer.url, **{**defaults, **options})
+
+
+def test_a_spawn_is_signed_for_execute_api_and_answers_the_run(peer: Peer) -> None:
+    spawned = client(peer).spawn(TENANT, "wf/a", {"n": 1}, goal_id="g-1", dispatch_key="k-1")
+
+    (request,) = peer.received
+    assert (request.method, request.target, request.header("X-Poimen-Tenant")) == ("POST", "/v1/runs", TENANT)
+    assert verify({KEY.access_key: KEY}, request.method, request.target, request.headers, request.body) == KEY
+    assert request.json == {"workflow_ref": "wf/a", "input": {"n": 1}, "goal_id": "g-1", "dispatch_key": "k-1"}
+    assert (spawned.run_id, spawned.replayed, spawned.attempts) == (RUN_ID, False, 1)
+
+
+def test_a_base_path_is_kept_and_signed(peer: Peer) -> None:
+    AdmissionClient(
+        f"{peer.url}/prod/", region="us-east-1", credentials=Credentials(KEY.access_key, KEY.secret_key)
+    ).spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    (request,) = peer.received
+    assert request.target == "/prod/v1/runs"
+    assert verify({KEY.access_key: KEY}, request.method, request.target, request.headers, request.body) == KEY
+
+
+def test_input_numbers_travel_exactly_both_ways(peer: Peer) -> None:
+    exact = parse_json('{"amount": 12345678901234567.25, "big": 9007199254740993, "rate": 1.10}')
+    peer.script.append((201, {}, b'{"run_id":"' + RUN_ID.encode() + b'","tenant_id":"acme","workflow_ref":"w",'
+                        b'"input":{"amount":12345678901234567.25,"rate":1.10},"goal_id":null,'
+                        b'"dispatch_key":"k","status":"admitted","created_at":"z"}'))  # fmt: skip
+
+    run = client(peer).spawn(TENANT, "wf/a", exact, dispatch_key="k").run
+
+    assert b'"input":{"amount":12345678901234567.25,"big":9007199254740993,"rate":1.10}' in peer.received[0].body
+    assert str(run.input["amount"]) == "12345678901234567.25"
+    assert str(run.input["rate"]) == "1.10"
+
+
+def test_a_keyless_spawn_sends_one_generated_key_on_every_attempt_of_the_call(peer: Peer) -> None:
+    # Given the first two attempts of the call get no answer
+    peer.script += [DROP, (503, {}, {"message": "Service Unavailable"})]
+    api = client(peer)
+
+    # When the caller spawns without a key, twice
+    first = api.spawn(TENANT, "wf/a", {"n": 1})
+    second = api.spawn(TENANT, "wf/a", {"n": 1})
+
+    # Then every attempt of the first call carried one generated key, the second call another
+    keys = [request.json["dispatch_key"] for request in peer.received]
+    assert len(keys) == 4
+    assert keys[0] == keys[1] == keys[2] != keys[3]
+    assert all(key.startswith(GENERATED_KEY_PREFIX) for key in keys)
+    assert all(re.fullmatch(DISPATCH_KEY_PATTERN, key) for key in keys)  # the API takes them
+    assert (first.run.dispatch_key, second.run.dispatch_key) == (keys[0], keys[3])
+    assert (first.attempts, second.attempts) == (3, 1)
+
+
+def test_a_replay_is_reported_for_a_callers_key_and_not_for_a_generated_one(peer: Peer) -> None:
+    replay = (200, {"Idempotent-Replayed": "true"}, run_body("k-1"))
+    peer.script += [replay, DROP, (200, {"Idempotent-Replayed": "true"}, run_body("generated"))]
+    api = client(peer)
+
+    keyed = api.spawn(TENANT, "wf/a", {"n": 1}, dispatch_key="k-1")
+    keyless = api.spawn(TENANT, "wf/a", {"n": 1})
+
+    assert (keyed.replayed, keyed.attempts) == (True, 1)
+    # the replay of a generated key can only be of this call's own first attempt: the call admitted the run
+    assert (keyless.replayed, keyless.attempts) == (False, 2)
+
+
+def test_every_attempt_is_signed_again(peer: Peer) -> None:
+    class Rotating(Credentials):
+        def __init__(self) -> None:
+            super().__init__("unused", "unused")
+            self.calls = 0
+
+        def get_frozen_credentials(self) -> ReadOnlyCredentials:
+            self.calls += 1
+            return ReadOnlyCredentials(f"AKID{self.calls}", KEY.secret_key, None)
+
+    peer.script += [(500, {}, {"message": "Internal Server Error"}), DROP]
+
+    client(peer, credentials=Rotating()).spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    access_keys = [(r.header("Authorization") or "").split("Credential=")[1].split("/")[0] for r in peer.received]
+    assert access_keys == ["AKID1", "AKID2", "AKID3"]
+
+
+def test_backoff_is_exponential_full_jitter_up_to_max_attempts(peer: Peer) -> None:
+    # Given an API that answers 500 to everything
+    peer.script += [problem(500, "internal-error")] * 6
+    sleeps = Sleeps()
+
+    # When a call is made with five attempts, base 0.25 s, cap 1.5 s, the jitter at its ceiling
+    with pytest.raises(Unavailable) as failure:
+        client(peer, sleeps, max_attempts=5, backoff_base=0.25, backoff_cap=1.5).get(TENANT, RUN_ID)
+
+    # Then it slept between attempts only, each time up to the doubled ceiling, capped
+    assert sleeps.delays == [0.25, 0.5, 1.0, 1.5]
+    assert len(peer.received) == 5
+    error = failure.value
+    assert (error.attempts, error.status) == (5, 500)
+    assert error.problem is not None
+    assert error.problem.type == "urn:poimen:problem:internal-error"
+
+
+def test_the_jitter_is_drawn_from_zero_to_the_ceiling(peer: Peer) -> None:
+    peer.script += [DROP, DROP]
+    sleeps = Sleeps()
+
+    client(peer, sleeps, rng=Floor()).spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    assert sleeps.delays == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 502, 503, 504])
+def test_transient_statuses_are_retried(peer: Peer, status: int) -> None:
+    peer.script.append((status, {}, {"message": "busy"}))
+
+    spawned = client(peer).spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    assert spawned.attempts == 2
+
+
+def test_retry_after_in_seconds_is_waited_at_least(peer: Peer) -> None:
+    peer.script += [(429, {"Retry-After": "3"}, {"message": "Too Many Requests"}), problem(503, "store-unavailable")]
+    peer.script[-1][1]["Retry-After"] = "1"
+    sleeps = Sleeps()
+
+    client(peer, sleeps, rng=Floor()).spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    assert sleeps.delays == [3.0, 1.0]
+
+
+def test_retry_after_never_shortens_the_backoff(peer: Peer) -> None:
+    peer.script.append((503, {"Retry-After": "0"}, {"message": "busy"}))
+    sleeps = Sleeps()
+
+    client(peer, sleeps, rng=Ceiling(), backoff_base=0.5).spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    assert sleeps.delays == [0.5]
+
+
+def test_retry_after_as_an_http_date_is_waited_until(peer: Peer) -> None:
+    when = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=4)
+    peer.script.append((503, {"Retry-After": format_datetime(when, usegmt=True)}, {"message": "busy"}))
+    sleeps = Sleeps()
+
+    client(peer, sleeps, rng=Floor()).spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    (delay,) = sleeps.delays
+    assert 2.0 < delay <= 4.0
+
+
+def test_retry_after_is_read_as_seconds_or_an_http_date() -> None:
+    now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+    assert _retry_after_seconds("120", now) == 120.0
+    assert _retry_after_seconds("Fri, 02 Jan 2026 03:04:35 GMT", now) == 30.0
+    assert _retry_after_seconds("Fri, 02 Jan 2026 03:00:00 GMT", now) == 0.0  # past: at once
+    assert [_retry_after_seconds(value, now) for value in (None, "", "soon", "-1", "1.5")] == [None] * 5
+
+
+def test_a_retry_after_beyond_max_retry_after_ends_the_call_at_once(peer: Peer) -> None:
+    peer.script.append((503, {"Retry-After": "3600"}, {"message": "busy"}))
+    sleeps = Sleeps()
+
+    with pytest.raises(Unavailable) as failure:
+        client(peer, sleeps, max_retry_after=60).spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    assert (failure.value.retry_after, failure.value.attempts, sleeps.delays) == (3600.0, 1, [])
+
+
+def test_a_timeout_is_retried(peer: Peer) -> None:
+    peer.script.append(STALL)
+
+    spawned = client(peer, timeout=0.3).spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    assert (spawned.attempts, [r.json["dispatch_key"] for r in peer.received]) == (2, ["k", "k"])
+
+
+def test_no_answer_at_all_is_unavailable_after_max_attempts() -> None:
+    # Given a port nothing listens on
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sleeps = Sleeps()
+    api = AdmissionClient(
+        url, region="us-east-1", credentials=Credentials("a", "b"), max_attempts=3, sleep=sleeps, rng=Floor()
+    )
+
+    with pytest.raises(Unavailable) as failure:
+        api.find(TENANT, "k")
+
+    assert (failure.value.attempts, failure.value.status, len(sleeps.delays)) == (3, None, 2)
+    assert "NewConnectionError" in str(failure.value)
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (problem(400, "validation-error", errors=[{"field": "body.input"}]), InvalidRequest),
+        (problem(400, "malformed-json"), InvalidRequest),
+        (problem(413, "payload-too-large"), InvalidRequest),
+        (problem(415, "unsupported-media-type"), InvalidRequest),
+        (problem(403, "forbidden"), Forbidden),
+        ((403, {}, {"message": "The security token included in the request is invalid."}), Forbidden),
+        ((401, {}, {"message": "Unauthorized"}), UnexpectedAnswer),
+        ((302, {"Location": "/elsewhere"}, b""), UnexpectedAnswer),
+        ((201, {}, {"not": "a run"}), UnexpectedAnswer),
+        ((201, {}, b"<html>"), UnexpectedAnswer),
+    ],
+)
+def test_answers_map_to_typed_errors_without_retrying(
+    peer: Peer, answer: tuple[int, dict[str, str], Any], error: type[Exception]
+) -> None:
+    peer.script.append(answer)
+
+    with pytest.raises(error) as raised:
+        client(peer).spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    assert len(peer.received) == 1
+    assert type(raised.value) is error
+    assert getattr(raised.value, "status", None) == answer[0]
+
+
+def test_a_problem_rides_on_the_error(peer: Peer) -> None:
+    peer.script.append(problem(400, "validation-error", errors=[{"field": "body.input"}]))
+
+    with pytest.raises(InvalidRequest) as raised:
+        client(peer).spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    assert raised.value.problem is not None
+    assert raised.value.problem.type == "urn:poimen:problem:validation-error"
+    assert raised.value.problem.model_extra == {"errors": [{"field": "body.input"}]}
+    assert "validation-error detail" in str(raised.value)
+
+
+def test_a_reused_dispatch_key_carries_the_existing_run_id(peer: Peer) -> None:
+    peer.script.append(problem(422, "dispatch-key-reused", run_id=RUN_ID))
+
+    with pytest.raises(DispatchKeyReused) as raised:
+        client(peer).spawn(TENANT, "wf/b", {}, dispatch_key="k-1")
+
+    assert (raised.value.run_id, raised.value.status) == (RUN_ID, 422)
+    assert len(peer.received) == 1
+
+
+def test_get_reads_one_run_and_raises_not_found(peer: Peer) -> None:
+    peer.script += [(200, {}, run_body()), problem(404, "run-not-found")]
+    api = client(peer)
+
+    run = api.get(TENANT, RUN_ID)
+    with pytest.raises(NotFound):
+        api.get(TENANT, RUN_ID)
+
+    assert run.run_id == RUN_ID
+    assert [(r.method, r.target) for r in peer.received] == [("GET", f"/v1/runs/{RUN_ID}")] * 2
+
+
+def test_get_cannot_be_steered_to_another_path(peer: Peer) -> None:
+    peer.script.append(problem(400, "validation-error"))
+
+    with pytest.raises(InvalidRequest):
+        client(peer).get(TENANT, "../runs?dispatch_key=x")
+
+    assert peer.received[0].target == "/v1/runs/..%2Fruns%3Fdispatch_key%3Dx"
+
+
+def test_find_answers_none_only_for_the_apis_run_not_found(peer: Peer) -> None:
+    peer.script += [(200, {}, run_body()), problem(404, "run-not-found"), (404, {}, {"message": "Not Found"})]
+    api = client(peer)
+
+    assert api.find(TENANT, "k-1") is not None
+    assert api.find(TENANT, "k-1") is None
+    with pytest.raises(NotFound) as raised:  # a route the API does not have: a wrong base URL
+        api.find(TENANT, "k-1")
+
+    assert raised.value.problem is None
+
+
+@pytest.mark.parametrize("dispatch_key", ["k-1", "a b", "x/y+z", "#%~*'()!,", "é日本", GENERATED_KEY_PREFIX + "1"])
+def test_find_sends_the_key_in_a_query_it_signed(peer: Peer, dispatch_key: str) -> None:
+    peer.script.append((200, {}, run_body(dispatch_key)))
+
+    client(peer).find(TENANT, dispatch_key)
+
+    (request,) = peer.received
+    path, _, query = request.target.partition("?")
+    assert path == "/v1/runs"
+    assert query.startswith("dispatch_key=")
+    assert verify({KEY.access_key: KEY}, request.method, request.target, request.headers, request.body) == KEY
+    assert parse_qs(query) == {"dispatch_key": [dispatch_key]}
+
+
+def test_requests_that_cannot_be_sent_are_refused_before_sending(peer: Peer) -> None:
+    api = client(peer)
+
+    with pytest.raises(InvalidRequest) as bad_tenant:
+        api.spawn("Acme\r\nX-Evil: 1", "wf/a", {})
+    with pytest.raises(InvalidRequest) as bad_input:
+        api.spawn(TENANT, "wf/a", {"x": float("nan")})
+
+    assert (bad_tenant.value.status, bad_input.value.status, peer.received) == (None, None, [])
+
+
+def test_region_comes_from_an_execute_api_host_or_the_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
+    credentials = Credentials("a", "b")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+
+    hosted = AdmissionClient("https://abc123.execute-api.ap-south-1.amazonaws.com", credentials=credentials)
+    custom = AdmissionClient("https://admission.example.com", credentials=credentials)
+    explicit = AdmissionClient("https://admission.example.com", region="us-west-2", credentials=credentials)
+
+    assert (hosted.region, custom.region, explicit.region) == ("ap-south-1", "eu-west-1", "us-west-2")
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    with pytest.raises(ValueError, match="no region"):
+        AdmissionClient("https://admission.example.com", credentials=credentials)
+
+
+def test_credentials_come_from_the_botocore_chain_by_default(peer: Peer) -> None:
+    # tests/conftest.py: AWS_ACCESS_KEY_ID=testing, with a session token
+    AdmissionClient(peer.url, region="us-east-1").spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    (request,) = peer.received
+    assert "Credential=testing/" in (request.header("Authorization") or "")
+    assert request.header("X-Amz-Security-Token") == "testing"
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8080", "ftp://host", "http://host/?q=1", "http://"])
+def test_a_base_url_must_be_http(url: str) -> None:
+    with pytest.raises(ValueError, match="base_url"):
+        AdmissionClient(url, region="us-east-1", credentials=Credentials("a", "b"))
+
+
+def test_the_client_never_imports_the_store_admission_api_or_relay() -> None:
+    code = "import sys, poimen.client; print(sorted(m for m in sys.modules if m.startswith('poimen')))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+
+    assert json.loads(loaded.replace("'", '"')) == ["poimen", "poimen.client", "poimen.contract", "poimen.wire"]

@@ -270,15 +270,41 @@ def _metric_rows(template: Template) -> list[list[Any]]:
     return [row for widget in _dashboard_body(template)["widgets"] for row in widget["properties"].get("metrics", [])]
 
 
+_SEARCH = re.compile(r"SEARCH\('\{(?P<schema>[^}]+)\}(?P<terms>[^']*)'")
+_TERM = re.compile(r'(?P<name>[A-Za-z]+)="(?P<value>[^"]*)"')
+
+
 def _metrics_on_dashboard(template: Template, namespace: str) -> dict[str, set[tuple[str, str]]]:
-    """Metric name -> its (dimension, value) pairs, for every metric row of `namespace`."""
+    """Metric name -> its (dimension, value) pairs, for every metric row of `namespace`: plain rows, and
+    SEARCH expressions, whose schema dimensions without a value in the search terms read as value "*"."""
     found: dict[str, set[tuple[str, str]]] = {}
     for row in _metric_rows(template):
         plain = [item for item in row if not isinstance(item, dict)]
         if plain and plain[0] == namespace:
             dimensions = plain[2:]
             found.setdefault(plain[1], set()).update(zip(dimensions[::2], dimensions[1::2], strict=True))
+        for item in row:
+            search = _SEARCH.search(item.get("expression", "")) if isinstance(item, dict) else None
+            if search is None:
+                continue
+            schema_namespace, *schema_dimensions = search["schema"].split(",")
+            terms = {term["name"]: term["value"] for term in _TERM.finditer(search["terms"])}
+            if schema_namespace == namespace and "MetricName" in terms:
+                pairs = {(name, terms.get(name, "*")) for name in schema_dimensions}
+                found.setdefault(terms["MetricName"], set()).update(pairs)
     return found
+
+
+def _dimensions_added(module: str) -> set[str]:
+    """The dimensions a layer module adds to its metrics beyond `service`: its `add_dimension(name=...)`s."""
+    tree = ast.parse((LAYER_PACKAGE / f"{module}.py").read_text())
+    return {
+        str(keyword.value.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_dimension"
+        for keyword in node.keywords
+        if keyword.arg == "name" and isinstance(keyword.value, ast.Constant)
+    }
 
 
 def _emitted_metrics() -> dict[str, set[str]]:
@@ -312,8 +338,19 @@ def test_dashboard_shows_exactly_the_metrics_the_code_emits_with_their_service(t
     assert set(on_dashboard) == set(emitted)
     for metric, modules in emitted.items():
         services = {template.function_environment(EMITTING_MODULES[m], {})["POWERTOOLS_SERVICE_NAME"] for m in modules}
-        # Powertools' only dimension is `service`: the series exists only under exactly that dimension.
-        assert on_dashboard[metric] == {("service", service) for service in services}, metric
+        added = set().union(*(_dimensions_added(m) for m in modules))
+        # Powertools' own dimension is `service`, plus what the module adds (the relay: `tenant`, drawn by a
+        # SEARCH per tenant): a series exists only under exactly its dimension set.
+        expected = {("service", service) for service in services} | {(name, "*") for name in added}
+        assert on_dashboard[metric] == expected, metric
+
+
+def test_the_relays_metrics_are_per_tenant_on_the_dashboard(template: Template) -> None:
+    on_dashboard = _metrics_on_dashboard(template, "Poimen")
+
+    assert _dimensions_added("relay") == {"tenant"}
+    for metric in ("DispatchRelayed", "DispatchReplayed", "DispatchDeadLettered", "RelayRetries", "InboxLag"):
+        assert ("tenant", "*") in on_dashboard[metric], metric
 
 
 def test_dashboard_covers_the_api_the_relay_lag_the_dlq_and_the_table(template: Template) -> None:
@@ -325,8 +362,8 @@ def test_dashboard_covers_the_api_the_relay_lag_the_dlq_and_the_table(template: 
     assert all(dims == {("ApiId", "<AdmissionApi>")} for dims in aws["AWS/ApiGateway"].values())
     assert any('"Latency"' in row and '"p50"' in row for row in rows)
     assert any('"Latency"' in row and '"p99"' in row for row in rows)
-    assert aws["AWS/Lambda"]["OffsetLag"] == {("FunctionName", "<InboxRelayFunction>")}
-    assert any("SEARCH(" in row and "EventSourceMappingUUID" in row and "OffsetLag" in row for row in rows)
+    # OffsetLag of the whole relay (what the alarm watches), and per tenant's mapping (a SEARCH).
+    assert aws["AWS/Lambda"]["OffsetLag"] == {("FunctionName", "<InboxRelayFunction>"), ("EventSourceMappingUUID", "*")}
     dlq = {("QueueName", "<RelayDeadLetterQueue.QueueName>")}
     assert aws["AWS/SQS"] == {"ApproximateNumberOfMessagesVisible": dlq, "ApproximateAgeOfOldestMessage": dlq}
     assert set(aws["AWS/DynamoDB"]) == {"ReadThrottleEvents", "WriteThrottleEvents"}

@@ -83,8 +83,10 @@ class DeadLetterReason:
 
 @dataclass
 class BatchOutcome:
-    """What one invocation did; published as EMF metrics even when the invocation fails."""
+    """What one invocation did; published as EMF metrics even when the invocation fails, with the batch's
+    tenant as a dimension (one event source mapping per tenant: a batch is one tenant's topic)."""
 
+    tenant: str | None = None
     relayed: int = 0
     replayed: int = 0
     dead_lettered: int = 0
@@ -106,6 +108,8 @@ class BatchOutcome:
             setattr(self, name, getattr(self, name) + amount)
 
     def publish(self) -> None:
+        if self.tenant is not None:
+            metrics.add_dimension(name="tenant", value=self.tenant)
         metrics.add_metric(name="DispatchRelayed", unit=MetricUnit.Count, value=self.relayed)
         metrics.add_metric(name="DispatchReplayed", unit=MetricUnit.Count, value=self.replayed)
         metrics.add_metric(name="DispatchDeadLettered", unit=MetricUnit.Count, value=self.dead_lettered)
@@ -163,6 +167,9 @@ class Relay:
         deadline = time.monotonic() + remaining_ms() / 1000 - self._settings.time_margin_seconds
         batch = _Batch(deadline, outcome, threading.Event())
         groups = _ordered_groups(event.records)
+        tenants = {tenant_of_dispatch_topic(record.topic) for group in groups for record in group}
+        if len(tenants) == 1:
+            outcome.tenant = tenants.pop()  # None for a topic that is no tenant's: no tenant dimension
 
         def relay_group(records: list[KafkaEventRecord]) -> None:
             for record in records:

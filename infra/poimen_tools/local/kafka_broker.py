@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import ctypes
 import os
+import re
 import shutil
 import signal
 import socket
@@ -31,6 +32,9 @@ DEFAULT_CACHE = REPO / ".cache" / "kafka"
 
 class BrokerError(RuntimeError):
     """The broker could not be fetched, formatted or started."""
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def kafka_jars(cache: Path = DEFAULT_CACHE) -> Path:
@@ -56,10 +60,14 @@ def kafka_jars(cache: Path = DEFAULT_CACHE) -> Path:
             "-DincludeScope=runtime",
         ],
         check=False,
+        # Captured: Maven 3.8's console library writes colour resets (ESC[0m) to stdout even in batch mode.
+        capture_output=True,
+        text=True,
     )
     if fetched.returncode != 0:
+        said = _ANSI.sub("", fetched.stdout + fetched.stderr).strip().splitlines()[-20:]
         raise BrokerError(
-            f"Maven could not fetch the Kafka broker jars (exit {fetched.returncode}); see its output above"
+            f"Maven could not fetch the Kafka broker jars (exit {fetched.returncode}):\n" + "\n".join(said)
         )
     done.touch()
     return lib

@@ -13,7 +13,7 @@ import socket
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeAlias, cast
+from typing import NoReturn, TypeAlias, cast
 
 import botocore.exceptions
 import botocore.session
@@ -23,7 +23,7 @@ from pynamodb.exceptions import PynamoDBException
 
 from poimen.admission import normalise_principal
 from poimen.config import ConfigurationError, Settings
-from poimen.contract import RunRequest, parse_json
+from poimen.contract import RunRequest
 from poimen.dispatch import DispatchPublisher, PublishFailed
 from poimen.errors import StoreUnavailable
 from poimen.kafka import dispatch_topic
@@ -31,6 +31,7 @@ from poimen.principals import GrantPrincipal, InvalidPrincipal, grant_principal
 from poimen.store import Store
 from poimen.wire import TENANT_PATTERN
 from poimen_tools import runs
+from poimen_tools.arguments import json_object, positive_seconds
 from poimen_tools.credentials import local_credentials
 from poimen_tools.local.dev import DevOptions, run_dev
 from poimen_tools.local.kafka_broker import BrokerError
@@ -204,7 +205,7 @@ def _add_dispatch(commands: Commands) -> None:
     _leaf(publish, _dispatch_publish)
     publish.add_argument("--tenant", required=True, type=_tenant)
     publish.add_argument("--workflow-ref", required=True)
-    publish.add_argument("--input", required=True, type=_json_object, help="a JSON object (numbers kept exactly)")
+    publish.add_argument("--input", required=True, type=json_object, help="a JSON object (numbers kept exactly)")
     publish.add_argument("--goal-id")
     publish.add_argument("--dispatch-key")
     _connection_arguments(publish, "seconds to wait for the broker to acknowledge the record")
@@ -521,30 +522,10 @@ def _tenant_or_all(value: str) -> str:
     return value if value == "*" else _tenant(value)
 
 
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = parse_json(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"not JSON: {error}") from error
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object, like '{\"key\": 1}'")
-    return value
-
-
 def _tenant(value: str) -> str:
     if not re.fullmatch(TENANT_PATTERN, value):
         raise argparse.ArgumentTypeError(f"{value!r} is not a tenant id ({TENANT_PATTERN})")
     return value
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from error
-    if not 0 < seconds <= 3600:
-        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 3600 seconds")
-    return seconds
 
 
 def _connection_arguments(parser: argparse.ArgumentParser, timeout_help: str) -> None:
@@ -556,7 +537,7 @@ def _connection_arguments(parser: argparse.ArgumentParser, timeout_help: str) ->
     parser.add_argument("--iam", action="store_true", help="authenticate to MSK with IAM (SASL_SSL/OAUTHBEARER)")
     parser.add_argument("--region", default="us-east-1", help="MSK region with --iam (default: %(default)s)")
     parser.add_argument(
-        "--timeout", type=_positive_seconds, default=10.0, metavar="SECONDS", help=f"{timeout_help} (default: 10)"
+        "--timeout", type=positive_seconds, default=10.0, metavar="SECONDS", help=f"{timeout_help} (default: 10)"
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TextIO
 from urllib.parse import urlsplit
 
 from botocore.credentials import Credentials
@@ -29,7 +29,8 @@ from poimen.client import (
     NotFound,
     Unavailable,
 )
-from poimen.contract import json_text, parse_json
+from poimen.contract import json_text
+from poimen_tools.arguments import json_object, positive_seconds
 from poimen_tools.credentials import is_loopback, local_credentials
 from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY
 
@@ -83,7 +84,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     common.add_argument(
         "--timeout",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=DEFAULT_TIMEOUT_SECONDS,
         metavar="SECONDS",
         help="per attempt (default: %(default)g)",
@@ -108,7 +109,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=formatter,
     )
     spawn.add_argument("--workflow-ref", required=True)
-    spawn.add_argument("--input", required=True, type=_json_object, help="a JSON object (numbers kept exactly)")
+    spawn.add_argument("--input", required=True, type=json_object, help="a JSON object (numbers kept exactly)")
     spawn.add_argument("--goal-id")
     spawn.add_argument(
         "--dispatch-key", help="repeats of a key answer the first run (default: one generated for this call)"
@@ -225,30 +226,10 @@ def _base_url(text: str) -> str:
     return text
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from error
-    if not 0 < seconds <= 3600:
-        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 3600 seconds")
-    return seconds
-
-
 def _attempts(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 100:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of attempts from 1 to 100")
     return int(text)
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = parse_json(text)
-    except (ValueError, RecursionError) as error:
-        raise argparse.ArgumentTypeError(f"not JSON: {error}") from error
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object")
-    return value
 
 
 if __name__ == "__main__":

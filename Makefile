@@ -16,31 +16,10 @@ CHECKOV_VERSION := 3.3.30
 CHECKOV := .venv-checkov/bin/checkov
 CHECKOV_SCAN := CKV_SKIP_PACKAGE_UPDATE_CHECK=true $(CHECKOV) --framework cloudformation --skip-download --compact --quiet
 CHECKOV_PARAMETERS := Tenants=acme,globex SnapStart=PublishedVersions AdmissionReservedConcurrency=100 \
-	RelayReservedConcurrency=20 KmsKeyArn=arn:aws:kms:us-east-1:111122223333:key/00000000-0000-0000-0000-000000000000
-# template.yaml as the stack receives it, offline: SAM CLI's own expansion of AWS::LanguageExtensions, then
-# SAM's translator (local CodeUris become placeholder S3 URIs, no managed policy is looked up). Arguments:
-# the template, then Name=value parameters. tests/unit/test_template_posture.py runs it too.
-define SAM_TRANSFORM
-import json, os, sys
-os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-from samcli.lib.cfn_language_extensions.sam_integration import expand_language_extensions
-from samcli.yamlhelper import yaml_parse
-from samtranslator.translator.transform import transform
-class NoManagedPolicies:
-    def load(self):
-        return {}
-parameters = dict(argument.split("=", 1) for argument in sys.argv[2:])
-with open(sys.argv[1]) as source:
-    template = expand_language_extensions(yaml_parse(source.read()), parameters, enabled=True).expanded_template
-for name, resource in template["Resources"].items():
-    properties = resource.get("Properties", {})
-    for key in ("CodeUri", "ContentUri"):
-        if isinstance(properties.get(key), str):
-            properties[key] = f"s3://offline-artifacts/{name}.zip"
-template["Transform"] = "AWS::Serverless-2016-10-31"
-print(json.dumps(transform(template, parameters, NoManagedPolicies()), indent=1))
-endef
-export SAM_TRANSFORM
+	RelayReservedConcurrency=20 OutboxReservedConcurrency=10 KmsKeyArn=arn:aws:kms:us-east-1:111122223333:key/00000000-0000-0000-0000-000000000000
+# template.yaml as the stack receives it, offline (Fn::ForEach expanded, SAM transformed, every intrinsic
+# it cannot resolve kept): infra/poimen_tools/sam_transform.py, run by the SAM CLI's interpreter.
+SAM_TRANSFORM := .venv-sam/bin/python infra/poimen_tools/sam_transform.py
 ACTIONLINT_VERSION := v1.7.12
 ACTIONLINT := .cache/bin/actionlint
 # A second DynamoDB engine for the tests (npm, on LevelDB), so nothing relies on one emulator's quirks.
@@ -52,18 +31,32 @@ OFFLINE_AWS := SAM_CLI_TELEMETRY=0 AWS_REGION=$${AWS_REGION:-us-east-1} AWS_DEFA
 # PATH if it runs, else pyenv's newest 3.13.
 PYTHON313 := $(shell for p in python3.13 $$(pyenv root 2>/dev/null)/versions/3.13*/bin/python3.13; do \
 	"$$p" -c '' 2>/dev/null && { command -v "$$p"; break; }; done)
+# Lambda's /opt and task root are read-only: without bytecode every cold start compiles the layer from source
+# (3x the INIT time, docs/architecture.md). unchecked-hash: the .pyc stays valid whatever mtimes the zip keeps.
+COMPILE_BYTECODE = $(PYTHON313) -m compileall -q -f -j 0 --invalidation-mode unchecked-hash
+# The built bundle under the Lambda Runtime Interface Emulator (poimen_tools.local.rie, tests/integration/
+# test_rie.py, make bench): the emulator from its Go module, awslambdaric in a python3.13 venv of its own.
+RIE_VERSION := v0.0.0-20261030222936-bef5c4ba774d
+RIE := .cache/bin/aws-lambda-rie
+AWSLAMBDARIC_VERSION := 4.2.2
+RIE_RUNTIME := .cache/rie/runtime/.installed-$(AWSLAMBDARIC_VERSION)
 # Deploying: the samconfig.toml environment, and the parameters only the deploying account knows.
 # TENANTS also reaches `make build`, so a tenant list SAM CLI cannot expand fails before anything ships.
 CONFIG_ENV ?= default
 TENANTS ?=
 MSK_CLUSTER_ARN ?=
+# The outbox relay's network: the cluster's IAM bootstrap brokers, and subnets/security groups (comma-separated)
+# from which they are reachable.
+KAFKA_BOOTSTRAP_SERVERS ?=
+OUTBOX_SUBNET_IDS ?=
+OUTBOX_SECURITY_GROUP_IDS ?=
 ALARM_EMAIL ?=
 # --parameter-overrides on the command line replaces samconfig.toml's, so the deploy repeats the
 # environment's own overrides, read from that file (one source for them).
 STAGE_PARAMETERS = $(shell $(PYTHON) -c "import tomllib; \
 	print(tomllib.load(open('samconfig.toml', 'rb'))['$(CONFIG_ENV)']['deploy']['parameters']['parameter_overrides'])")
 
-.PHONY: install run test lint check-bundle build deploy kafka-jars dynalite format bench soak openapi docs clean
+.PHONY: install run test lint check-bundle build deploy kafka-jars dynalite rie rie-bundle format bench soak openapi docs clean
 
 $(STAMP): pyproject.toml
 	@echo "make: creating $(VENV) and installing the project into it with $(PYTHON) (pip, about a minute)"
@@ -93,6 +86,26 @@ $(ACTIONLINT):
 	@echo "make: building actionlint $(ACTIONLINT_VERSION) into .cache/bin (go install, about a minute)"
 	GOBIN=$(CURDIR)/.cache/bin go install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
 
+$(RIE):
+	@echo "make: building the Lambda Runtime Interface Emulator into .cache/bin (go install, about 30 s)"
+	GOBIN=$(CURDIR)/.cache/bin go install github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@$(RIE_VERSION)
+
+$(RIE_RUNTIME):
+	@test -n "$(PYTHON313)" || { echo "make rie: python3.13 not found (the Lambda runtime's interpreter)" >&2; exit 1; }
+	@echo "make: installing awslambdaric $(AWSLAMBDARIC_VERSION) into .cache/rie/runtime (pip, about 20 s)"
+	rm -rf .cache/rie/runtime
+	$(PYTHON313) -m venv .cache/rie/runtime
+	.cache/rie/runtime/bin/python -m pip install --quiet awslambdaric==$(AWSLAMBDARIC_VERSION)
+	.cache/rie/runtime/bin/python -m pip uninstall --quiet --yes pip
+	touch $@
+
+rie: $(RIE) $(RIE_RUNTIME)
+
+# The x86_64 variant of the bundle in .cache/rie-build, built and compiled as `make build` does (the RIE
+# tests build it once per session themselves; this is for running a function by hand, docs/local.md).
+rie-bundle: $(STAMP) $(SAM) rie
+	$(BIN)/python -m poimen_tools.local.rie build
+
 install: $(STAMP)
 
 run: $(STAMP) kafka-jars
@@ -105,8 +118,7 @@ lint: $(STAMP) $(SAM) $(CHECKOV)
 	$(BIN)/cfn-lint template.yaml
 	$(CHECKOV_SCAN) --file template.yaml
 	@mkdir -p .cache/checkov
-	$(OFFLINE_AWS) .venv-sam/bin/python -c "$$SAM_TRANSFORM" template.yaml $(CHECKOV_PARAMETERS) \
-		> .cache/checkov/template.transformed.json
+	$(OFFLINE_AWS) $(SAM_TRANSFORM) template.yaml $(CHECKOV_PARAMETERS) > .cache/checkov/template.transformed.json
 	$(CHECKOV_SCAN) --file .cache/checkov/template.transformed.json
 
 # The deployable bundle, offline: the template as `sam deploy` will see it, the deploy workflow, and
@@ -122,13 +134,17 @@ build: $(SAM)
 		"interpreter: install it (pyenv install 3.13) or put it on PATH" >&2; exit 1; }
 	$(OFFLINE_AWS) PATH="$(dir $(PYTHON313)):$$PATH" $(SAM) build --config-env $(CONFIG_ENV) \
 		$(if $(TENANTS),--parameter-overrides "Tenants=$(TENANTS)")
+	$(COMPILE_BYTECODE) .aws-sam/build/*/
 
 # Package and deploy what `make build` built to the stack of CONFIG_ENV, with the caller's AWS credentials.
 deploy: build
-	@test -n "$(TENANTS)" -a -n "$(MSK_CLUSTER_ARN)" || { echo "make deploy: set TENANTS=<ids> and" \
-		"MSK_CLUSTER_ARN=<arn> (README, Deploy)" >&2; exit 1; }
+	@test -n "$(TENANTS)" -a -n "$(MSK_CLUSTER_ARN)" -a -n "$(KAFKA_BOOTSTRAP_SERVERS)" -a -n "$(OUTBOX_SUBNET_IDS)" \
+		-a -n "$(OUTBOX_SECURITY_GROUP_IDS)" || { echo "make deploy: set TENANTS=<ids>, MSK_CLUSTER_ARN=<arn>," \
+		"KAFKA_BOOTSTRAP_SERVERS=<brokers>, OUTBOX_SUBNET_IDS=<ids> and OUTBOX_SECURITY_GROUP_IDS=<ids> (README, Deploy)" >&2; exit 1; }
 	SAM_CLI_TELEMETRY=0 $(SAM) deploy --config-env $(CONFIG_ENV) --parameter-overrides $(STAGE_PARAMETERS) \
-		"MskClusterArn=$(MSK_CLUSTER_ARN)" "Tenants=$(TENANTS)" $(if $(ALARM_EMAIL),"AlarmEmail=$(ALARM_EMAIL)")
+		"MskClusterArn=$(MSK_CLUSTER_ARN)" "Tenants=$(TENANTS)" \
+		"KafkaBootstrapServers=$(KAFKA_BOOTSTRAP_SERVERS)" "OutboxSubnetIds=$(OUTBOX_SUBNET_IDS)" \
+		"OutboxSecurityGroupIds=$(OUTBOX_SECURITY_GROUP_IDS)" $(if $(ALARM_EMAIL),"AlarmEmail=$(ALARM_EMAIL)")
 
 # The local Kafka broker's jars, from Maven Central into .cache/kafka (needs Java 17 and Maven).
 kafka-jars: $(STAMP)
@@ -136,14 +152,15 @@ kafka-jars: $(STAMP)
 		echo "make: fetching the Kafka broker's jars into .cache/kafka (Maven Central, about a minute)"
 	$(BIN)/python -c "from poimen_tools.local.kafka_broker import kafka_jars; print(kafka_jars())"
 
-test: lint check-bundle kafka-jars dynalite
+test: lint check-bundle kafka-jars dynalite rie
 	$(BIN)/pytest --cov --cov-report=term
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-bench: $(STAMP)
+bench: $(STAMP) $(SAM) rie
+	$(BIN)/python -m benchmarks.cold_start
 	$(BIN)/python -m benchmarks.admission_bench
 	$(BIN)/python -m benchmarks.relay_bench
 

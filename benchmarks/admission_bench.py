@@ -92,7 +92,9 @@ class PowertoolsAdmission(Admission):
 
         self._admit = admit
 
-    def admit_run(self, principal: str | None, tenant_id: str, request: RunRequest) -> Admitted:
+    def admit_run(
+        self, principal: str | None, tenant_id: str, request: RunRequest, *, traceparent: str | None = None
+    ) -> Admitted:
         self.authorize(principal, tenant_id)
         self._executed.value = False
         try:

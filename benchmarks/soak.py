@@ -5,9 +5,13 @@ stream, go through a local KRaft broker and a `poimen dev` subprocess (its local
 relay) while `poimen dev` is killed with SIGKILL twice and the broker is restarted once. The table, the
 relay's DLQ and its failed-batches bucket live in a moto server of this script's own, so they outlive
 `poimen dev`. Every dispatch_key must end as exactly one run; nothing may be dead-lettered or parked.
+The outbox relay of `poimen dev` publishes each run to `poimen.<tenant>.events` meanwhile: every run must
+have its event, every event be a run's, and every duplicate (after a kill or the broker's restart) be
+identical to the first copy.
 
 Run: `make soak`, or `.venv/bin/python -m benchmarks.soak --messages 500` for a quick check. Prints one
-table. Exit codes: 0 the soak held (one run per key, no dead letter, no parked batch); 1 it did not;
+table. Exit codes: 0 the soak held (one run per key, no dead letter, no parked batch, one event per run);
+1 it did not;
 2 the local stack could not start (the one-line cause is printed); 130 interrupted (every process it
 started is stopped).
 """
@@ -20,6 +24,7 @@ import inspect
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -37,14 +42,15 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
-from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from poimen.contract import RunRequest
 from poimen.dispatch import DispatchPublisher
-from poimen.kafka import dispatch_topic
+from poimen.kafka import dispatch_topic, events_topic
 from poimen_tools.local.event_source import LocalMskEventSource
 from poimen_tools.local.kafka_broker import BrokerError, KafkaBroker, free_port
+from poimen_tools.local.stream_source import positions_file
 from poimen_tools.topics import ensure_topics
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,9 +60,11 @@ PARTITIONS = 6
 TABLE = "poimen-admission-local"  # `poimen dev`'s defaults, which this script leaves as they are
 DLQ = "poimen-relay-dlq-local"
 # What `poimen dev` announces and the soak reads back (the same after every restart).
-ANNOUNCED = ("Admission API", "Relay dead-letter queue", "Kafka bootstrap", "Failed batches (S3)")
+ANNOUNCED = ("Admission API", "Relay dead-letter queue", "Kafka bootstrap", "Failed batches (S3)", "Outbox relay")
 # The consumer group `poimen dev`'s event source uses; its committed offsets count the records handled.
 RELAY_GROUP: str = inspect.signature(LocalMskEventSource).parameters["group_id"].default
+# The outbox's failed-batches bucket, in its banner line: "... (failed batches, S3: <bucket>; ...".
+OUTBOX_BUCKET = re.compile(r"S3: ([^;)\s]+)")
 # A moto server in its own process, with the item writes serialised as in `poimen dev` (DynamoDB's
 # writes are atomic per item; bare moto checks a condition and writes with no lock in between).
 MOTO_SERVER = (
@@ -333,6 +341,13 @@ class Outcome:
     dead_letter_kinds: dict[str, int] = field(default_factory=dict)
     parked_batches: int = 0
     handled: int | None = None
+    # The outbox: records on the events topics, runs without an event, events of no run, duplicates.
+    events: int = 0
+    runs_without_event: int = 0
+    events_of_no_run: int = 0
+    duplicate_events: int = 0
+    differing_duplicates: int = 0
+    outbox_parked_batches: int = 0
 
 
 def _log(started: float, text: str) -> None:
@@ -383,6 +398,57 @@ def _created_at(dynamodb: Any) -> dict[tuple[str, str], float]:
             stamp = datetime.fromisoformat(item["created_at"]["S"].replace("Z", "+00:00")).timestamp()
             created[(item["tenant_id"]["S"], item.get("dispatch_key", {}).get("S", ""))] = stamp
     return created
+
+
+def _run_ids(dynamodb: Any) -> set[tuple[str, str]]:
+    """(tenant, run_id) of every run in the table."""
+    pages = dynamodb.get_paginator("scan").paginate(
+        TableName=TABLE,
+        FilterExpression="begins_with(pk, :p)",
+        ProjectionExpression="tenant_id, run_id",
+        ExpressionAttributeValues={":p": {"S": "RUN#"}},
+    )
+    return {(item["tenant_id"]["S"], item["run_id"]["S"]) for page in pages for item in page["Items"]}
+
+
+def _events(bootstrap: str, runs: set[tuple[str, str]], outcome: Outcome, timeout: float) -> None:
+    """Read every tenant's events topic from the start until each run's event is in (or `timeout`), then
+    for 5 s more (late duplicates); count what is missing, extra, duplicated and differing."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"soak-events-{os.getpid()}-{time.monotonic_ns()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    first: dict[tuple[str, str], tuple[bytes | None, bytes | None, list[Any]]] = {}
+    deadline = time.monotonic() + timeout
+    quiet_until: float | None = None
+    try:
+        consumer.subscribe([events_topic(tenant) for tenant in TENANTS])
+        while time.monotonic() < (quiet_until or deadline):
+            message = consumer.poll(0.5)
+            if message is None or message.error() is not None:
+                if quiet_until is None and runs <= set(first):
+                    quiet_until = time.monotonic() + 5.0
+                continue
+            outcome.events += 1
+            raw = message.headers() or []
+            headers = list(raw.items() if isinstance(raw, dict) else raw)
+            ce_id = next((value for name, value in headers if name == "ce_id"), None)
+            run_id = ce_id.decode() if isinstance(ce_id, bytes) else ""
+            tenant = (message.topic() or "").split(".")[1]
+            record = (message.key(), message.value(), headers)
+            if (tenant, run_id) in first:
+                outcome.duplicate_events += 1
+                outcome.differing_duplicates += record != first[(tenant, run_id)]
+            else:
+                first[(tenant, run_id)] = record
+    finally:
+        consumer.close()
+    outcome.runs_without_event = len(runs - set(first))
+    outcome.events_of_no_run = len(set(first) - runs)
 
 
 def _dead_letters(sqs: Any, url: str, outcome: Outcome) -> None:
@@ -524,12 +590,21 @@ def soak(args: argparse.Namespace, folder: Path) -> int:
         outcome.created = _created_at(dynamodb)
         _dead_letters(moto.sqs(), dlq_url, outcome)
         outcome.parked_batches = _parked_batches(moto.s3(), bucket)
+        # Before `poimen dev` stops: its outbox relay publishes the last runs' events meanwhile.
+        _log(started, f"checking every run's event on {', '.join(events_topic(t) for t in TENANTS)}")
+        _events(broker.bootstrap_servers, _run_ids(dynamodb), outcome, args.timeout)
+        outbox_bucket = OUTBOX_BUCKET.search(announced["Outbox relay"])
+        if outbox_bucket is None:
+            raise StackError(f"poimen dev announced no outbox bucket: {announced['Outbox relay']}")
+        outcome.outbox_parked_batches = _parked_batches(moto.s3(), outbox_bucket[1])
         dev.stop()
         admissions = _admissions(dev.logs)
     finally:
         if dev is not None:
             dev.stop()
         broker.stop()
+        # The outbox's stream checkpoints of this soak's table, which `poimen dev` keeps between its starts.
+        positions_file(moto.endpoint, TABLE).unlink(missing_ok=True)
         moto.stop()
 
     return _report(args, duplicates, publisher, outcome, disruptions, admissions)
@@ -555,6 +630,10 @@ def _report(
         and dead_letters == 0
         and outcome.parked_batches == 0
         and publisher.failure is None
+        and outcome.runs_without_event == 0
+        and outcome.events_of_no_run == 0
+        and outcome.differing_duplicates == 0
+        and outcome.outbox_parked_batches == 0
     )
 
     print(
@@ -580,6 +659,14 @@ def _report(
             "API answers (poimen dev logs)",
             f"{admissions.get('run admitted', 0)} admitted, {admissions.get('run replayed', 0)} replayed",
         ),
+        ("events on the .events topics (records)", f"{outcome.events}"),
+        ("runs without an event", f"{outcome.runs_without_event}  [must be 0]"),
+        ("events of no run", f"{outcome.events_of_no_run}  [must be 0]"),
+        (
+            "duplicate events (after kills/restarts)",
+            f"{outcome.duplicate_events}, of which differing {outcome.differing_duplicates}  [must be 0]",
+        ),
+        ("outbox batches parked in S3", f"{outcome.outbox_parked_batches}  [must be 0]"),
     ]
     if outcome.dead_letter_kinds:
         rows.append(("dead-letter kinds", json.dumps(outcome.dead_letter_kinds)))
@@ -598,7 +685,7 @@ def _report(
         )
     print(
         f"\n{'PASS' if held else 'FAIL'}: {outcome.runs} runs for {args.messages} keys, {dead_letters} dead letters, "
-        f"{outcome.parked_batches} parked batches"
+        f"{outcome.parked_batches} parked batches, {outcome.runs_without_event} runs without an event"
     )
     return 0 if held and len(disruptions) == 3 else 1
 

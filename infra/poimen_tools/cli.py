@@ -24,17 +24,32 @@ from pynamodb.exceptions import PynamoDBException
 from poimen.admission import normalise_principal
 from poimen.config import ConfigurationError, Settings
 from poimen.contract import RunRequest
-from poimen.dispatch import DispatchPublisher, PublishFailed
+from poimen.dispatch import DispatchPublisher, InvalidDispatch, PublishFailed
 from poimen.errors import StoreUnavailable
 from poimen.kafka import dispatch_topic
 from poimen.principals import GrantPrincipal, InvalidPrincipal, grant_principal
 from poimen.store import Store
-from poimen.wire import TENANT_PATTERN
-from poimen_tools import runs
-from poimen_tools.arguments import json_object, positive_seconds
+from poimen_tools import events, runs
+from poimen_tools.arguments import (
+    bootstrap_servers,
+    endpoint_url,
+    json_object,
+    kafka_connection_arguments,
+    listen_host,
+    port,
+    principal_arn,
+    queue_name,
+    region,
+    table_name,
+    tenant,
+    tenant_or_all,
+    text,
+    whole_number,
+)
 from poimen_tools.credentials import local_credentials
-from poimen_tools.local.dev import DevOptions, run_dev
+from poimen_tools.local.dev import DevOptions, InvalidTemplate, load_template, run_dev
 from poimen_tools.local.kafka_broker import BrokerError
+from poimen_tools.local.sigv4 import InvalidPrincipals, load_principals
 from poimen_tools.topics import SEVEN_DAYS_MS, KafkaUnreachable, ensure_topics
 
 EXIT_OK = 0
@@ -59,7 +74,12 @@ traceback instead. Exit codes:
   {EXIT_INTERNAL}  internal error (a bug): rerun with --debug and report the traceback
   {EXIT_INTERRUPTED} interrupted (Ctrl-C)"""
 
-# Endpoint hosts where a stand-in (moto, DynamoDB Local, poimen dev) listens, never AWS itself.
+# The bounds of numeric arguments: execution environments of `poimen dev` (worker processes), and what
+# Kafka takes for a topic (librdkafka's NewTopic: 1..100000 partitions; an int16 replication factor).
+MAX_CONCURRENCY = 256
+MAX_PARTITIONS = 100_000
+MAX_REPLICATION_FACTOR = 32_767
+MAX_RETENTION_MS = 2**63 - 1
 
 Handler = Callable[[argparse.Namespace], int]
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -77,6 +97,15 @@ class PortInUse(Exception):
 
     def __init__(self, option: str, host: str, port: int) -> None:
         super().__init__(f"port {port} on {host} is in use")
+        self.option = option
+
+
+class CannotListen(Exception):
+    """`poimen dev` cannot listen where it was told to (an address not of this machine, a port it may
+    not take); `option` is the one to change."""
+
+    def __init__(self, option: str, host: str, port: int, reason: str) -> None:
+        super().__init__(f"cannot listen on {host} port {port} ({reason})")
         self.option = option
 
 
@@ -98,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Imported only for `poimen dlq`: it loads the relay's modules, whose Powertools logger and
         # metrics read their settings when imported; `poimen dev` must import them only after it has
         # set the functions' environment (else its relay has no metrics namespace and fails every batch).
-        # `poimen --help` still lists it (the stub below); poimen_tools/dlq.py parses its arguments.
+        # `poimen --help` still lists it (the stub below); poimen_tools.dlq parses its arguments.
         args = argparse.Namespace(debug=debug, prog="poimen dlq", run=lambda _args: _dlq(arguments[1:], debug))
     else:
         args = build_parser().parse_args(arguments)
@@ -129,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dispatch(commands)
     _add_grants(commands)
     runs.add_parser(commands)
-    # Listed here, parsed by poimen_tools/dlq.py (see main).
+    events.add_parser(commands)
+    # Listed here, parsed by poimen_tools.dlq (see main).
     commands.add_parser("dlq", help="inspect and redrive dead letters: poimen dlq {list,show,redrive} --help")
     return parser
 
@@ -142,73 +172,100 @@ def _add_dev(commands: Commands) -> None:
     defaults = DevOptions()
     dev = commands.add_parser("dev", help="serve the admission API on loopback, with an embedded moto server")
     _leaf(dev, _dev)
-    dev.add_argument("--host", default=defaults.host, help="address to listen on (default: %(default)s)")
     dev.add_argument(
-        "--port", type=int, default=defaults.port, help="API port, 0 for any free one (default: %(default)s)"
+        "--host", type=listen_host, default=defaults.host, help="address to listen on (default: %(default)s)"
+    )
+    dev.add_argument(
+        "--port", type=port, default=defaults.port, help="API port, 0 for any free one (default: %(default)s)"
     )
     dev.add_argument(
         "--dynamodb-endpoint",
+        type=endpoint_url,
         metavar="URL",
         help="DynamoDB only: use this endpoint (a running moto server, dynalite, DynamoDB Local) instead of an "
         "embedded moto server",
     )
     dev.add_argument(
-        "--sqs-endpoint", metavar="URL", help="SQS only: use this endpoint (the relay's dead-letter queue)"
+        "--sqs-endpoint",
+        type=endpoint_url,
+        metavar="URL",
+        help="SQS only: use this endpoint (the relay's dead-letter queue)",
     )
-    dev.add_argument("--s3-endpoint", metavar="URL", help="S3 only: use this endpoint (the failed-batches bucket)")
     dev.add_argument(
-        "--moto-port", type=int, default=defaults.moto_port, help="port of the embedded moto server (default: any)"
+        "--s3-endpoint",
+        type=endpoint_url,
+        metavar="URL",
+        help="S3 only: use this endpoint (the failed-batches bucket)",
     )
-    dev.add_argument("--table-name", default=defaults.table_name, help="(default: %(default)s)")
+    dev.add_argument(
+        "--moto-port", type=port, default=defaults.moto_port, help="port of the embedded moto server (default: any)"
+    )
+    dev.add_argument("--table-name", type=table_name, default=defaults.table_name, help="(default: %(default)s)")
     dev.add_argument(
         "--principal",
+        type=principal_arn,
         default=defaults.principal,
         help="principal ARN of the default dev key (see README); granted every tenant (default: %(default)s)",
     )
     dev.add_argument(
         "--principals",
-        type=Path,
+        type=_principals_file,
         help="JSON: access key id -> {secret, arn, tenants}; also POIMEN_LOCAL_PRINCIPALS (default: the dev key)",
     )
-    dev.add_argument("--dlq-name", default=defaults.dlq_name, help="(default: %(default)s)")
-    dev.add_argument("--region", default=defaults.region, help="(default: %(default)s)")
+    dev.add_argument("--dlq-name", type=queue_name, default=defaults.dlq_name, help="(default: %(default)s)")
+    dev.add_argument("--region", type=region, default=defaults.region, help="(default: %(default)s)")
     dev.add_argument(
         "--concurrency",
-        type=int,
+        type=whole_number(1, MAX_CONCURRENCY),
         default=defaults.concurrency,
         help="execution environments (worker processes), each running one request at a time (default: %(default)s)",
     )
-    dev.add_argument("--template", type=Path, help="SAM template to serve (default: the checkout's)")
+    dev.add_argument("--template", type=_template_file, help="SAM template to serve (default: the checkout's)")
     dev.add_argument("--no-kafka", action="store_true", help="serve the API only: no broker, no relay")
     dev.add_argument(
-        "--kafka-port", type=int, default=defaults.kafka_port, help="local broker port (default: %(default)s)"
+        "--kafka-port", type=port, default=defaults.kafka_port, help="local broker port (default: %(default)s)"
     )
-    dev.add_argument("--kafka-bootstrap", metavar="HOST:PORT", help="use this broker instead of a local one")
+    dev.add_argument(
+        "--kafka-bootstrap",
+        type=bootstrap_servers,
+        metavar="HOST:PORT",
+        help="use this broker instead of a local one",
+    )
 
 
 def _add_topics(commands: Commands) -> None:
     topics = commands.add_parser("topics", help="Kafka topics").add_subparsers(dest="action", required=True)
     ensure = topics.add_parser("ensure", help="create poimen.<tenant>.events and .dispatch if missing")
     _leaf(ensure, _topics_ensure)
-    ensure.add_argument("--tenant", required=True, type=_tenant)
-    ensure.add_argument("--partitions", type=int, default=6, help="(default: %(default)s)")
+    ensure.add_argument("--tenant", required=True, type=tenant)
+    ensure.add_argument("--partitions", type=whole_number(1, MAX_PARTITIONS), default=6, help="(default: %(default)s)")
     ensure.add_argument(
-        "--replication-factor", type=int, default=-1, help="(default: -1, the broker's default.replication.factor)"
+        "--replication-factor",
+        type=_replication_factor,
+        default=-1,
+        help="(default: -1, the broker's default.replication.factor)",
     )
-    ensure.add_argument("--retention-ms", type=int, default=SEVEN_DAYS_MS, help="(default: 7 days)")
-    _connection_arguments(ensure, "seconds to wait for the broker's answer")
+    ensure.add_argument(
+        "--retention-ms",
+        type=whole_number(-1, MAX_RETENTION_MS),
+        default=SEVEN_DAYS_MS,
+        help="(default: 7 days; -1: forever)",
+    )
+    kafka_connection_arguments(ensure, "seconds to wait for the broker's answer", timeout_seconds=10.0)
 
 
 def _add_dispatch(commands: Commands) -> None:
     dispatch = commands.add_parser("dispatch", help="dispatch topic").add_subparsers(dest="action", required=True)
     publish = dispatch.add_parser("publish", help="publish one spawn request to poimen.<tenant>.dispatch")
     _leaf(publish, _dispatch_publish)
-    publish.add_argument("--tenant", required=True, type=_tenant)
-    publish.add_argument("--workflow-ref", required=True)
+    publish.add_argument("--tenant", required=True, type=tenant)
+    publish.add_argument("--workflow-ref", required=True, type=text)
     publish.add_argument("--input", required=True, type=json_object, help="a JSON object (numbers kept exactly)")
-    publish.add_argument("--goal-id")
-    publish.add_argument("--dispatch-key")
-    _connection_arguments(publish, "seconds to wait for the broker to acknowledge the record")
+    publish.add_argument("--goal-id", type=text)
+    publish.add_argument("--dispatch-key", type=text)
+    kafka_connection_arguments(
+        publish, "seconds to wait for the broker to acknowledge the record", timeout_seconds=10.0
+    )
 
 
 def _add_grants(commands: Commands) -> None:
@@ -220,10 +277,11 @@ def _add_grants(commands: Commands) -> None:
         change.add_argument(
             "--principal",
             required=True,
+            type=text,
             help="IAM or STS principal ARN; assumed-role sessions count as their role, roles are named without path"
             + ("" if action == "add" else " (any other string is removed as given)"),
         )
-        change.add_argument("--tenant", required=True, type=_tenant_or_all, help="a tenant id, or * for every tenant")
+        change.add_argument("--tenant", required=True, type=tenant_or_all, help="a tenant id, or * for every tenant")
         _table_arguments(change)
     listing = grant_actions.add_parser("list", help="every principal and its tenants")
     _leaf(listing, _grants_list)
@@ -372,7 +430,7 @@ def explain(error: BaseException, args: argparse.Namespace) -> tuple[str, int]:
 def _explain(error: BaseException, args: argparse.Namespace) -> tuple[str, int]:
     if isinstance(error, KeyboardInterrupt):
         return "interrupted", EXIT_INTERRUPTED
-    if isinstance(error, InvalidPrincipal | ConfigurationError):
+    if isinstance(error, InvalidPrincipal | ConfigurationError | InvalidDispatch | InvalidTemplate | InvalidPrincipals):
         return str(error), EXIT_USAGE
     if isinstance(error, ValidationError):
         problems = "; ".join(
@@ -402,6 +460,9 @@ def _explain(error: BaseException, args: argparse.Namespace) -> tuple[str, int]:
             + (kafka if error.option == "--kafka-port" else ""),
             EXIT_PORT_IN_USE,
         )
+    if isinstance(error, CannotListen):
+        what = "an address of this machine" if error.option == "--host" else "another port (0 for any free one)"
+        return f"{error}; pass {error.option} with {what}", EXIT_USAGE
     if isinstance(error, BrokerError):
         return (
             f"the local Kafka broker did not start: {error}; pass --kafka-bootstrap HOST:PORT to use a running "
@@ -410,7 +471,8 @@ def _explain(error: BaseException, args: argparse.Namespace) -> tuple[str, int]:
         )
     if isinstance(error, FileNotFoundError | PermissionError) and error.filename:
         return f"cannot read {error.filename} ({(error.strerror or str(error)).lower()}); check the path", EXIT_USAGE
-    dynamodb = _dynamodb_failure(error, args)
+    # DynamoDB's failures as the commands that call it meet them (grants, dev), not `poimen dlq`'s.
+    dynamodb = None if getattr(args, "prog", "") == "poimen dlq" else _dynamodb_failure(error, args)
     if dynamodb is not None:
         return dynamodb
     return (
@@ -483,62 +545,80 @@ def _reason(error: BaseException) -> str:
     return text.removeprefix("DynamoDB unreachable: ")
 
 
-def _busy_port(args: argparse.Namespace) -> PortInUse | None:
-    """Which of `poimen dev`'s ports is taken, found by binding each as its server does."""
+def _busy_port(args: argparse.Namespace) -> PortInUse | CannotListen | None:
+    """Which of `poimen dev`'s ports is taken (or cannot be listened on at all), found by binding each as
+    its server does."""
     candidates = [("--port", args.host, args.port), ("--moto-port", "127.0.0.1", args.moto_port)]
     if not args.no_kafka and not args.kafka_bootstrap:
         candidates.append(("--kafka-port", "127.0.0.1", args.kafka_port))
-    for option, host, port in candidates:
-        if port and _taken(host, port):
-            return PortInUse(option, host, port)
+    for option, host, number in candidates:
+        refusal = _bind_refusal(host, number)
+        if refusal is None:
+            continue
+        if refusal.errno == errno.EADDRINUSE:
+            if number:  # port 0 is any free one: never taken
+                return PortInUse(option, host, number)
+            continue
+        reason = (refusal.strerror or str(refusal)).lower()
+        return CannotListen("--host" if refusal.errno == errno.EADDRNOTAVAIL else option, host, number, reason)
     return None
 
 
-def _taken(host: str, port: int) -> bool:
+def _bind_refusal(host: str, number: int) -> OSError | None:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server and the broker do
         try:
-            probe.bind((host, port))
+            probe.bind((host, number))
         except OSError as error:
-            return error.errno == errno.EADDRINUSE  # any other refusal is the server's own to report
-    return False
+            return error
+    return None
 
 
 # -- argument types -----------------------------------------------------------------------------------
 
 
 def _table_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--table-name", default=os.environ.get("TABLE_NAME", "poimen-admission-local"))
+    parser.add_argument("--table-name", type=table_name, default=os.environ.get("TABLE_NAME", "poimen-admission-local"))
     parser.add_argument(
         "--dynamodb-endpoint",
+        type=endpoint_url,
         metavar="URL",
         help="a local endpoint, e.g. that of `poimen dev` (loopback endpoints need no AWS credentials)",
     )
-    parser.add_argument("--region", default=os.environ.get("AWS_REGION", "us-east-1"))
+    parser.add_argument("--region", type=region, default=os.environ.get("AWS_REGION") or "us-east-1")
 
 
-def _tenant_or_all(value: str) -> str:
-    return value if value == "*" else _tenant(value)
+def _template_file(value: str) -> Path:
+    """A SAM template `poimen dev` can serve (see `load_template`)."""
+    path = Path(text(value))
+    try:
+        load_template(path)
+    except InvalidTemplate as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot read {path} ({(error.strerror or str(error)).lower()})") from error
+    return path
 
 
-def _tenant(value: str) -> str:
-    if not re.fullmatch(TENANT_PATTERN, value):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a tenant id ({TENANT_PATTERN})")
-    return value
+def _principals_file(value: str) -> Path:
+    """A principals file `poimen dev` can load (see `load_principals`)."""
+    path = Path(text(value))
+    try:
+        load_principals(path)
+    except InvalidPrincipals as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot read {path} ({(error.strerror or str(error)).lower()})") from error
+    return path
 
 
-def _connection_arguments(parser: argparse.ArgumentParser, timeout_help: str) -> None:
-    parser.add_argument(
-        "--bootstrap-servers",
-        default="127.0.0.1:9092",
-        help="(default: %(default)s, the broker of `poimen dev`)",
-    )
-    parser.add_argument("--iam", action="store_true", help="authenticate to MSK with IAM (SASL_SSL/OAUTHBEARER)")
-    parser.add_argument("--region", default="us-east-1", help="MSK region with --iam (default: %(default)s)")
-    parser.add_argument(
-        "--timeout", type=positive_seconds, default=10.0, metavar="SECONDS", help=f"{timeout_help} (default: 10)"
-    )
+def _replication_factor(value: str) -> int:
+    if value != "-1" and not (re.fullmatch(r"[0-9]{1,5}", value) and 1 <= int(value) <= MAX_REPLICATION_FACTOR):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not -1 (the broker's default) or a whole number from 1 to {MAX_REPLICATION_FACTOR}"
+        )
+    return int(value)
 
 
 if __name__ == "__main__":

@@ -10,10 +10,10 @@ never admit it twice.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from typing import TextIO
-from urllib.parse import urlsplit
 
 from botocore.credentials import Credentials
 
@@ -30,7 +30,7 @@ from poimen.client import (
     Unavailable,
 )
 from poimen.contract import json_text
-from poimen_tools.arguments import json_object, positive_seconds
+from poimen_tools.arguments import base_url, json_object, positive_seconds, region, tenant, text
 from poimen_tools.credentials import is_loopback, local_credentials
 from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY
 
@@ -68,14 +68,16 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--base-url",
-        type=_base_url,
+        type=base_url,
         default=DEFAULT_BASE_URL,
         metavar="URL",
         help="admission API base URL, e.g. the stack output AdmissionApiUrl (default: %(default)s, poimen dev)",
     )
-    common.add_argument("--tenant", required=True, help="the tenant the call acts for (X-Poimen-Tenant)")
+    common.add_argument("--tenant", required=True, type=tenant, help="the tenant the call acts for (X-Poimen-Tenant)")
     common.add_argument(
-        "--region", help="SigV4 region (default: the execute-api host's, else the SDK's; us-east-1 on loopback)"
+        "--region",
+        type=region,
+        help="SigV4 region (default: the execute-api host's, else the SDK's; us-east-1 on loopback)",
     )
     common.add_argument(
         "--dev-key",
@@ -108,16 +110,16 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog=EPILOG,
         formatter_class=formatter,
     )
-    spawn.add_argument("--workflow-ref", required=True)
+    spawn.add_argument("--workflow-ref", required=True, type=text)
     spawn.add_argument("--input", required=True, type=json_object, help="a JSON object (numbers kept exactly)")
-    spawn.add_argument("--goal-id")
+    spawn.add_argument("--goal-id", type=text)
     spawn.add_argument(
-        "--dispatch-key", help="repeats of a key answer the first run (default: one generated for this call)"
+        "--dispatch-key", type=text, help="repeats of a key answer the first run (default: one generated for this call)"
     )
     get = actions.add_parser(
         "get", parents=[common], help="GET /v1/runs/{run_id}", epilog=EPILOG, formatter_class=formatter
     )
-    get.add_argument("run_id", metavar="RUN_ID")
+    get.add_argument("run_id", type=text, metavar="RUN_ID")
     find = actions.add_parser(
         "find",
         parents=[common],
@@ -125,7 +127,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog=EPILOG,
         formatter_class=formatter,
     )
-    find.add_argument("dispatch_key", metavar="DISPATCH_KEY")
+    find.add_argument("dispatch_key", type=text, metavar="DISPATCH_KEY")
     for leaf in (spawn, get, find):
         leaf.set_defaults(run=run, prog=leaf.prog)
 
@@ -219,17 +221,10 @@ def _client(args: argparse.Namespace) -> AdmissionClient:
         raise _Failure(f"{error}: {fix}", EXIT_UNAVAILABLE) from error
 
 
-def _base_url(text: str) -> str:
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL without query or fragment")
-    return text
-
-
-def _attempts(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 100:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of attempts from 1 to 100")
-    return int(text)
+def _attempts(value: str) -> int:
+    if not re.fullmatch(r"[0-9]{1,3}", value) or not 1 <= int(value) <= 100:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of attempts from 1 to 100")
+    return int(value)
 
 
 if __name__ == "__main__":

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +22,7 @@ import boto3
 import pytest
 import requests
 
+from poimen_tools.local.kafka_broker import KafkaBroker
 from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY, signed_headers
 
 POIMEN = Path(sys.executable).parent / "poimen"
@@ -184,6 +189,34 @@ def http() -> Iterator[requests.Session]:
         yield session
 
 
+@contextlib.contextmanager
+def serve_on_loopback(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """`handler` served by a thread on a free loopback port: yields its base URL, shuts it down on exit."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """A real KRaft broker, one per test module that asks for it."""
+    with KafkaBroker(tmp_path_factory.mktemp("kafka")) as running:
+        yield running
+
+
+@pytest.fixture
+def dlq(dev: DevServer) -> str:
+    """A new dead-letter queue in `poimen dev`'s SQS, this test's alone."""
+    url: str = dev.sqs().create_queue(QueueName=f"dlq-{uuid.uuid4().hex[:12]}")["QueueUrl"]
+    return url
+
+
 @dataclass
 class ScriptedApi:
     """An HTTP peer on loopback that answers POSTs from a script and records what it received."""
@@ -197,9 +230,6 @@ class ScriptedApi:
 
 @pytest.fixture
 def scripted_api() -> Iterator[ScriptedApi]:
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     api = ScriptedApi(url="", script=[], received=[])
     lock = threading.Lock()
 
@@ -224,14 +254,9 @@ def scripted_api() -> Iterator[ScriptedApi]:
         def log_message(self, format: str, *args: Any) -> None:
             return
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    api.url = f"http://127.0.0.1:{server.server_address[1]}"
-    yield api
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=5)
+    with serve_on_loopback(Handler) as url:
+        api.url = url
+        yield api
 
 
 @pytest.fixture

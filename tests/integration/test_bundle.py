@@ -3,18 +3,23 @@ the first call to AWS; what `sam build` built; `sam package` against moto's S3 o
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import shlex
 import subprocess
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
 
+from poimen_tools.local import rie
 from poimen_tools.local.moto import EmbeddedMoto
+from poimen_tools.local.rie import BYTECODE_TAG
+from poimen_tools.local.template import Template
 from tests.conftest import REPO
 from tests.integration.conftest import free_port
 
@@ -80,15 +85,58 @@ def _elf_machine(path: Path) -> int:
     return int.from_bytes(header[18:20], "little")
 
 
-def test_built_layer_has_only_aarch64_shared_objects(built: Path) -> None:
-    shared = sorted(built.glob("PoimenLayer/python/**/*.so*"))
-    names = {path.name.split(".", 1)[0] for path in shared}
+def _native_names(layer: Path) -> set[str]:
+    return {path.name.split(".", 1)[0] for path in layer.glob("python/**/*.so*")}
 
-    assert {"_pydantic_core", "cimpl"} <= names  # pydantic's and confluent-kafka's native code
+
+def test_built_layers_have_only_aarch64_shared_objects(built: Path) -> None:
+    shared = sorted(built.glob("*Layer/python/**/*.so*"))
+
+    assert "_pydantic_core" in _native_names(built / "PoimenLayer")  # pydantic's native code
+    assert "cimpl" in _native_names(built / "KafkaLayer")  # confluent-kafka's, in the outbox relay's layer only
+    assert "cimpl" not in _native_names(built / "PoimenLayer")
     assert {path.name: _elf_machine(path) for path in shared if _elf_machine(path) != ELF_MACHINE_AARCH64} == {}
     assert (built / "PoimenLayer/python/poimen/api.py").is_file()
     assert (built / "AdmissionFunction/app.py").is_file()
     assert (built / "InboxRelayFunction/app.py").is_file()
+    assert (built / "OutboxRelayFunction/app.py").is_file()
+
+
+def _bytecode_flags(path: Path) -> int:
+    """The flags word of a .pyc (PEP 552): 1 is hash-based, unchecked."""
+    return int.from_bytes(path.read_bytes()[4:8], "little")
+
+
+def test_every_python_file_built_has_its_unchecked_bytecode_for_python313(built: Path) -> None:
+    # Lambda's /opt and task root are read-only: a .py without its .pyc is compiled again at every cold start.
+    for tree in sorted(path for path in built.iterdir() if path.is_dir()):
+        sources = sorted(tree.rglob("*.py"))
+        compiled = {source: source.parent / "__pycache__" / f"{source.stem}.{BYTECODE_TAG}.pyc" for source in sources}
+
+        assert sources, tree
+        assert [source for source, pyc in compiled.items() if not pyc.is_file()] == [], tree
+        assert {_bytecode_flags(pyc) for pyc in compiled.values()} == {1}, tree
+
+
+def _normalised_files(build: Path) -> set[str]:
+    """Every file of a build, relative, with what differs by architecture alone made equal: the platform in
+    native file names, and the content hash auditwheel puts in a bundled library's name."""
+    files = set()
+    for path in build.rglob("*"):
+        if path.is_file() and path.name != "template.yaml":
+            relative = str(path.relative_to(build)).replace("aarch64", "x86_64")
+            files.add(re.sub(r"-[0-9a-f]{8}(\.so)", r"\1", relative))
+    return files
+
+
+def test_the_arm64_build_holds_the_files_of_the_x86_64_build_the_rie_tests_run(built: Path) -> None:
+    # Given the x86_64 variant the RIE tests run (tests/integration/test_rie.py), built and compiled the same way
+    x86_64 = rie.build_bundle()
+
+    # Then the arm64 bundle that ships has the same files, but for the architecture in native names
+    arm64, tested = _normalised_files(built), _normalised_files(x86_64)
+    assert sorted(arm64 - tested) == []
+    assert sorted(tested - arm64) == []
 
 
 def test_built_template_declares_one_mapping_per_tenant(built: Path, commands: list[str]) -> None:
@@ -101,10 +149,13 @@ def test_built_template_declares_one_mapping_per_tenant(built: Path, commands: l
     )
     resources: dict[str, Any] = json.loads(result.stdout)["Resources"]
     mappings = {
-        name: res["Properties"] for name, res in resources.items() if res["Type"] == "AWS::Lambda::EventSourceMapping"
+        name: res["Properties"]
+        for name, res in resources.items()
+        if res["Type"] == "AWS::Lambda::EventSourceMapping" and name != "OutboxRelaySource"
     }
 
     assert len(tenants) == 2
+    assert "OutboxRelaySource" in resources  # the outbox's one stream mapping, whatever the tenants
     assert sorted(mappings) == sorted(f"RelaySource{tenant.replace('-', '')}" for tenant in tenants)
     for tenant in tenants:
         mapping = mappings[f"RelaySource{tenant.replace('-', '')}"]
@@ -122,6 +173,64 @@ def _substituted(value: str | dict[str, str]) -> str:
     text = value if isinstance(value, str) else value["Fn::Sub"]
     assert "${" not in text
     return text
+
+
+def _references(value: Any, parameters: set[str], kind: str | None = None) -> set[tuple[str, str]]:
+    """(intrinsic, name) for every Ref, Fn::GetAtt and Fn::Sub placeholder naming a resource or a pseudo
+    parameter: what an offline transform cannot resolve and must hand CloudFormation as it is."""
+    found: set[tuple[str, str]] = set()
+    if isinstance(value, list):
+        for item in value:
+            found |= _references(item, parameters, kind)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if key == "Ref" and isinstance(item, str) and item not in parameters:
+                found.add(("Ref", item))
+            elif key == "Fn::GetAtt":
+                found.add(("Fn::GetAtt", ".".join(item) if isinstance(item, list) else item))
+            elif key == "Fn::Sub":
+                text, variables = (item, {}) if isinstance(item, str) else (item[0], item[1])
+                names = set(re.findall(r"\$\{([^}!]+)\}", text)) - set(variables) - parameters
+                found |= {("Fn::Sub", name) for name in names}
+                found |= _references(variables, parameters)
+            else:
+                found |= _references(item, parameters)
+    return found
+
+
+def test_the_offline_transform_keeps_the_references_sam_build_hands_cloudformation(built: Path) -> None:
+    # Given sam build's template (what sam package and deploy hand CloudFormation) and the transform's
+    document = Template(built / "template.yaml").document
+    parameters = set(document["Parameters"]) | {"TenantId"}  # parameters, and the Fn::ForEach identifier
+    # Every condition true, so that every resource is one CloudFormation creates (those of a false condition
+    # may lose their references in the expansion: CloudFormation never reads them).
+    hardened = [
+        "Tenants=acme",
+        "KmsKeyArn=arn:aws:kms:us-east-1:111122223333:key/00000000-0000-0000-0000-000000000000",
+        "AlarmEmail=ops@example.com",
+        "AdmissionReservedConcurrency=10",
+        "RelayReservedConcurrency=5",
+    ]
+    transformed = subprocess.run(
+        [str(SAM_PYTHON), str(REPO / "infra/poimen_tools/sam_transform.py"), str(REPO / "template.yaml"), *hardened],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": "/usr/bin:/bin", "AWS_DEFAULT_REGION": "us-east-1", "SAM_CLI_TELEMETRY": "0"},
+    )
+    kept = _references(json.loads(transformed.stdout)["Resources"], parameters)
+
+    # Then every reference to a resource or a pseudo parameter is still there (SAM names a function's alias
+    # <Function>Aliaslive and a layer version <Layer><hash>)
+    def present(reference: tuple[str, str]) -> bool:
+        kind, name = reference
+        head, _, attribute = name.partition(".")
+        names = {name, f"{head}Aliaslive" if attribute == "Alias" else name}
+        return any(k == kind and (n in names or re.fullmatch(rf"{re.escape(head)}[0-9a-f]{{10}}", n)) for k, n in kept)
+
+    expected = _references(document["Resources"], parameters)
+    assert {kind for kind, _ in expected} == {"Ref", "Fn::GetAtt", "Fn::Sub"}
+    assert sorted(reference for reference in expected if not present(reference)) == []
 
 
 def test_built_template_keeps_the_loop_for_cloudformation(built: Path) -> None:
@@ -151,6 +260,9 @@ def test_deploy_command_runs_up_to_its_first_call_to_aws(built: Path, commands: 
     assert "--parameter-overrides Stage=staging TableDeletionProtection=true LogRetentionDays=30" in deploy_line
     assert f'"Tenants={variables["TENANTS"]}"' in output
     assert f'"MskClusterArn={variables["MSK_CLUSTER_ARN"]}"' in output
+    assert f'"KafkaBootstrapServers={variables["KAFKA_BOOTSTRAP_SERVERS"]}"' in output
+    assert f'"OutboxSubnetIds={variables["OUTBOX_SUBNET_IDS"]}"' in output
+    assert f'"OutboxSecurityGroupIds={variables["OUTBOX_SECURITY_GROUP_IDS"]}"' in output
     assert f'"AlarmEmail={variables["ALARM_EMAIL"]}"' in output
     assert f'Could not connect to the endpoint URL: "{closed}/"' in output
 
@@ -165,14 +277,25 @@ def test_sam_package_uploads_to_s3_and_keeps_the_loop(built: Path, tmp_path: Pat
             f" {built / 'template.yaml'} --s3-bucket poimen-artifacts --output-template-file {packaged}",
             env,
         )
-        uploaded = boto3.client("s3", endpoint_url=moto.endpoint).list_objects_v2(Bucket="poimen-artifacts")
+        s3 = boto3.client("s3", endpoint_url=moto.endpoint)
+        uploaded = s3.list_objects_v2(Bucket="poimen-artifacts")
+        archives = {
+            item["Key"]: zipfile.ZipFile(
+                io.BytesIO(s3.get_object(Bucket="poimen-artifacts", Key=item["Key"])["Body"].read())
+            ).namelist()
+            for item in uploaded.get("Contents", [])
+            if not item["Key"].endswith(".template")
+        }
 
     assert result.returncode == 0, result.stderr[-3000:]
     text = packaged.read_text()
     uris = re.findall(r"(?:CodeUri|ContentUri): (s3://\S+)", text)
-    assert len(uris) == 3  # the layer and the two functions
+    assert len(uris) == len([path for path in built.iterdir() if path.is_dir()])  # each layer and function
     assert {uri.rsplit("/", 1)[1] for uri in uris} <= {item["Key"] for item in uploaded["Contents"]}
     assert "Fn::ForEach::TenantDispatchSources" in text
+    # What is uploaded carries the bytecode `make build` compiled.
+    for name, archive in archives.items():
+        assert any(entry.endswith(f".{BYTECODE_TAG}.pyc") for entry in archive), name
 
 
 def test_tenant_ids_that_collide_as_logical_ids_are_refused() -> None:

@@ -277,3 +277,167 @@ def test_dlq_against_a_local_endpoint_needs_no_aws_credentials(local_dynamodb: L
     outcome = poimen(home, "dlq", "list", "--queue-url", queue_url, "--aws-endpoint", local_dynamodb.endpoint)
 
     assert (outcome.code, outcome.err) == (0, "")
+
+
+# -- arguments: refused at the edge, one line, exit 2 ---------------------------------------------------
+
+NOT_UTF8 = "\udcff"  # the byte 0xff in argv, as Python hands it over (surrogateescape)
+NO_TEMPLATE = "Resources:\n  Only:\n    Type: AWS::SQS::Queue\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (
+            ["runs", "get", "--tenant", "acme", NOT_UTF8],
+            "poimen runs get: argument RUN_ID: '\\xff' is not UTF-8 text; see poimen runs get --help",
+        ),
+        (
+            ["runs", "find", "--tenant", "acme", NOT_UTF8],
+            "poimen runs find: argument DISPATCH_KEY: '\\xff' is not UTF-8 text; see poimen runs find --help",
+        ),
+        (
+            ["runs", "spawn", "--tenant", "acme", "--workflow-ref", "wf", "--input", "{}", "--region", NOT_UTF8],
+            "poimen runs spawn: argument --region: '\\xff' is not UTF-8 text; see poimen runs spawn --help",
+        ),
+        (
+            ["runs", "get", "--tenant", "acme", "r", "--base-url", "http://127.0.0.1:99999"],
+            "poimen runs get: argument --base-url: 'http://127.0.0.1:99999' is not an http(s) URL without query "
+            "or fragment (port out of range 0-65535); see poimen runs get --help",
+        ),
+        (
+            ["dispatch", "publish", "--tenant", "acme", "--workflow-ref", "wf", "--input", '{"a": "' + NOT_UTF8 + '"}'],
+            'poimen dispatch publish: argument --input: \'{"a": "\\xff"}\' is not UTF-8 text; '
+            "see poimen dispatch publish --help",
+        ),
+        (
+            [
+                "dispatch",
+                "publish",
+                "--tenant",
+                "acme",
+                "--workflow-ref",
+                "wf",
+                "--input",
+                "{}",
+                "--bootstrap-servers",
+                "127.0.0.1:99999",
+            ],
+            "poimen dispatch publish: argument --bootstrap-servers: '127.0.0.1:99999' is not a list of HOST:PORT "
+            "brokers (like 127.0.0.1:9092,b-2.example.com:9098); see poimen dispatch publish --help",
+        ),
+        (
+            ["topics", "ensure", "--tenant", "acme", "--partitions", "-3"],
+            "poimen topics ensure: argument --partitions: '-3' is not a whole number from 1 to 100000; "
+            "see poimen topics ensure --help",
+        ),
+        (
+            ["grants", "list", "--dynamodb-endpoint", "notaurl"],
+            "poimen grants list: argument --dynamodb-endpoint: 'notaurl' is not an http(s) URL "
+            "(like http://127.0.0.1:8000); see poimen grants list --help",
+        ),
+        (
+            ["dev", "--concurrency", "0"],
+            "poimen dev: argument --concurrency: '0' is not a whole number from 1 to 256; see poimen dev --help",
+        ),
+        (
+            ["dev", "--port", "99999"],
+            "poimen dev: argument --port: '99999' is not a port (0 to 65535); see poimen dev --help",
+        ),
+        (
+            ["dev", "--port", "-5"],
+            "poimen dev: argument --port: '-5' is not a port (0 to 65535); see poimen dev --help",
+        ),
+        (
+            ["dev", "--moto-port", "99999"],
+            "poimen dev: argument --moto-port: '99999' is not a port (0 to 65535); see poimen dev --help",
+        ),
+        (
+            ["dev", "--kafka-port", "99999"],
+            "poimen dev: argument --kafka-port: '99999' is not a port (0 to 65535); see poimen dev --help",
+        ),
+        (
+            ["dev", "--region="],
+            "poimen dev: argument --region: '' is not an AWS region (like us-east-1); see poimen dev --help",
+        ),
+        (
+            ["dev", "--host", "nonexistent.invalid"],
+            "poimen dev: argument --host: cannot listen on 'nonexistent.invalid' (name or service not known); "
+            "see poimen dev --help",
+        ),
+        (
+            ["dev", "--dlq-name", "a.b"],
+            "poimen dev: argument --dlq-name: 'a.b' is not an SQS queue name (1 to 80 of A-Z a-z 0-9 _ -); "
+            "see poimen dev --help",
+        ),
+        (
+            ["dlq", "list", "--bucket", "b", "--aws-endpoint", "notaurl"],
+            "poimen dlq list: argument --aws-endpoint: 'notaurl' is not an http(s) URL (like http://127.0.0.1:8000); "
+            "see poimen dlq list --help",
+        ),
+    ],
+)
+def test_an_argument_out_of_its_domain_is_one_line_and_exit_2(home: Path, argv: list[str], line: str) -> None:
+    outcome = poimen(home, *argv)
+
+    assert outcome.line == line
+    assert outcome.code == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "reason"),
+    [
+        (
+            "template.yaml",
+            NO_TEMPLATE,
+            "is not poimen's SAM template: it declares no AWS::Serverless::Function AdmissionFunction",
+        ),
+        (
+            "template.yaml",
+            "Resources: [\n",
+            "is not YAML (expected the node content, but found '<stream end>', line 2)",
+        ),
+        (
+            "list.json",
+            "[1]",
+            "is not poimen's SAM template: it declares no AWS::Serverless::Function AdmissionFunction",
+        ),
+    ],
+)
+def test_a_template_that_is_no_template_is_one_line_and_exit_2(
+    home: Path, tmp_path: Path, name: str, content: str, reason: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(content)
+
+    outcome = poimen(home, "dev", "--template", str(path))
+
+    assert outcome.line == f"poimen dev: argument --template: {path} {reason}; see poimen dev --help"
+    assert outcome.code == 2
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ("nope", "is not JSON (Expecting value: line 1 column 1 (char 0))"),
+        ("[1]", "must be a JSON object: access key id -> {secret, arn, tenants}"),
+        ('{"AKID": {"arn": "arn:aws:iam::123456789012:user/x"}}', 'AKID: "secret" must be a string'),
+        (
+            '{"AKID": {"secret": "s", "arn": "arn:aws:iam::123456789012:user/x", "tenants": "acme"}}',
+            'AKID: "tenants" must be a list of tenant ids or "*"',
+        ),
+    ],
+)
+def test_a_principals_file_that_is_not_one_is_one_line_and_exit_2(
+    home: Path, tmp_path: Path, content: str, reason: str
+) -> None:
+    path = tmp_path / "principals.json"
+    path.write_text(content)
+
+    by_option = poimen(home, "dev", "--principals", str(path))
+    by_variable = poimen(home, "dev", "--port", "0", "--no-kafka", env={"POIMEN_LOCAL_PRINCIPALS": str(path)})
+
+    assert by_option.line == f"poimen dev: argument --principals: {path} {reason}; see poimen dev --help"
+    assert by_option.code == 2
+    assert by_variable.line == f"poimen dev: POIMEN_LOCAL_PRINCIPALS: {path} {reason}"
+    assert by_variable.code == 2

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import base64
 import json
+import random
+import signal
 import subprocess
+import threading
+import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import boto3
@@ -17,7 +23,7 @@ from poimen.relay import DeadLetterReason, dead_letter_body
 from poimen_tools.local.event_source import on_failure_record
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs
-from tests.integration.conftest import POIMEN, DevServer, free_port
+from tests.integration.conftest import POIMEN, DevServer, free_port, serve_on_loopback, wait_for
 
 
 @dataclass
@@ -28,10 +34,13 @@ class Place:
     queue_url: str
     bucket: str
 
-    def dlq(self, *argv: str, api_url: str | None = None) -> subprocess.CompletedProcess[str]:
+    def command(self, *argv: str, api_url: str | None = None) -> list[str]:
         where = ["--queue-url", self.queue_url, "--bucket", self.bucket, "--aws-endpoint", self.dev.aws_endpoint]
+        return [str(POIMEN), "dlq", *argv, *where, "--api-url", api_url or self.dev.url, "--dev-key"]
+
+    def dlq(self, *argv: str, api_url: str | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [str(POIMEN), "dlq", *argv, *where, "--api-url", api_url or self.dev.url, "--dev-key"],
+            self.command(*argv, api_url=api_url),
             capture_output=True,
             text=True,
             stdin=subprocess.DEVNULL,
@@ -52,6 +61,15 @@ class Place:
             attributes["ApproximateNumberOfMessagesNotVisible"]
         )
         return messages, self.s3().list_objects_v2(Bucket=self.bucket)["KeyCount"]
+
+    def stored_keys(self) -> list[str]:
+        return [entry["Key"] for entry in self.s3().list_objects_v2(Bucket=self.bucket).get("Contents", [])]
+
+    def parked(self, key: str) -> list[int]:
+        """The offsets of the records in a parked object, as it is stored."""
+        document = json.loads(self.s3().get_object(Bucket=self.bucket, Key=key)["Body"].read())
+        event = json.loads(document["payload"])
+        return sorted(record["offset"] for group in event["records"].values() for record in group)
 
 
 @pytest.fixture
@@ -176,3 +194,119 @@ def test_redrive_without_yes_and_without_a_terminal_refuses(place: Place, tenant
     assert refused.stderr.count("\n") == 1
     assert "stdin is not a terminal; add --yes" in refused.stderr
     assert place.left() == (1, 0)
+
+
+@dataclass
+class SlowApi:
+    """A proxy on loopback in front of the admission API that forwards each request at once and holds
+    the API's answer for `delay` seconds: runs are admitted while the caller still waits for them."""
+
+    upstream: str
+    delay: float
+    url: str = ""
+    in_flight: int = 0  # requests forwarded whose answer has not come back from the API yet
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@pytest.fixture
+def slow_api(dev: DevServer) -> Iterator[SlowApi]:
+    import urllib3
+
+    api = SlowApi(upstream=dev.url, delay=0.4)
+    pool = urllib3.PoolManager(retries=False)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            with api.lock:
+                api.in_flight += 1
+            try:
+                # The Host header goes as it came: the caller signed it (SigV4), and the API checks it.
+                answer = pool.request(
+                    "POST", f"{api.upstream}{self.path}", body=body, headers=dict(self.headers.items()), timeout=30
+                )
+            finally:
+                with api.lock:
+                    api.in_flight -= 1
+            time.sleep(api.delay)  # the slowness being simulated, not a synchronisation
+            try:
+                self.send_response(answer.status)
+                for name in ("Content-Type", "Idempotent-Replayed"):
+                    if answer.headers.get(name):
+                        self.send_header(name, answer.headers[name])
+                self.send_header("Content-Length", str(len(answer.data)))
+                self.end_headers()
+                self.wfile.write(answer.data)
+            except OSError:
+                return  # the caller is gone (killed)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    with serve_on_loopback(Handler) as url:
+        api.url = url
+        yield api
+    pool.clear()
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL], ids=["sigint", "sigkill"])
+def test_an_interrupted_redrive_of_a_parked_batch_sends_no_record_twice(
+    place: Place, tenant: str, slow_api: SlowApi, stop: signal.Signals
+) -> None:
+    # Given a parked batch of twelve keyless records
+    batch = [record(tenant, offset, {"workflow_ref": "wf/hello", "input": {"n": offset}}) for offset in range(12)]
+    key = f"aws/lambda/{uuid.uuid4()}/poimen.{tenant}.dispatch-0/2026/11/29/2026-11-29T12.00.00-{uuid.uuid4()}"
+    place.s3().put_object(Bucket=place.bucket, Key=key, Body=failed_batch(batch))
+
+    def runs() -> int:
+        return len(count_runs(place.dev.dynamodb(), place.dev.table_name, tenant))
+
+    # When a redrive through a slow API is stopped once a random number of runs is admitted
+    admitted = random.randint(2, 9)
+    process = subprocess.Popen(
+        place.command("redrive", "--yes", api_url=slow_api.url),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: runs() >= admitted, what=f"{admitted} runs admitted")
+        process.send_signal(stop)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    wait_for(lambda: slow_api.in_flight == 0, what="the API to answer what it was sent")
+    before = runs()
+    markers = [name for name in place.stored_keys() if name.startswith(f"{key}.progress/")]
+
+    # Then it stopped with what was confirmed recorded: Ctrl-C after the record in flight, with the
+    # object rewritten to the records left; a kill at once, with one progress marker per confirmed record
+    if stop == signal.SIGINT:
+        assert process.returncode == 130, err
+        assert err.splitlines()[-1].startswith("poimen dlq redrive: stopped: interrupted:"), err
+        assert summary(out)["redriven (201)"] == before
+        assert summary(out)["not attempted"] == 12 - before
+        assert place.stored_keys() == [key]
+        assert place.parked(key) == list(range(before, 12))
+        unconfirmed = 0
+    else:
+        assert process.returncode == -signal.SIGKILL
+        assert place.parked(key) == list(range(12))
+        listed = json.loads(place.dlq("list", "--json").stdout)
+        assert listed["kinds"]["failed-batch"]["records"] == 12 - len(markers)
+        unconfirmed = before - len(markers)  # admitted, but killed before its marker was written
+        assert unconfirmed in (0, 1), (before, markers)
+
+    # And the next redrive sends only the records left (and again the one in flight when it was killed,
+    # under the same derived dispatch_key: a replay): one run per record, and no object or marker remains
+    again = place.dlq("redrive", "--yes")
+    assert again.returncode == 0, again.stderr
+    assert summary(again.stdout)["redriven (201)"] == 12 - before
+    assert summary(again.stdout)["replayed (200)"] == unconfirmed
+    assert runs() == 12
+    assert place.stored_keys() == []

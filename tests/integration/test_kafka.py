@@ -42,22 +42,10 @@ pytestmark = pytest.mark.usefixtures("no_admission_in_process")
 SPAWN = RunRequest(workflow_ref="wf/hello", input={"greeting": "hi"}, dispatch_key="order-42")
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
-    with KafkaBroker(tmp_path_factory.mktemp("kafka")) as running:
-        yield running
-
-
 @pytest.fixture
 def topic(broker: KafkaBroker, tenant: str) -> str:
     ensure_topics(broker.bootstrap_servers, tenant, partitions=3, replication_factor=1)
     return dispatch_topic(tenant)
-
-
-@pytest.fixture
-def dlq(dev: DevServer) -> str:
-    url: str = dev.sqs().create_queue(QueueName=f"dlq-{uuid.uuid4().hex[:12]}")["QueueUrl"]
-    return url
 
 
 EventSourceFactory = Callable[..., LocalMskEventSource]

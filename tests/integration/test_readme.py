@@ -44,6 +44,7 @@ DEFAULT_API = "http://127.0.0.1:8080"
 DEFAULT_KAFKA = "127.0.0.1:9092"
 DEV_COMMAND = ".venv/bin/poimen dev"
 PUBLISH = ".venv/bin/poimen dispatch publish"
+EVENTS_TAIL = ".venv/bin/poimen events tail"
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 DEFINITION = re.compile(r"^(\w+\(\)\s*\{|export\s|\w+=)")
 RELAY_WAIT_SECONDS = 60
@@ -134,7 +135,8 @@ def _documented_moto_endpoint() -> str:
 def _to_server(command: str, dev: DevServer) -> str:
     assert dev.kafka_bootstrap is not None
     command = command.replace(DEFAULT_API, dev.url).replace(DEFAULT_KAFKA, dev.kafka_bootstrap)
-    command = command.replace(PUBLISH, f"{PUBLISH} --bootstrap-servers {dev.kafka_bootstrap}")
+    for tool in (PUBLISH, EVENTS_TAIL):
+        command = command.replace(tool, f"{tool} --bootstrap-servers {dev.kafka_bootstrap}")
     return re.sub(r"(?<![\w/.])\.venv/bin/poimen\b", str(POIMEN), command)
 
 

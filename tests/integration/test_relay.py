@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -45,13 +47,6 @@ def fresh_relay_service() -> Iterator[None]:
     relay_service.cache_clear()
     yield
     relay_service.cache_clear()
-
-
-@pytest.fixture
-def dlq(dev: DevServer) -> str:
-    """A dead-letter queue of this test's own, in the dev server's moto."""
-    url: str = dev.sqs().create_queue(QueueName=f"dlq-{uuid.uuid4().hex[:12]}")["QueueUrl"]
-    return url
 
 
 def _point_relay_at(monkeypatch: pytest.MonkeyPatch, dev: DevServer, api_url: str, dlq_url: str) -> None:
@@ -299,6 +294,85 @@ def test_a_hanging_api_still_ends_the_invocation_within_its_time(
     # Then it gave up before its deadline, and dead-lettered nothing
     assert time.monotonic() - started < 2.5
     assert dead_letters(dev, dlq) == []
+
+
+@pytest.fixture
+def trickling_api() -> Iterator[Callable[[str], str]]:
+    """An HTTP peer on loopback that reads each request, then answers one byte a second: either a 201 whose
+    headers come at once and whose 40-byte body trickles ("body"), or the whole answer trickling ("headers")."""
+    stop = threading.Event()
+    servers: list[socket.socket] = []
+    threads: list[threading.Thread] = []
+    answer = b'{"run_id": "trickled", "status": "admitted"}'[:40]
+    head = b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n"
+
+    def serve(connection: socket.socket, slow: str) -> None:
+        with connection:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += connection.recv(65536)
+            headers, _, body = request.partition(b"\r\n\r\n")
+            length = int(re.search(rb"(?i)content-length: *(\d+)", headers).group(1))  # type: ignore[union-attr]
+            while len(body) < length:
+                body += connection.recv(65536)
+            if slow == "body":
+                connection.sendall(head)
+            for byte in (head if slow == "headers" else b"") + answer:
+                if stop.wait(1.0):
+                    return
+                try:
+                    connection.sendall(bytes([byte]))
+                except OSError:  # the relay gave up and closed the connection
+                    return
+
+    def accept(server: socket.socket, slow: str) -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = server.accept()
+            except OSError:  # closed at teardown
+                return
+            thread = threading.Thread(target=serve, args=(connection, slow), daemon=True)
+            thread.start()
+            threads.append(thread)
+
+    def start(slow: str) -> str:
+        server = socket.create_server(("127.0.0.1", 0))
+        servers.append(server)
+        thread = threading.Thread(target=accept, args=(server, slow), daemon=True)
+        thread.start()
+        threads.append(thread)
+        return f"http://127.0.0.1:{server.getsockname()[1]}"
+
+    yield start
+    stop.set()
+    for server in servers:
+        server.close()
+    for thread in threads:
+        thread.join(timeout=5)
+
+
+@pytest.mark.parametrize("slow", ["body", "headers"])
+def test_an_answer_trickling_in_still_ends_the_invocation_within_its_time(
+    relay_against: Callable[[str], Relay],
+    dev: DevServer,
+    dlq: str,
+    tenant: str,
+    trickling_api: Callable[[str], str],
+    capsys: pytest.CaptureFixture[str],
+    slow: str,
+) -> None:
+    # Given an API whose answer arrives one byte a second (40 s for the body alone), each byte within
+    # any read timeout
+    relay = relay_against(trickling_api(slow))
+    # When the function has 6 s left (0.5 s of margin: a 5.5 s budget)
+    started = time.monotonic()
+    with pytest.raises(AdmissionApiUnavailable):
+        relay([_record(tenant, SPAWN)], timeout_seconds=6)
+    # Then the batch failed before the function's deadline, dead-lettered nothing, and published its metrics
+    assert time.monotonic() - started < 6
+    assert dead_letters(dev, dlq) == []
+    (document,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')]
+    assert _single(document["DispatchRelayed"]) == _single(document["DispatchDeadLettered"]) == 0
 
 
 @pytest.mark.parametrize("status", [401, 403, 404, 405, 302])

@@ -49,7 +49,7 @@ class InProcessApi(urllib3.PoolManager):
         outgoing.putrequest(method, target.path, skip_host=True)
         for name, value in headers:
             outgoing.putheader(name, value)
-        body: bytes = kw["body"]
+        body: bytes = kw.get("body") or b""
         principal = verify({RELAY_KEY.access_key: RELAY_KEY}, method, target.path, headers, body)
         event = http_api_event(
             method=method,
@@ -65,6 +65,14 @@ class InProcessApi(urllib3.PoolManager):
             answer = self._handler(event, LocalLambdaContext("AdmissionFunction"))
         status, answer_headers, payload = http_response(answer)
         return urllib3.HTTPResponse(body=payload, status=status, headers=dict(answer_headers), preload_content=True)
+
+
+def sqs_message_size(body: str, attributes: dict[str, Any]) -> int:
+    """A message's size as SQS limits it: the body's bytes and each attribute's name, type and value."""
+    size = len(body.encode())
+    for name, attribute in attributes.items():
+        size += len(name.encode()) + len(attribute["DataType"].encode()) + len(attribute["StringValue"].encode())
+    return size
 
 
 @dataclass
@@ -105,15 +113,24 @@ class RelayHarness:
         return outcome
 
     def dead_letters(self) -> list[tuple[int, dict[str, Any]]]:
-        """(body size in bytes, letter) of every message in the DLQ, consumed."""
-        letters: list[tuple[int, dict[str, Any]]] = []
+        """(size in bytes as SQS counts it: body and attributes, letter) of every message in the DLQ, consumed."""
+        return [
+            (sqs_message_size(message["Body"], message.get("MessageAttributes", {})), json.loads(message["Body"]))
+            for message in self.dead_letter_messages()
+        ]
+
+    def dead_letter_messages(self) -> list[dict[str, Any]]:
+        """Every message in the DLQ with its message attributes, consumed."""
+        received: list[dict[str, Any]] = []
         while True:
-            batch = self.sqs.receive_message(QueueUrl=self.queue_url, MaxNumberOfMessages=10)
+            batch = self.sqs.receive_message(
+                QueueUrl=self.queue_url, MaxNumberOfMessages=10, MessageAttributeNames=["All"]
+            )
             messages = batch.get("Messages", [])
             if not messages:
-                return letters
+                return received
             for message in messages:
-                letters.append((len(message["Body"].encode()), json.loads(message["Body"])))
+                received.append(message)
                 self.sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=message["ReceiptHandle"])
 
     def record(self, value: Any, offset: int, key: bytes | None = None, **changes: Any) -> KafkaRecord:

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from poimen import dispatch
 from poimen.contract import RunRequest
-from poimen.dispatch import DispatchPublisher, PublishFailed
+from poimen.dispatch import DispatchPublisher, InvalidDispatch, PublishFailed
 from poimen.errors import StoreUnavailable
 from poimen.kafka_client import LIBRDKAFKA_LOGGER, broker_error_reason
 from poimen.principals import InvalidPrincipal
@@ -23,7 +23,8 @@ from poimen.store import Store
 from poimen_tools import cli, dlq
 from poimen_tools.cli import GrantNotFound, PortInUse, build_parser, explain, main
 from poimen_tools.credentials import is_loopback, local_credentials
-from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY
+from poimen_tools.local.dev import InvalidTemplate
+from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY, InvalidPrincipals
 from poimen_tools.topics import KafkaUnreachable
 
 REFUSED = "127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused (after 0ms in state CONNECT)"
@@ -124,6 +125,24 @@ def validation_error() -> ValidationError:
             FileNotFoundError(2, "No such file or directory", "principals.json"),
             build_parser().parse_args(["dev"]),
             "cannot read principals.json (no such file or directory); check the path",
+            2,
+        ),
+        (
+            InvalidDispatch("the spawn request's body exceeds 262144 bytes (300000)"),
+            publish_args(),
+            "the spawn request's body exceeds 262144 bytes (300000)",
+            2,
+        ),
+        (
+            InvalidPrincipals("POIMEN_LOCAL_PRINCIPALS: p.json is not JSON (Expecting value)"),
+            build_parser().parse_args(["dev"]),
+            "POIMEN_LOCAL_PRINCIPALS: p.json is not JSON (Expecting value)",
+            2,
+        ),
+        (
+            InvalidTemplate("t.yaml is not poimen's SAM template: it declares no AWS::DynamoDB::Table AdmissionTable"),
+            build_parser().parse_args(["dev"]),
+            "t.yaml is not poimen's SAM template",
             2,
         ),
         (KeyboardInterrupt(), grants_args(), "interrupted", 130),
@@ -253,3 +272,103 @@ def test_a_failed_publish_says_why_the_broker_did_not_answer() -> None:
     assert failed.records == 1
     assert "failures: ['Local: Message timed out']" in str(failed)
     assert broker_error_reason("1/1 brokers are down") == "1/1 brokers are down"
+
+
+NOT_UTF8 = "\udcff"  # the byte 0xff in argv (surrogateescape)
+PUBLISH = ["dispatch", "publish", "--tenant", "acme", "--workflow-ref", "wf", "--input", "{}"]
+SPAWN = ["runs", "spawn", "--tenant", "acme", "--workflow-ref", "wf", "--input", "{}"]
+ENSURE = ["topics", "ensure", "--tenant", "acme"]
+BACKFILL = ["events", "backfill", "--tenant", "acme", "--since", "2026-11-27T10:00:00Z"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["runs", "get", "--tenant", "acme", NOT_UTF8], "RUN_ID"),
+        (["runs", "find", "--tenant", "acme", NOT_UTF8], "DISPATCH_KEY"),
+        (["runs", "get", "--tenant", "Acme", "r"], "--tenant"),
+        (["runs", "get", "--tenant", NOT_UTF8, "r"], "--tenant"),
+        ([*SPAWN, "--region="], "--region"),
+        ([*SPAWN, "--region", "not_a_region!"], "--region"),
+        ([*SPAWN, "--goal-id", NOT_UTF8], "--goal-id"),
+        ([*SPAWN, "--dispatch-key", NOT_UTF8], "--dispatch-key"),
+        ([*SPAWN[:5], NOT_UTF8, *SPAWN[6:]], "--workflow-ref"),
+        (["runs", "get", "--tenant", "acme", "r", "--base-url", "http://127.0.0.1:x/"], "--base-url"),
+        (["runs", "get", "--tenant", "acme", "r", "--base-url", f"http://{NOT_UTF8}/"], "--base-url"),
+        (["runs", "get", "--tenant", "acme", "r", "--base-url", "http://a b/"], "--base-url"),
+        (["runs", "get", "--tenant", "acme", "r", "--max-attempts", "²"], "--max-attempts"),
+        ([*PUBLISH[:-1], '{"a": "' + NOT_UTF8 + '"}'], "--input"),
+        ([*PUBLISH, "--bootstrap-servers", NOT_UTF8], "--bootstrap-servers"),
+        ([*PUBLISH, "--bootstrap-servers="], "--bootstrap-servers"),
+        ([*PUBLISH, "--bootstrap-servers", "a:1,,b:2"], "--bootstrap-servers"),
+        ([*PUBLISH, "--bootstrap-servers", "a:99999"], "--bootstrap-servers"),
+        ([*PUBLISH, "--iam", "--region", NOT_UTF8], "--region"),
+        ([*PUBLISH, "--iam", "--region="], "--region"),
+        ([*PUBLISH, "--goal-id", NOT_UTF8], "--goal-id"),
+        ([*ENSURE, "--partitions", "0"], "--partitions"),
+        ([*ENSURE, "--partitions", "99999999999"], "--partitions"),
+        ([*ENSURE, "--replication-factor", "0"], "--replication-factor"),
+        ([*ENSURE, "--retention-ms", "-5"], "--retention-ms"),
+        ([*ENSURE, "--bootstrap-servers", NOT_UTF8], "--bootstrap-servers"),
+        (["grants", "add", "--principal", NOT_UTF8, "--tenant", "acme"], "--principal"),
+        (["grants", "list", "--dynamodb-endpoint", "notaurl"], "--dynamodb-endpoint"),
+        (["grants", "list", "--dynamodb-endpoint", "http://127.0.0.1:99999"], "--dynamodb-endpoint"),
+        (["grants", "list", "--table-name", NOT_UTF8], "--table-name"),
+        (["grants", "list", "--table-name="], "--table-name"),
+        (["grants", "list", "--region", "not_a_region!"], "--region"),
+        (["dev", "--host", NOT_UTF8], "--host"),
+        (["dev", "--host="], "--host"),
+        (["dev", "--host", "256.1.1.1"], "--host"),
+        (["dev", "--table-name", "a"], "--table-name"),
+        (["dev", "--dlq-name", NOT_UTF8], "--dlq-name"),
+        (["dev", "--principal", NOT_UTF8], "--principal"),
+        (["dev", "--principal", "arn:aws:iam::1:user/x"], "--principal"),
+        (["dev", "--region", "bad!"], "--region"),
+        (["dev", "--dynamodb-endpoint", "notaurl"], "--dynamodb-endpoint"),
+        (["dev", "--sqs-endpoint", "http://127.0.0.1:99999"], "--sqs-endpoint"),
+        (["dev", "--s3-endpoint", "ftp://127.0.0.1"], "--s3-endpoint"),
+        (["dev", "--kafka-bootstrap", NOT_UTF8], "--kafka-bootstrap"),
+        (["dev", "--kafka-bootstrap", "host:99999"], "--kafka-bootstrap"),
+        (["dev", "--kafka-port", "-1"], "--kafka-port"),
+        (["dev", "--concurrency", "99999"], "--concurrency"),
+        (["dev", "--template", "/nonexistent/template.yaml"], "--template"),
+        (["dev", "--principals", "/nonexistent/principals.json"], "--principals"),
+        (["events", "tail", "--tenant", "acme", "--bootstrap-servers", "127.0.0.1:99999"], "--bootstrap-servers"),
+        (["events", "tail", "--tenant", "acme", "--limit", "-1"], "--limit"),
+        (["events", "tail", "--tenant", "acme", "--iam", "--region", NOT_UTF8], "--region"),
+        ([*BACKFILL, "--dynamodb-endpoint", "notaurl"], "--dynamodb-endpoint"),
+        ([*BACKFILL, "--table-name", "a"], "--table-name"),
+        ([*BACKFILL, "--stack-name", NOT_UTF8], "--stack-name"),
+        (["dlq", "list", "--queue-url", "notaurl"], "--queue-url"),
+        (["dlq", "list", "--queue-url", "http://127.0.0.1:99999/q"], "--queue-url"),
+        (["dlq", "list", "--bucket", NOT_UTF8], "--bucket"),
+        (["dlq", "list", "--bucket", "b", "--region="], "--region"),
+        (["dlq", "show", "s3:" + NOT_UTF8, "--bucket", "b"], "ID"),
+        (["dlq", "redrive", "--bucket", "b", "--api-url", "notaurl", "--yes"], "--api-url"),
+    ],
+)
+def test_every_argument_out_of_its_domain_is_a_one_line_usage_error(
+    argv: list[str], option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+
+    lines = capsys.readouterr().err.splitlines()
+    assert exited.value.code == 2
+    assert len(lines) == 1
+    assert f": argument {option}: " in lines[0]
+    assert lines[0].endswith(" --help")
+
+
+def test_an_address_not_of_this_machine_is_a_usage_error_naming_host() -> None:
+    # Given an address that resolves but is no interface's (TEST-NET-1, RFC 5737)
+    args = build_parser().parse_args(["dev", "--host", "192.0.2.1", "--no-kafka"])
+
+    refusal = cli._busy_port(args)
+
+    assert refusal is not None
+    assert explain(refusal, args) == (
+        "cannot listen on 192.0.2.1 port 8080 (cannot assign requested address); pass --host with an address of "
+        "this machine",
+        2,
+    )

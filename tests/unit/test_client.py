@@ -29,6 +29,7 @@ from poimen.client import (
     Forbidden,
     InvalidRequest,
     NotFound,
+    OutcomeUnknown,
     Unavailable,
     UnexpectedAnswer,
     _retry_after_seconds,
@@ -468,6 +469,46 @@ def test_requests_that_cannot_be_sent_are_refused_before_sending(peer: Peer) -> 
         api.spawn(TENANT, "wf/a", {"x": float("nan")})
 
     assert (bad_tenant.value.status, bad_input.value.status, peer.received) == (None, None, [])
+
+
+@pytest.mark.parametrize("text", ["\udcff", "run-\ud800"])
+def test_a_run_id_or_key_that_is_not_utf8_is_an_invalid_request_before_sending(peer: Peer, text: str) -> None:
+    api = client(peer)
+
+    with pytest.raises(InvalidRequest) as by_id:
+        api.get(TENANT, text)
+    with pytest.raises(InvalidRequest) as by_key:
+        api.find(TENANT, text)
+
+    assert (by_id.value.status, by_key.value.status, peer.received) == (None, None, [])
+
+
+def outcome_unknown(run_id: str = RUN_ID) -> tuple[int, dict[str, str], Any]:
+    status, headers, body = problem(503, "outcome-unknown", run_id=run_id)
+    return status, {**headers, "Location": f"/v1/runs/{run_id}", "Retry-After": "1"}, body
+
+
+def test_an_unknown_outcome_of_a_spawn_is_retried_with_its_key_into_the_one_run(peer: Peer) -> None:
+    # Given an API that could not tell whether the spawn's first attempt admitted the run
+    peer.script.append(outcome_unknown())
+    # When a spawn without a key of the caller's is made
+    spawned = client(peer).spawn(TENANT, "wf/a", {})
+    # Then it was sent again with the same (generated) key, which can only admit that run
+    first, second = peer.received
+    assert first.json["dispatch_key"] == second.json["dispatch_key"]
+    assert (spawned.attempts, spawned.replayed) == (2, False)
+
+
+def test_an_outcome_still_unknown_after_every_attempt_names_the_run(peer: Peer) -> None:
+    peer.script += [outcome_unknown()] * 3
+
+    with pytest.raises(OutcomeUnknown) as unknown:
+        client(peer, max_attempts=3).spawn(TENANT, "wf/a", {}, dispatch_key="k-1")
+
+    error = unknown.value
+    assert isinstance(error, Unavailable)
+    assert (error.run_id, error.dispatch_key, error.attempts, error.status) == (RUN_ID, "k-1", 3, 503)
+    assert RUN_ID in str(error)
 
 
 def test_region_comes_from_an_execute_api_host_or_the_sdk(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -229,3 +229,82 @@ def test_a_client_that_went_away_is_not_a_server_error(
 
     # Then nothing is printed: no traceback for a client's own choice
     assert capsys.readouterr() == ("", "")
+
+
+# --- chunked request bodies: API Gateway documents no refusal of them, so they are accepted, de-chunked -----
+
+
+def _chunked(*chunks: bytes, trailer: bytes = b"") -> bytes:
+    framed = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for chunk in chunks)
+    return (
+        b"POST /v1/runs HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + framed
+        + b"0\r\n"
+        + trailer
+        + b"\r\n"
+    )
+
+
+def test_a_chunked_body_reaches_the_function_de_chunked() -> None:
+    body = b'{"workflow_ref": "wf", "input": {}}'
+
+    answer = _exchange(_chunked(body[:10], body[10:], trailer=b"X-Trailer: t\r\n"))
+
+    assert answer.status == 200
+    assert [seen for _, _, seen in answer.authenticated] == [body]  # signed over the body itself
+    assert [base64.b64decode(e["body"]) if e["isBase64Encoded"] else e["body"].encode() for e in answer.events] == [
+        body
+    ]
+
+
+def test_a_chunked_body_and_the_next_request_share_the_connection() -> None:
+    # Given a chunked request then a plain one on the same connection
+    second = b"GET /v1/runs HTTP/1.1\r\nHost: h\r\n\r\n"
+
+    answer = _exchange(_chunked(b"{}") + second)
+
+    # Then both are answered: the chunked body was read to its end, no byte of it taken for a request
+    assert answer.raw.count(b"HTTP/1.1 200 ") == 2
+    assert len(answer.events) == 2
+
+
+def test_a_chunked_body_over_10_mb_gets_413_and_never_reaches_the_function() -> None:
+    chunk = b"x" * (1024 * 1024)
+
+    answer = _exchange(_chunked(*[chunk] * 10, b"y"))
+
+    assert (answer.status, json.loads(answer.body)) == (413, {"message": "Request Entity Too Large"})
+    assert answer.authenticated == []
+    assert b"Connection: close" in answer.raw
+
+
+def test_a_chunked_body_of_exactly_10_mb_reaches_the_function() -> None:
+    chunk = b"x" * (1024 * 1024)
+
+    answer = _exchange(_chunked(*[chunk] * 10))
+
+    assert answer.status == 200
+    assert [len(seen) for _, _, seen in answer.authenticated] == [MAX_PAYLOAD_BYTES]
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [b"zz\r\n{}\r\n0\r\n\r\n", b"2\r\n{}XX0\r\n\r\n", b"5\r\n{}\r\n", b"-1\r\n\r\n", b"1" * 20 + b"\r\n"],
+)
+def test_malformed_chunked_framing_is_400_and_never_reaches_the_function(framing: bytes) -> None:
+    request = b"POST /v1/runs HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n" + framing
+
+    answer = _exchange(request)
+
+    assert (answer.status, json.loads(answer.body)) == (400, {"message": "Bad Request"})
+    assert answer.authenticated == []
+    assert b"Connection: close" in answer.raw
+
+
+def test_a_transfer_coding_other_than_chunked_is_501() -> None:
+    request = b"POST /v1/runs HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"
+
+    answer = _exchange(request)
+
+    assert (answer.status, json.loads(answer.body)) == (501, {"message": "Not Implemented"})
+    assert answer.authenticated == []

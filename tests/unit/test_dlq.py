@@ -20,27 +20,18 @@ import urllib3
 from aws_lambda_powertools.utilities.data_classes.kafka_event import KafkaEventRecord
 from botocore.credentials import Credentials
 
-from poimen.relay import DeadLetterReason, dead_letter_body
+from poimen.relay import MAX_DEAD_LETTER_BYTES, DeadLetterReason, dead_letter_attributes, dead_letter_body
 from poimen.store import Store
 from poimen_tools import dlq
 from poimen_tools.cli import main
-from poimen_tools.dlq import (
-    EXIT_OK,
-    EXIT_REMAINING,
-    EXIT_UNREACHABLE,
-    EXIT_USAGE,
-    AdmissionApi,
-    DeadLetterQueue,
-    FailedBatches,
-    Progress,
-    Redrive,
-    RedriveSummary,
-    add_dlq_commands,
-    holding,
-    parse_message,
-    parse_object,
-    run_dlq,
-)
+from poimen_tools.dlq import EXIT_OK, EXIT_REMAINING, EXIT_UNREACHABLE, EXIT_USAGE, add_dlq_commands, letters, run_dlq
+from poimen_tools.dlq.api import AdmissionApi
+from poimen_tools.dlq.command import holding
+from poimen_tools.dlq.errors import AwsUnavailable
+from poimen_tools.dlq.letters import DeadLetterQueue, parse_message
+from poimen_tools.dlq.parked import FailedBatches, parse_object
+from poimen_tools.dlq.redrive import Progress, Redrive, RedriveSummary
+from poimen_tools.dlq.render import age
 from poimen_tools.local.event_source import on_failure_record
 from poimen_tools.local.msk import KafkaRecord, msk_event
 from poimen_tools.local.template import Template
@@ -53,7 +44,7 @@ TRACEPARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 @pytest.fixture(autouse=True)
 def _short_polls(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process moto answers at once; a 1 s long poll would only slow every scan down."""
-    monkeypatch.setattr(dlq, "SQS_WAIT_SECONDS", 0)
+    monkeypatch.setattr(letters, "SQS_WAIT_SECONDS", 0)
 
 
 def spawn(dispatch_key: str | None = None, workflow_ref: str = "wf/hello", **fields: Any) -> dict[str, Any]:
@@ -83,22 +74,34 @@ def object_key(topic: str, partition: int = 0) -> str:
     return f"aws/lambda/{uuid.uuid4()}/{topic}-{partition}/2026/11/29/2026-11-29T12.00.00-{uuid.uuid4()}"
 
 
+LOST = "lost"
+
+
 class ScriptedHttp(urllib3.PoolManager):
     """The admission API with some answers replaced: None passes the call through, an int answers that
-    status with a problem body, an exception is raised as the connection's."""
+    status with a problem body (`problem_detail` in it), an exception is raised as the connection's, and
+    LOST passes the call through but loses the answer (the connection drops as it comes back)."""
 
-    def __init__(self, inner: urllib3.PoolManager, script: list[int | Exception | None]) -> None:
+    def __init__(
+        self, inner: urllib3.PoolManager, script: list[int | BaseException | str | None], problem_detail: str = ""
+    ) -> None:
         super().__init__()
-        self._inner, self.script, self.calls = inner, script, 0
+        self._inner, self.script, self.calls, self._detail = inner, script, 0, problem_detail
 
     def urlopen(self, method: str, url: str, redirect: bool = True, **kw: Any) -> urllib3.BaseHTTPResponse:  # type: ignore[override]
         self.calls += 1
         step = self.script.pop(0) if self.script else None
-        if isinstance(step, Exception):
+        if isinstance(step, BaseException):
             raise step
+        if isinstance(step, str):  # LOST
+            self._inner.urlopen(method, url, redirect, **kw)
+            raise urllib3.exceptions.ProtocolError("Connection aborted.")
         if step is None:
             return self._inner.urlopen(method, url, redirect, **kw)
-        body = json.dumps({"type": f"urn:poimen:problem:scripted-{step}", "status": step}).encode()
+        problem: dict[str, Any] = {"type": f"urn:poimen:problem:scripted-{step}", "status": step}
+        if self._detail:
+            problem["detail"] = self._detail
+        body = json.dumps(problem).encode()
         return urllib3.HTTPResponse(body=body, status=step, headers={"Content-Type": "application/problem+json"})
 
 
@@ -133,8 +136,12 @@ class Stack:
         return self.harness.record(value, offset, key, **changes)
 
     def dead_letter(self, record: KafkaRecord, reason: DeadLetterReason) -> str:
-        body = dead_letter_body(KafkaEventRecord(msk_record(record)), reason)
-        message_id: str = self.harness.sqs.send_message(QueueUrl=self.queue_url, MessageBody=body)["MessageId"]
+        delivered = KafkaEventRecord(msk_record(record))
+        message_id: str = self.harness.sqs.send_message(
+            QueueUrl=self.queue_url,
+            MessageBody=dead_letter_body(delivered, reason),
+            MessageAttributes=dead_letter_attributes(delivered),
+        )["MessageId"]
         return message_id
 
     def park(self, records: list[KafkaRecord], **options: Any) -> str:
@@ -464,6 +471,26 @@ def test_a_keyless_record_redriven_is_a_new_run_and_is_gone_after(stack: Stack) 
     assert len(stack.runs()) == 1
 
 
+def test_a_keyless_record_whose_answer_was_lost_is_one_run_when_sent_again(stack: Stack) -> None:
+    # Given a keyless record, dead-lettered and parked in a batch
+    stack.dead_letter(stack.record(spawn(), 1), RELAY_ERROR)
+    stack.park([stack.record(spawn(), 2)])
+
+    # When each is admitted but its answer is lost (the parked one first: it is older), and redriven again
+    first, _, _ = stack.redrive(ScriptedHttp(stack.harness.api, [LOST]))
+    second, _, _ = stack.redrive(ScriptedHttp(stack.harness.api, [None, LOST]))
+    last, _, _ = stack.redrive()
+
+    # Then each was sent again under the same derived dispatch_key: a replay, one run per record
+    assert isinstance(first.stopped, dlq.errors.ApiUnavailable)
+    assert (second.redriven, second.replayed, last.redriven, last.replayed) == (0, 1, 0, 1)
+    runs = stack.runs()
+    assert len(runs) == 2
+    assert all(run["dispatch_key"]["S"].startswith("poimen-redrive/") for run in runs)
+    assert stack.messages() == []
+    assert stack.objects() == {}
+
+
 def test_redrive_of_a_failed_batch_admits_each_record_once(stack: Stack) -> None:
     # Given a parked batch of three records, the third repeating the first's dispatch_key
     stack.park([stack.record(spawn("a"), 10, b"k"), stack.record(spawn("b"), 11), stack.record(spawn("a"), 12, b"k")])
@@ -575,7 +602,7 @@ def test_a_queue_failing_mid_batch_stops_but_takes_the_confirmed_records_out(sta
     summary, _, _ = stack.redrive(sqs=FailingSends(stack.harness.sqs))
 
     # Then redrive stops; the object keeps exactly what was neither confirmed nor moved
-    assert isinstance(summary.stopped, dlq.AwsUnavailable)
+    assert isinstance(summary.stopped, AwsUnavailable)
     assert str(summary.stopped).startswith("cannot send a dead letter to ")
     assert (summary.redriven, summary.not_attempted, summary.exit_code) == (1, 1, EXIT_UNREACHABLE)
     kept = parse_object(key, json.dumps(stack.objects()[key]).encode())
@@ -603,6 +630,144 @@ def test_an_unavailable_api_stops_redrive_and_leaves_what_was_not_confirmed(stac
     # And a second redrive, with the API back, finishes the job without a second run
     assert stack.redrive()[0].redriven == 3
     assert len(stack.runs()) == 4
+
+
+def value_filling(stack: Stack, offset: int, reason: DeadLetterReason) -> KafkaRecord:
+    """A keyed dispatch whose dead letter with `reason` holds its value, padded as far as it can be (to
+    within a few bytes of SQS's limit): with a longer reason, that letter would leave something out."""
+
+    def letter(pad: int) -> tuple[KafkaRecord, str]:
+        record = stack.record(spawn("big", input={"pad": "x" * pad}), offset)
+        return record, dead_letter_body(KafkaEventRecord(msk_record(record)), reason)
+
+    low, high = 0, MAX_DEAD_LETTER_BYTES  # the letter holds its value with `low`, not with `high`
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if "valueOmitted" not in json.loads(letter(middle)[1])["record"] else (low, middle)
+    return letter(low)[0]
+
+
+def test_a_letter_holding_its_value_is_kept_when_its_replacement_would_lose_it(stack: Stack) -> None:
+    # Given a dead letter of a large record that holds its value, under a short reason
+    reason = DeadLetterReason("relay-error", "x")
+    record = value_filling(stack, 4, reason)
+    original = stack.dead_letter(record, reason)
+    (letter,) = stack.messages()
+    assert letter["record"]["value"] is not None
+
+    # When its redrive is refused with a large problem: a letter with that reason would not hold the value
+    http = ScriptedHttp(stack.harness.api, [422], problem_detail="y" * 5000)
+    summary, notices, _ = stack.redrive(http)
+
+    # Then the original letter is kept, value and all, and nothing replaces it
+    assert (summary.still_failing, summary.exit_code) == (1, EXIT_REMAINING)
+    (kept,) = stack.messages()
+    assert kept["id"] == original
+    assert kept["record"]["value"] == letter["record"]["value"]
+    assert kept["reason"] == letter["reason"]
+    assert notices[0].endswith("(kept as it is: a dead letter with the new reason would not hold its value)")
+    assert stack.runs() == []
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt(), RuntimeError("the redrive broke")], ids=repr)
+def test_an_interrupted_redrive_of_a_parked_batch_sends_nothing_twice(stack: Stack, interrupt: BaseException) -> None:
+    # Given a parked batch of twelve keyless records
+    stack.park([stack.record(spawn(), offset) for offset in range(12)])
+
+    # When redrive is interrupted while it sends the fifth
+    with pytest.raises(type(interrupt)):
+        stack.redrive(ScriptedHttp(stack.harness.api, [None, None, None, None, interrupt]))
+
+    # Then four runs, and the parked batch reads as the eight records left
+    assert len(stack.runs()) == 4
+    (parcel,) = FailedBatches(stack.s3, stack.bucket).read_all()
+    assert [letter.record["offset"] for letter in parcel.letters if letter.record] == list(range(4, 12))
+    assert json.loads(stack.cli("list", "--json").out)["kinds"]["failed-batch"]["records"] == 8
+
+    # And the next redrive admits exactly those: one run per record, and nothing is left
+    summary, _, _ = stack.redrive()
+    assert (summary.redriven, summary.replayed) == (8, 0)
+    assert len(stack.runs()) == 12
+    assert stack.objects() == {}
+
+
+def test_a_parked_batchs_bad_record_is_dead_lettered_once_across_interrupted_redrives(stack: Stack) -> None:
+    # Given a parked batch of a record that is not JSON and two keyless dispatches
+    stack.park([stack.record(b"{", 5), stack.record(spawn(), 6), stack.record(spawn(), 7)])
+
+    # When a redrive moves the bad one to the queue, admits the next, and is interrupted on the last
+    with pytest.raises(KeyboardInterrupt):
+        stack.redrive(ScriptedHttp(stack.harness.api, [None, KeyboardInterrupt()]))
+    summary, _, _ = stack.redrive()
+
+    # Then the bad record is one dead letter, the two dispatches two runs, and the object is gone
+    assert (summary.redriven, summary.still_failing) == (1, 0)
+    (letter,) = stack.messages()
+    assert (letter["record"]["offset"], letter["reason"]["kind"]) == (5, "invalid-json")
+    assert len(stack.runs()) == 2
+    assert stack.objects() == {}
+
+
+def test_progress_markers_are_read_with_their_object_and_go_with_it(stack: Stack) -> None:
+    # Given a parked batch of three that a stopped redrive rewrote to the two it did not admit, a progress
+    # marker saying the first of those is done, and the marker of an object that is gone
+    key = stack.park([stack.record(spawn("a"), 1), stack.record(spawn("b"), 2), stack.record(spawn("c"), 3)])
+    assert stack.redrive(ScriptedHttp(stack.harness.api, [None, 503]))[0].redriven == 1
+    stack.s3.put_object(Bucket=stack.bucket, Key=f"{key}.progress/{stack.topic}-0@2", Body=b'{"outcome": "admitted"}')
+    orphan = f"{object_key(stack.topic)}.progress/{stack.topic}-0@9"
+    stack.s3.put_object(Bucket=stack.bucket, Key=orphan, Body=b'{"outcome": "admitted"}')
+
+    # When the bucket is listed, and redriven
+    listed = json.loads(stack.cli("list", "--json").out)
+    summary, _, _ = stack.redrive()
+
+    # Then the markers are no dead letters: the object reads as the record left, then all of it is gone
+    assert listed["kinds"] == {"failed-batch": {**listed["kinds"]["failed-batch"], "letters": 1, "records": 1}}
+    assert [letter["id"] for letter in listed["deadLetters"]] == [f"s3:{key}#{stack.topic}-0@3"]
+    assert (summary.redriven, summary.replayed) == (1, 0)
+    assert len(stack.runs()) == 2
+    assert stack.objects() == {}
+
+
+def test_two_letters_of_one_record_are_one_record(stack: Stack) -> None:
+    # Given a keyless record dead-lettered twice (a crash repeated its dead letter)
+    record = stack.record(spawn(), 3)
+    letters = {stack.dead_letter(record, RELAY_ERROR), stack.dead_letter(record, RELAY_ERROR)}
+
+    # When they are listed
+    listed = json.loads(stack.cli("list", "--json").out)
+    text = stack.cli("list", "--ids").out
+
+    # Then two letters of one record, each shown with the record's topic/partition/offset
+    assert (listed["kinds"]["relay-error"]["letters"], listed["kinds"]["relay-error"]["records"]) == (2, 1)
+    assert {entry["where"] for entry in listed["deadLetters"]} == {f"{stack.topic}/0/3"}
+    assert all(f"{stack.topic}/0/3" in line for line in text.splitlines() if line.startswith("sqs:"))
+
+    # When a redrive is stopped by the API, then one goes through
+    stopped, _, _ = stack.redrive(ScriptedHttp(stack.harness.api, [503]))
+    assert {letter["id"] for letter in stack.messages()} == letters
+    summary, _, _ = stack.redrive()
+
+    # Then the record was sent once: one run, and both letters are gone only then
+    assert (stopped.not_attempted, summary.redriven, summary.replayed) == (1, 1, 0)
+    assert len(stack.runs()) == 1
+    assert stack.messages() == []
+
+
+def test_a_record_both_parked_and_dead_lettered_is_sent_once(stack: Stack) -> None:
+    # Given a keyless record still in its parked batch and also in the queue
+    record = stack.record(spawn(), 8)
+    stack.dead_letter(record, RELAY_ERROR)
+    stack.park([record, stack.record(spawn(), 9)])
+
+    # When everything is redriven
+    summary, _, _ = stack.redrive()
+
+    # Then each record became one run, and neither copy is left
+    assert summary.redriven == 2
+    assert len(stack.runs()) == 2
+    assert stack.messages() == []
+    assert stack.objects() == {}
 
 
 @pytest.mark.parametrize(
@@ -723,7 +888,7 @@ def test_aws_refusing_is_one_line_and_exit_3_and_a_traceback_with_debug(stack: S
     assert err.getvalue().startswith("poimen dlq list: AWS refused to read the dead-letter queue")
     assert "check --queue-url (stack output RelayDeadLetterQueueUrl)" in err.getvalue()
     assert err.getvalue().count("\n") == 1
-    with pytest.raises(dlq.AwsUnavailable):
+    with pytest.raises(AwsUnavailable):
         run_dlq(parser.parse_args(["dlq", "list", "--queue-url", missing, "--debug"]))
 
 
@@ -743,5 +908,44 @@ def test_progress_is_a_bar_on_a_terminal_with_notices_above_it() -> None:
 
 def test_ages_read_as_one_unit() -> None:
     now = datetime(2026, 11, 29, tzinfo=UTC)
-    assert [dlq.age(now - timedelta(seconds=s), now) for s in (5, 300, 7200, 200000)] == ["5s", "5m", "2h", "2d"]
-    assert dlq.age(None, now) == "-"
+    assert [age(now - timedelta(seconds=s), now) for s in (5, 300, 7200, 200000)] == ["5s", "5m", "2h", "2d"]
+    assert age(None, now) == "-"
+
+
+# -- outcome unknown ------------------------------------------------------------------------------------
+
+
+def _outcome_unknown(run_id: str) -> DeadLetterReason:
+    problem = {"type": "urn:poimen:problem:outcome-unknown", "status": 503, "run_id": run_id}
+    return DeadLetterReason("outcome-unknown", f"the admission API may have admitted run {run_id}", 503, problem)
+
+
+def test_a_keyless_letter_of_unknown_outcome_whose_run_exists_is_not_sent_again(stack: Stack) -> None:
+    # Given a keyless record the relay admitted, and a letter of it saying the outcome was unknown
+    keyless = stack.record(spawn(), 1)
+    assert stack.harness.run([keyless]).relayed == 1
+    (run,) = stack.runs()
+    run_id = run["run_id"]["S"]
+    stack.dead_letter(keyless, _outcome_unknown(run_id))
+
+    # When it is redriven
+    summary, _, _ = stack.redrive()
+
+    # Then the run it names is found: no second run, and the letter is gone
+    assert (summary.redriven, summary.replayed) == (0, 1)
+    assert [r["run_id"]["S"] for r in stack.runs()] == [run_id]
+    assert stack.messages() == []
+
+
+def test_a_keyless_letter_of_unknown_outcome_whose_run_is_absent_is_sent(stack: Stack) -> None:
+    # Given a letter of unknown outcome naming a run that was never written
+    stack.dead_letter(stack.record(spawn(), 1), _outcome_unknown("0190f4c2-6d1e-7a3b-8c4d-5e6f7a8b9c0d"))
+
+    # When it is redriven twice
+    first, _, _ = stack.redrive()
+    second, _, _ = stack.redrive()
+
+    # Then it is admitted once, and nothing is left
+    assert (first.redriven, second.redriven) == (1, 0)
+    assert len(stack.runs()) == 1
+    assert stack.messages() == []

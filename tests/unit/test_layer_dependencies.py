@@ -1,15 +1,21 @@
-"""The layer pins what its package imports: every third-party distribution that `poimen` imports is in
-layers/poimen/requirements.txt, so `sam build` installs the version tested here rather than whatever the
-Lambda runtime happens to carry (or nothing)."""
+"""The layers pin what their code imports: every third-party distribution that `poimen` imports is pinned in
+layers/poimen/requirements.txt or, for the producer side only the outbox relay runs, layers/kafka/, so `sam
+build` installs the version tested here rather than whatever the Lambda runtime happens to carry (or
+nothing). And no function loads a distribution of a layer it does not have (tests/integration/test_rie.py
+holds the built layers to what the functions import, INIT and first invocation)."""
 
 from __future__ import annotations
 
 import ast
 import importlib.metadata
+import json
 import re
 import subprocess
 import sys
 
+import pytest
+
+from poimen_tools.local.template import Template
 from tests.conftest import REPO
 
 PACKAGE = REPO / "layers/poimen/poimen"
@@ -31,17 +37,49 @@ def _imported_modules() -> set[str]:
     return modules
 
 
+def _pinned(layer: str) -> set[str]:
+    lines = (REPO / "layers" / layer / "requirements.txt").read_text().splitlines()
+    requirements = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    pinned = {_canonical(line.split("==")[0]) for line in requirements if "==" in line}
+    assert len(pinned) == len(requirements), f"every requirement of layers/{layer} is pinned with =="
+    return pinned
+
+
 def test_every_distribution_the_layer_imports_is_pinned() -> None:
     providers = importlib.metadata.packages_distributions()
     third_party = _imported_modules() - set(sys.stdlib_module_names) - {"__future__", "poimen"}
     imported = {_canonical(dist) for module in third_party for dist in providers.get(module, [module])}
-    lines = (REPO / "layers/poimen/requirements.txt").read_text().splitlines()
-    requirements = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-    pinned = {_canonical(line.split("==")[0]) for line in requirements if "==" in line}
 
     assert "botocore" in imported  # the relay's SQS client and SigV4 (botocore alone: boto3 costs cold start)
-    assert imported - pinned == set()
-    assert len(pinned) == len(requirements), "every layer requirement is pinned with =="
+    assert imported - _pinned("poimen") - _pinned("kafka") == set()
+    assert {"confluent-kafka", "aws-msk-iam-sasl-signer-python", "boto3"} <= _pinned("kafka") - _pinned("poimen")
+
+
+def _function_layers(template: Template, function: str) -> set[str]:
+    """The layer directories (layers/<name>) of a function: Globals' layers, then its own."""
+    function_globals = template.document["Globals"]["Function"]
+    layers = [*function_globals.get("Layers", []), *template.properties(function).get("Layers", [])]
+    return {template.properties(layer["Ref"])["ContentUri"].strip("/").split("/")[-1] for layer in layers}
+
+
+@pytest.mark.parametrize("function", ["AdmissionFunction", "InboxRelayFunction", "OutboxRelayFunction"])
+def test_no_function_loads_a_distribution_of_a_layer_it_does_not_have(template: Template, function: str) -> None:
+    # Given the function's handler module imported in a fresh interpreter, as Lambda imports it
+    code_uri = template.properties(function)["CodeUri"]
+    probe = (
+        f"import json, sys; sys.path[:0] = [{code_uri!r}, 'layers/poimen']; import app; "
+        "print(json.dumps(list(sys.modules)))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    providers = importlib.metadata.packages_distributions()
+    distributions = {_canonical(dist) for module in json.loads(loaded.stdout) for dist in providers.get(module, [])}
+    layers = {"poimen", "kafka"}
+    held = _function_layers(template, function)
+
+    # Then it loaded nothing that only the layers it lacks would bring
+    assert held <= layers
+    foreign = set().union(*(_pinned(layer) for layer in layers - held)) - set().union(*(_pinned(h) for h in held))
+    assert distributions & foreign == set()
 
 
 def test_the_relay_handler_loads_without_pydantic() -> None:

@@ -14,12 +14,28 @@ from poimen_tools.local.template import Template
 from tests.conftest import REPO
 
 
+def _requirements(path: str) -> list[str]:
+    lines = (REPO / path).read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
 def test_layer_requirements_equal_the_project_dependencies() -> None:
     declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    lines = (REPO / "layers/poimen/requirements.txt").read_text().splitlines()
-    layer = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
-    assert sorted(layer) == sorted(declared)
+    assert sorted(_requirements("layers/poimen/requirements.txt")) == sorted(declared)
+
+
+def test_the_kafka_layer_is_the_publisher_extra_with_the_poimen_layers_botocore() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    publisher = project["optional-dependencies"]["publisher"]
+    botocore = [pin for pin in project["dependencies"] if pin.startswith("botocore==")]
+
+    # Both layers unpack into /opt: the same botocore in each, whichever Lambda extracts last.
+    assert len(botocore) == 1
+    assert sorted(_requirements("layers/kafka/requirements.txt")) == sorted([*publisher, *botocore])
+    # The producer side is out of the shared layer, and still in the workstation's install (the CLI).
+    assert not {pin.split("==")[0] for pin in publisher} & {pin.split("==")[0] for pin in project["dependencies"]}
+    assert "poimen-admission[local,publisher]" in project["optional-dependencies"]["dev"]
 
 
 def test_every_function_handler_exists_and_imports(template: Template) -> None:

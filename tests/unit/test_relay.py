@@ -13,27 +13,31 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import urllib3
 from aws_lambda_powertools.utilities.data_classes import KafkaEvent
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
+from poimen.api import MAX_PROBLEM_ERRORS
 from poimen.config import ConfigurationError, RelaySettings
 from poimen.kafka import dispatch_topic, tenant_of_dispatch_topic
 from poimen.relay import (
     MAX_DEAD_LETTER_BYTES,
     AdmissionApiRefused,
+    AdmissionApiUnavailable,
     DeadLetterQueueUnavailable,
     DeadLetterReason,
     Relay,
     _ordered_groups,
+    dead_letter_attributes,
     dead_letter_body,
     dead_letter_message,
 )
 from poimen.store import Store
 from poimen_tools.local.msk import KafkaRecord, msk_event
 from poimen_tools.local.template import Template
-from tests.conftest import load_event
-from tests.unit.relay_harness import RelayHarness
+from tests.conftest import count_runs, load_event
+from tests.unit.relay_harness import RelayHarness, sqs_message_size
 
 SETTINGS = RelaySettings(admission_api_url="https://api.example", dlq_url="https://sqs/dlq", region="us-east-1")
 SPAWN = {"workflow_ref": "wf/hello", "input": {"greeting": "hi"}, "goal_id": None}
@@ -125,12 +129,16 @@ def test_dead_letter_keeps_the_record_as_delivered_and_the_reason() -> None:
     ("sizes", "omitted"),
     [
         ({"value": 1024 * 1024}, ["value"]),
-        ({"header": 300 * 1024}, ["value", "headers"]),  # headers are lists of integers: ~4 bytes a byte
+        ({"header": 300 * 1024}, ["headers"]),  # headers are lists of integers: ~4 bytes a byte
         ({"value": 1024 * 1024, "header": 300 * 1024, "key": 800 * 1024}, ["value", "headers", "key"]),
-        ({"problem": 2 * 1024 * 1024}, ["value", "headers", "key", "problem"]),
+        ({"problem": 2 * 1024 * 1024}, ["problem"]),
+        ({"value": 600 * 1024, "problem": 600 * 1024}, ["problem"]),
+        ({"value": 600 * 1024, "key": 600 * 1024}, ["key"]),
+        ({"key": 600 * 1024, "header": 200 * 1024}, ["headers"]),
+        ({"value": 760 * 1024, "problem": 2 * 1024 * 1024, "header": 300 * 1024}, ["headers", "problem"]),
     ],
 )
-def test_a_dead_letter_leaves_out_value_then_headers_then_key_until_it_fits(
+def test_a_dead_letter_leaves_out_what_makes_it_fit_keeping_value_then_key_then_headers_then_problem(
     sizes: dict[str, int], omitted: list[str]
 ) -> None:
     # Given a record (and an API answer) with parts of these sizes
@@ -147,8 +155,9 @@ def test_a_dead_letter_leaves_out_value_then_headers_then_key_until_it_fits(
     reason = DeadLetterReason("rejected", "the admission API answered 413", 413, "x" * sizes.get("problem", 10))
     # When its dead letter is made
     body = dead_letter_body(delivered, reason)
-    # Then it fits SQS, keeps the coordinates, and names each part left out by its length and SHA-256
-    assert len(body.encode()) <= MAX_DEAD_LETTER_BYTES
+    # Then it fits SQS beside its attributes, keeps the coordinates, and names each part left out by its
+    # length and SHA-256
+    assert sqs_message_size(body, dead_letter_attributes(delivered)) <= MAX_DEAD_LETTER_BYTES
     letter = json.loads(body)
     original = letter["record"]
     assert (original["topic"], original["partition"], original["offset"]) == ("poimen.acme.dispatch", 3, 42)
@@ -167,6 +176,118 @@ def test_a_dead_letter_leaves_out_value_then_headers_then_key_until_it_fits(
         else:
             assert f"{name}Omitted" not in section
             assert section[name] is not None
+
+
+def test_a_value_that_fits_stays_when_the_apis_answer_is_what_is_too_large() -> None:
+    # Given a 234 KB spawn with 18,000 unknown top-level fields, and an answer listing each (about 1.9 MB)
+    spawn = {**SPAWN, **{f"x{i:05d}": 0 for i in range(18_000)}}
+    record = KafkaRecord(
+        topic="poimen.acme.dispatch", partition=0, offset=7, timestamp_ms=0, value=json.dumps(spawn).encode()
+    )
+    delivered = next(KafkaEvent(msk_event([record])).records)
+    errors = [
+        {"field": f"body.x{i:05d}", "type": "extra_forbidden", "message": "Extra inputs are not permitted"}
+        for i in range(18_000)
+    ]
+    problem = {"type": "urn:poimen:problem:validation-error", "title": "Bad Request", "status": 400, "errors": errors}
+    # When its dead letter is made
+    letter = json.loads(dead_letter_body(delivered, DeadLetterReason("rejected", "answered 400", 400, problem)))
+    # Then the value is kept whole and only the answer is left out
+    assert base64.b64decode(letter["record"]["value"]) == record.value
+    assert letter["reason"]["problem"] is None
+    assert letter["reason"]["problemOmitted"]["length"] > MAX_DEAD_LETTER_BYTES
+    assert "valueOmitted" not in letter["record"]
+
+
+def test_a_record_with_18000_unknown_fields_is_one_dead_letter_holding_its_value(harness: RelayHarness) -> None:
+    # Given a 234 KB spawn with 18,000 unknown top-level fields: each one a validation error of the API
+    record = harness.record({**SPAWN, **{f"x{i:05d}": 0 for i in range(18_000)}}, 0)
+    # When it is relayed
+    outcome = harness.run([record])
+    # Then its one dead letter holds the value whole and the API's bounded answer, which counts them all
+    ((size, letter),) = harness.dead_letters()
+    assert size <= MAX_DEAD_LETTER_BYTES
+    assert base64.b64decode(letter["record"]["value"]) == record.value
+    problem = letter["reason"]["problem"]
+    assert (letter["reason"]["status"], problem["type"]) == (400, "urn:poimen:problem:validation-error")
+    assert problem["errors_total"] == 18_000
+    assert len(problem["errors"]) == MAX_PROBLEM_ERRORS
+    assert outcome.dead_lettered == 1
+
+
+def test_every_dead_letter_carries_its_coordinates_as_message_attributes(harness: RelayHarness) -> None:
+    # Given two malformed records of one partition
+    records = [harness.record(b"{not json", 5, key=b"a"), harness.record(None, 6, key=b"b")]
+    # When they are relayed
+    harness.run(records)
+    # Then each letter's attributes name its topic, partition and offset, as its body does
+    messages = harness.dead_letter_messages()
+    assert len(messages) == 2
+    for message in messages:
+        body = json.loads(message["Body"])["record"]
+        attributes = {name: value["StringValue"] for name, value in message["MessageAttributes"].items()}
+        assert attributes == {
+            "topic": body["topic"],
+            "partition": str(body["partition"]),
+            "offset": str(body["offset"]),
+        }
+        assert message["MessageAttributes"]["offset"]["DataType"] == "Number"
+    assert sorted(int(m["MessageAttributes"]["offset"]["StringValue"]) for m in messages) == [5, 6]
+
+
+class DownApi:
+    """The relay's HTTP pool while the API is down: every request fails to connect."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+
+    def request(self, *_: Any, **__: Any) -> Any:
+        self.attempts += 1
+        raise urllib3.exceptions.NewConnectionError(None, "connection refused")  # type: ignore[arg-type]
+
+
+def test_a_batch_failing_for_an_outage_dead_letters_nothing_and_its_completing_retry_once(
+    harness: RelayHarness, dynamodb: Any, table_name: str
+) -> None:
+    # Given a batch of a malformed record and a valid one, and the API down
+    records = [
+        harness.record(b"{not json", 0, key=b"bad"),
+        harness.record({**SPAWN, "dispatch_key": "d-1"}, 1, key=b"ok"),
+    ]
+    up = harness.relay._http
+    down = DownApi()
+    harness.relay._http = down  # type: ignore[assignment]
+    # When the event source tries the batch twice during the outage
+    for _ in range(2):
+        with pytest.raises(AdmissionApiUnavailable):
+            harness.run(records, seconds=5)
+    # Then nothing was dead-lettered, although the malformed record was seen each time
+    assert down.attempts >= 2
+    assert harness.dead_letters() == []
+    # When the API is back and the batch is tried a third time
+    harness.relay._http = up
+    outcome = harness.run(records)
+    # Then the malformed record is exactly one dead letter, and the valid one one run
+    (letter,) = [letter for _, letter in harness.dead_letters()]
+    assert (letter["record"]["offset"], letter["reason"]["kind"]) == (0, "invalid-json")
+    assert (outcome.relayed, outcome.dead_lettered) == (1, 1)
+    assert len(count_runs(dynamodb, table_name, harness.tenant)) == 1
+
+
+@pytest.mark.parametrize("headers", [[{"traceparent": None}], [{"x-empty": None}, {"traceparent": list(TRACEPARENT)}]])
+def test_a_header_with_a_null_value_is_absent_not_a_fault(harness: RelayHarness, headers: list[dict[str, Any]]) -> None:
+    # Given a valid record whose headers hold a null value, as Kafka allows (a header without a value)
+    event = msk_event([harness.record({**SPAWN, "dispatch_key": "null-header"}, 0)])
+    (partition,) = event["records"].values()
+    partition[0]["headers"] = headers
+    # When it is relayed
+    outcome = harness.run_event(event)
+    # Then it is admitted, not dead-lettered; a null traceparent is none, a valid one beside a null header is forwarded
+    assert (outcome.relayed, outcome.dead_lettered) == (1, 0)
+    assert harness.dead_letters() == []
+    (received,) = harness.api.received
+    forwarded = any("traceparent" in header and header["traceparent"] for header in headers)
+    assert received.get("traceparent") == (TRACEPARENT.decode() if forwarded else None)
 
 
 def test_requests_are_signed_for_execute_api() -> None:
@@ -312,11 +433,12 @@ def test_a_300_kb_header_makes_a_dead_letter_that_fits(harness: RelayHarness) ->
     records = [big, harness.record({**SPAWN, "dispatch_key": "after"}, 1, key=b"k")]
     # When the batch is relayed to a queue of the template's maximum message size
     outcome = harness.run(records)
-    # Then the dead letter fits, without value and headers but with their digests and the coordinates
+    # Then the dead letter fits, without the headers but with their digest, the value and the coordinates
     ((size, letter),) = harness.dead_letters()
     assert size <= MAX_DEAD_LETTER_BYTES
     assert (letter["record"]["offset"], letter["reason"]["kind"]) == (0, "invalid-json")
-    assert letter["record"]["value"] is letter["record"]["headers"] is None
+    assert base64.b64decode(letter["record"]["value"]) == b"{not json"
+    assert letter["record"]["headers"] is None
     assert len(letter["record"]["headersSha256"]) == 64
     assert letter["record"]["key"] == base64.b64encode(b"k").decode()
     assert (outcome.relayed, outcome.dead_lettered) == (1, 1)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 from botocore.awsrequest import AWSResponse, HTTPHeaders
+from botocore.exceptions import ReadTimeoutError
 
 from poimen.admission import Admission
 from poimen.config import Settings
 from poimen.contract import RunRequest
-from poimen.errors import DispatchKeyReused, RunNotStorable, RunTooLarge, StoreUnavailable
-from poimen.store import HASH_KEY, MAX_ITEM_BYTES, GrantRecord, RunRecord, Store, item_size
+from poimen.errors import DispatchKeyReused, OutcomeUnknown, RunNotStorable, RunTooLarge, StoreUnavailable
+from poimen.store import FENCE, HASH_KEY, ITEM_TYPE, MAX_ITEM_BYTES, GrantRecord, RunRecord, Store, item_size
 from poimen_tools.local.template import Template
 
 
@@ -139,14 +141,66 @@ def test_a_conflict_answered_without_the_item_reads_it_once_consistently(store: 
     assert reads == [True, True]
 
 
-def test_a_conflict_whose_item_is_gone_when_read_is_unavailable(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_conflict_whose_item_is_gone_when_read_is_outcome_unknown(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Given a conditional write that fails on an item deleted before it can be read back
     _without_the_item_on_conflict(store)
     store.put_run_if_absent(_record(store))
     monkeypatch.setattr(store, "get_run", lambda tenant_id, run_id: None)
-
-    with pytest.raises(StoreUnavailable):
+    # When the write is made again
+    # Then its outcome is unknown (an item was there), naming the run
+    with pytest.raises(OutcomeUnknown) as unknown:
         store.put_run_if_absent(_record(store, attempt_id="b"))
+    assert (unknown.value.run_id, unknown.value.keyed) == ("1", False)
+
+
+def test_a_fence_is_no_run_and_keeps_a_late_write_out(store: Store, dynamodb: Any) -> None:
+    # Given a run id whose write never landed, fenced
+    record = _record(store)
+    assert store.fence_run(record) is None
+    # When the write, still inside DynamoDB, lands late
+    with pytest.raises(dynamodb.exceptions.ConditionalCheckFailedException):
+        dynamodb.put_item(
+            TableName=store.table_name,
+            Item=record.serialize(),
+            ConditionExpression="attribute_not_exists(#pk)",
+            ExpressionAttributeNames={"#pk": HASH_KEY},
+        )
+    # Then it fails its condition on the fence; the item stays a fence, and no reader sees a run
+    stored = dynamodb.get_item(TableName=store.table_name, Key={HASH_KEY: {"S": "RUN#t#1"}})["Item"]
+    assert stored[ITEM_TYPE] == {"S": FENCE}
+    assert "status" not in stored  # the outbox relay lets only items with status `admitted` through
+    assert store.get_run("t", "1") is None
+
+
+def test_fencing_a_written_run_answers_that_run(store: Store) -> None:
+    record = _record(store, attempt_id="mine")
+    store.put_run_if_absent(record)
+
+    found = store.fence_run(_record(store, attempt_id="mine"))
+
+    assert found is not None
+    assert found.attempt_id == "mine"
+    assert store.get_run("t", "1") is not None
+
+
+def test_resolution_makes_one_attempt_and_a_failure_is_outcome_unknown(dynamodb: Any) -> None:
+    # Given a store whose reads and writes all time out, retried up to 3 attempts
+    store = Store(dataclasses.replace(Settings.from_env(), dynamodb_max_attempts=3))
+    attempts: list[str] = []
+
+    def timed_out(request: Any, **_: Any) -> None:
+        attempts.append(request.url)
+        raise ReadTimeoutError(endpoint_url=request.url)
+
+    store.resolution_client.meta.events.register_first("before-send.dynamodb", timed_out)
+    # When the write is fenced, and read back
+    for resolve in (store.fence_run, store.read_run_once):
+        with pytest.raises(OutcomeUnknown):
+            resolve(_record(store))
+    # Then each took one attempt
+    assert len(attempts) == 2
 
 
 def test_item_size_counts_utf8_bytes_of_names_and_string_values() -> None:

@@ -17,32 +17,36 @@ from poimen_tools.local.template import Template
 from tests.conftest import REPO
 
 SAM_PYTHON = REPO / ".venv-sam" / "bin" / "python"
+SAM_TRANSFORM = REPO / "infra" / "poimen_tools" / "sam_transform.py"
 LAYER_PACKAGE = REPO / "layers" / "poimen" / "poimen"
-FUNCTIONS = ("AdmissionFunction", "InboxRelayFunction")
+FUNCTIONS = ("AdmissionFunction", "InboxRelayFunction", "OutboxRelayFunction")
 KEY_ARN = "arn:aws:kms:us-east-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 HARDENED = {
     "SnapStart": "PublishedVersions",
     "KmsKeyArn": KEY_ARN,
     "AdmissionReservedConcurrency": "50",
     "RelayReservedConcurrency": "10",
+    "OutboxReservedConcurrency": "5",
 }
 ENCRYPTED = ["AdmissionTable", "RelayDeadLetterQueue", "FailedBatchesBucket", "AlarmTopic"]
-LOG_GROUPS = ["AdmissionApiAccessLogs", "AdmissionFunctionLogs", "InboxRelayFunctionLogs"]
+LOG_GROUPS = ["AdmissionApiAccessLogs", "AdmissionFunctionLogs", "InboxRelayFunctionLogs", "OutboxRelayFunctionLogs"]
 # Which function runs each layer module that emits metrics (its POWERTOOLS_SERVICE_NAME is the dimension).
-EMITTING_MODULES = {"api": "AdmissionFunction", "admission": "AdmissionFunction", "relay": "InboxRelayFunction"}
+EMITTING_MODULES = {
+    "api": "AdmissionFunction",
+    "admission": "AdmissionFunction",
+    "relay": "InboxRelayFunction",
+    "outbox": "OutboxRelayFunction",
+}
 
 
 @cache
 def _transformed(**parameters: str) -> dict[str, Any]:
-    """The template as CloudFormation gets it, offline: the Makefile's SAM_TRANSFORM (what `make lint` scans)."""
-    if not SAM_PYTHON.exists():
-        pytest.skip("needs the SAM CLI venv: make .venv-sam/bin/sam (make test creates it)")
-    makefile = (REPO / "Makefile").read_text()
-    code = re.search(r"^define SAM_TRANSFORM\n(.*?)^endef$", makefile, re.DOTALL | re.MULTILINE)
-    assert code is not None, "Makefile defines SAM_TRANSFORM"
+    """The template as CloudFormation gets it, offline: poimen_tools.sam_transform under the SAM CLI's
+    interpreter, as `make lint` runs it for checkov."""
+    assert SAM_PYTHON.exists(), "needs the SAM CLI venv: make .venv-sam/bin/sam (make test creates it)"
     arguments = [f"{name}={value}" for name, value in {"Tenants": "acme,beta-2", **parameters}.items()]
     result = subprocess.run(
-        [str(SAM_PYTHON), "-c", code[1], str(REPO / "template.yaml"), *arguments],
+        [str(SAM_PYTHON), str(SAM_TRANSFORM), str(REPO / "template.yaml"), *arguments],
         capture_output=True,
         text=True,
         check=False,
@@ -51,6 +55,34 @@ def _transformed(**parameters: str) -> dict[str, Any]:
     assert result.returncode == 0, result.stderr[-3000:]
     transformed: dict[str, Any] = json.loads(result.stdout)
     return transformed
+
+
+def _literal_placeholders(value: Any, *, inside_sub: bool = False) -> list[str]:
+    """Every string outside an Fn::Sub that still holds a `${...}` placeholder: text CloudFormation would
+    never substitute."""
+    if isinstance(value, str):
+        return [] if inside_sub or "${" not in value else [value]
+    if isinstance(value, list):
+        return [found for item in value for found in _literal_placeholders(item, inside_sub=inside_sub)]
+    if isinstance(value, dict):
+        return [
+            found
+            for key, item in value.items()
+            for found in _literal_placeholders(item, inside_sub=inside_sub or key == "Fn::Sub")
+        ]
+    return []
+
+
+def test_the_transform_keeps_every_sub_it_cannot_resolve() -> None:
+    resources = _transformed()["Resources"]
+    relay = resources["InboxRelayFunction"]["Properties"]["Environment"]["Variables"]
+
+    assert _literal_placeholders(resources) == []
+    assert relay["ADMISSION_API_URL"] == {
+        "Fn::Sub": "https://${AdmissionApi}.execute-api.${AWS::Region}.${AWS::URLSuffix}"
+    }
+    # What a parameter resolves offline is substituted, and the rest of that Fn::Sub kept.
+    assert _only(resources, "AWS::Lambda::LayerVersion", "PoimenLayer")[1]["Properties"]["LayerName"] == "poimen-dev"
 
 
 def _of_type(resources: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -82,8 +114,9 @@ def test_snapstart_is_a_parameter_off_by_default_set_on_each_function(template: 
 def test_msk_event_sources_invoke_the_relay_alias(template: Template) -> None:
     resources = template.expanded_resources({"Tenants": ["acme", "beta-2"]})
 
-    for mapping in _of_type(resources, "AWS::Lambda::EventSourceMapping").values():
-        assert mapping["Properties"]["FunctionName"] == {"Ref": "InboxRelayFunction.Alias"}
+    for name, mapping in _of_type(resources, "AWS::Lambda::EventSourceMapping").items():
+        relay = "OutboxRelayFunction" if name == "OutboxRelaySource" else "InboxRelayFunction"
+        assert mapping["Properties"]["FunctionName"] == {"Ref": f"{relay}.Alias"}
 
 
 @pytest.mark.parametrize("snapstart", ["None", "PublishedVersions"])
@@ -99,6 +132,8 @@ def test_transformed_both_ways_everything_invokes_the_published_alias(snapstart:
         assert version["DeletionPolicy"] == "Delete"
         assert alias["Properties"]["FunctionVersion"] == {"Fn::GetAtt": [version_id, "Version"]}
     mappings = _of_type(resources, "AWS::Lambda::EventSourceMapping")
+    outbox = mappings.pop("OutboxRelaySource")
+    assert outbox["Properties"]["FunctionName"] == {"Ref": "OutboxRelayFunctionAliaslive"}
     assert sorted(mappings) == ["RelaySourceacme", "RelaySourcebeta2"]
     assert {json.dumps(m["Properties"]["FunctionName"]) for m in mappings.values()} == {
         json.dumps({"Ref": "InboxRelayFunctionAliaslive"})

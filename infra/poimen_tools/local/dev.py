@@ -4,7 +4,6 @@ a local Kafka broker whose dispatch topics feed the relay handler through a loca
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -17,14 +16,25 @@ from pathlib import Path
 from types import FrameType
 
 import boto3
+import yaml
 
 from poimen.config import Settings
 from poimen.store import Store
 from poimen_tools.local.devserver import ExecutionEnvironments, LineWriter, LocalApiServer, Route
 from poimen_tools.local.event_source import LocalMskEventSource, failed_batch_key
 from poimen_tools.local.kafka_broker import BrokerError, KafkaBroker
+from poimen_tools.local.mapping import park_in_s3
 from poimen_tools.local.moto import EmbeddedMoto
-from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY, Principal, dev_principal, load_principals, verify
+from poimen_tools.local.sigv4 import (
+    DEV_ACCESS_KEY,
+    DEV_SECRET_KEY,
+    InvalidPrincipals,
+    Principal,
+    dev_principal,
+    load_principals,
+    verify,
+)
+from poimen_tools.local.stream_source import start_local_outbox
 from poimen_tools.local.template import Template, default_template_path
 
 DEFAULT_PRINCIPAL = "arn:aws:iam::000000000000:user/poimen-dev"
@@ -32,6 +42,17 @@ ADMISSION_FUNCTION = "AdmissionFunction"
 ADMISSION_TABLE = "AdmissionTable"
 RELAY_DLQ = "RelayDeadLetterQueue"
 RELAY_FUNCTION = "InboxRelayFunction"
+# What `poimen dev` serves from a template: these resources, of these types.
+SERVED_RESOURCES = (
+    (ADMISSION_FUNCTION, "AWS::Serverless::Function"),
+    (ADMISSION_TABLE, "AWS::DynamoDB::Table"),
+    (RELAY_DLQ, "AWS::SQS::Queue"),
+    (RELAY_FUNCTION, "AWS::Serverless::Function"),
+)
+
+
+class InvalidTemplate(ValueError):
+    """A file `poimen dev` cannot serve: not YAML, or not a template declaring SERVED_RESOURCES."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +75,8 @@ class DevOptions:
     dlq_name: str = "poimen-relay-dlq-local"
     # The event source's on-failure destination, as FailedBatchesBucket in template.yaml.
     failed_batches_bucket: str = "poimen-relay-failed-batches-local"
+    # The outbox's event source's on-failure destination, as OutboxFailedBatchesBucket in template.yaml.
+    outbox_failed_batches_bucket: str = "poimen-outbox-failed-batches-local"
     kafka: bool = True
     kafka_port: int = 9092
     kafka_bootstrap: str | None = None
@@ -80,6 +103,7 @@ class DevStack:
     dlq_url: str
     kafka_bootstrap: str | None
     failed_batches_bucket: str | None
+    outbox_failed_batches_bucket: str | None = None
 
 
 @contextlib.contextmanager
@@ -92,7 +116,8 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
     at once (PortInUse). It sets this process's AWS environment (region, endpoints, the function's
     variables), as the execution environments it starts inherit it.
     """
-    template = Template(options.template_path or default_template_path())
+    template = load_template(options.template_path or default_template_path())
+    principals = _principals(options)  # read before anything starts: a bad file ends it at once
     # This process's AWS identity is the documented dev key: moto takes any key, and the relay that
     # runs here signs its calls to the API with it, the one principal `poimen dev` always knows.
     os.environ["AWS_ACCESS_KEY_ID"] = DEV_ACCESS_KEY
@@ -103,7 +128,6 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
         os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = endpoints.dynamodb
         os.environ["AWS_ENDPOINT_URL_SQS"] = endpoints.sqs
         os.environ["AWS_ENDPOINT_URL_S3"] = endpoints.s3
-        principals = _principals(options)
         _prepare_table(template, options.table_name, principals.values())
         queue = template.create_queue_request(RELAY_DLQ, options.dlq_name)
         dlq_url = boto3.client("sqs").create_queue(**queue)["QueueUrl"]
@@ -128,9 +152,20 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
                 bootstrap = options.kafka_bootstrap or _start_broker(options.kafka_port, cleanup)
             environments.wait_ready()
             server.listen()
+            outbox_bucket = None
             if bootstrap is not None and bucket is not None:
                 _start_event_source(template, bootstrap, server.url, dlq_url, bucket, cleanup)
-            yield DevStack(server, endpoints, options.table_name, dlq_url, bootstrap, bucket)
+                outbox_bucket = options.outbox_failed_batches_bucket
+                start_local_outbox(
+                    template,
+                    bootstrap,
+                    endpoints.dynamodb,
+                    options.table_name,
+                    outbox_bucket,
+                    cleanup,
+                    keep_positions=options.dynamodb_endpoint is not None,  # the table outlives poimen dev
+                )
+            yield DevStack(server, endpoints, options.table_name, dlq_url, bootstrap, bucket, outbox_bucket)
 
 
 def run_dev(options: DevOptions) -> int:
@@ -178,6 +213,13 @@ def _announce(stack: DevStack, options: DevOptions) -> None:
         print(
             f"Publish: poimen dispatch publish --bootstrap-servers {stack.kafka_bootstrap} --tenant acme "
             "--workflow-ref wf/hello --input '{}' --dispatch-key k-2",
+            flush=True,
+        )
+    if stack.outbox_failed_batches_bucket:
+        print(
+            f"Outbox relay: table stream -> poimen.<tenant>.events  (failed batches, S3: "
+            f"{stack.outbox_failed_batches_bucket}; watch: poimen events tail --bootstrap-servers "
+            f"{stack.kafka_bootstrap} --tenant acme)",
             flush=True,
         )
     if stack.failed_batches_bucket:
@@ -247,9 +289,7 @@ def _start_event_source(
     source = LocalMskEventSource(
         bootstrap,
         template.load_handler(RELAY_FUNCTION),
-        on_failure=lambda record: s3.put_object(
-            Bucket=bucket, Key=failed_batch_key(record, mapping_id), Body=json.dumps(record).encode()
-        ),
+        park_in_s3(s3, bucket, lambda record: failed_batch_key(record, mapping_id)),
     )
     source.start()
     cleanup.callback(source.stop)
@@ -265,13 +305,35 @@ def _local_aws(options: DevOptions) -> Iterator[Endpoints]:
         yield Endpoints(*(endpoint or moto.endpoint for endpoint in given))
 
 
+def load_template(path: Path) -> Template:
+    """The template at `path`, if `poimen dev` can serve it; else InvalidTemplate (OSError if unreadable)."""
+    try:
+        template = Template(path)
+    except UnicodeDecodeError as error:
+        raise InvalidTemplate(f"{path} is not UTF-8 text ({error.reason} at byte {error.start})") from error
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f", line {mark.line + 1}" if mark is not None else ""
+        raise InvalidTemplate(f"{path} is not YAML ({getattr(error, 'problem', None) or error}{where})") from error
+    document = template.document
+    resources = document.get("Resources") if isinstance(document, dict) else None
+    for logical_id, kind in SERVED_RESOURCES:
+        declared = resources.get(logical_id) if isinstance(resources, dict) else None
+        if not isinstance(declared, dict) or declared.get("Type") != kind:
+            raise InvalidTemplate(f"{path} is not poimen's SAM template: it declares no {kind} {logical_id}")
+    return template
+
+
 def _principals(options: DevOptions) -> dict[str, Principal]:
     principals = {DEV_ACCESS_KEY: dev_principal(options.principal)}
-    path = options.principals_file or (
-        Path(os.environ["POIMEN_LOCAL_PRINCIPALS"]) if os.environ.get("POIMEN_LOCAL_PRINCIPALS") else None
-    )
+    source, path = "--principals", options.principals_file
+    if path is None and os.environ.get("POIMEN_LOCAL_PRINCIPALS"):
+        source, path = "POIMEN_LOCAL_PRINCIPALS", Path(os.environ["POIMEN_LOCAL_PRINCIPALS"])
     if path is not None:
-        principals |= load_principals(path)
+        try:
+            principals |= load_principals(path)
+        except InvalidPrincipals as error:
+            raise InvalidPrincipals(f"{source}: {error}") from error
     return principals
 
 

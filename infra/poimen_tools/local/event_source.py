@@ -10,29 +10,26 @@ failing commits nothing: it comes again.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-import threading
-import uuid
-from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, Message, TopicPartition
 
 from poimen.kafka import DISPATCH_TOPIC_PATTERN
-from poimen_tools.local.devserver import LambdaHandler, LocalLambdaContext
+from poimen_tools.local.devserver import LambdaHandler
+from poimen_tools.local.mapping import LocalMapping, OnFailure, invocation_record, parked_batch_key
 from poimen_tools.local.msk import KafkaRecord, msk_event
 
 log = logging.getLogger(__name__)
-OnFailure = Callable[[dict[str, Any]], None]
 SESSION_TIMEOUT_MS = 6000
 # Not errors: the end of a partition, and no dispatch topic yet (no tenant has published), which the
 # subscription picks up once one is created.
 _NOT_YET = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 
 
-class LocalMskEventSource:
+class LocalMskEventSource(LocalMapping):
     def __init__(
         self,
         bootstrap_servers: str,
@@ -48,33 +45,20 @@ class LocalMskEventSource:
         function_timeout_seconds: float = 120.0,
         topics: list[str] | None = None,
     ) -> None:
+        super().__init__(
+            handler,
+            on_failure,
+            function_name=function_name,
+            max_attempts=max_attempts,
+            retry_base_seconds=retry_base_seconds,
+            function_timeout_seconds=function_timeout_seconds,
+        )
         self.bootstrap_servers = bootstrap_servers
         self.group_id = group_id
-        self._handler = handler
-        self._on_failure = on_failure
-        self._function_name = function_name
         self._batch_size = batch_size
         self._window = batching_window_seconds
-        self._max_attempts = max_attempts
-        self._retry_base = retry_base_seconds
-        self._timeout = function_timeout_seconds
         # Names, or ^patterns (librdkafka): every tenant's dispatch topic unless told otherwise.
         self._topics = topics or [DISPATCH_TOPIC_PATTERN]
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("the event source is already running")
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="local-msk-event-source", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
 
     def _run(self) -> None:
         # A batch may take max_attempts invocations plus backoff; the group must not evict us meanwhile.
@@ -127,7 +111,8 @@ class LocalMskEventSource:
         batches = list(by_topic.values())  # one topic per event, as one mapping per tenant topic delivers
         for index, batch in enumerate(batches):
             try:
-                handled = self._deliver(batch)
+                event = msk_event((_record(message) for message in batch), self.bootstrap_servers)
+                handled = self._deliver(event, functools.partial(on_failure_record, event))
             except BaseException:
                 # E.g. the on-failure destination unreachable. This batch and every later one of this
                 # poll are not committed: rewind them all, or the consumer's position would move past
@@ -137,20 +122,6 @@ class LocalMskEventSource:
             if not handled:
                 return  # stopping: nothing committed, the batch comes again after a restart
             self._commit(consumer, batch)
-
-    def _deliver(self, messages: list[Message]) -> bool:
-        """True once the batch is handled (by the function, or sent to the on-failure destination)."""
-        event = msk_event((_record(message) for message in messages), self.bootstrap_servers)
-        for attempt in range(1, self._max_attempts + 1):
-            try:
-                self._handler(event, LocalLambdaContext(self._function_name, timeout_seconds=self._timeout))
-                return True
-            except Exception as error:  # the function failed: retry the same batch, as the mapping does
-                log.warning("relay invocation %d/%d failed: %s", attempt, self._max_attempts, error)
-            if attempt < self._max_attempts and self._stop.wait(self._retry_base * 2 ** (attempt - 1)):
-                return False
-        self._on_failure(on_failure_record(event, self._max_attempts))
-        return True
 
     @staticmethod
     def _commit(consumer: Consumer, messages: list[Message]) -> None:
@@ -217,15 +188,7 @@ def on_failure_record(event: dict[str, Any], attempts: int) -> dict[str, Any]:
         entry["lastRecordOffset"] = str(record["offset"])
         entry["lastRecordTimestamp"] = str(record["timestamp"])
     return {
-        "requestContext": {
-            "requestId": str(uuid.uuid4()),
-            "functionArn": "arn:aws:lambda:local:000000000000:function:InboxRelayFunction",
-            "condition": "RetryAttemptsExhausted",
-            "approximateInvokeCount": attempts,
-        },
-        "responseContext": {"statusCode": 200, "executedVersion": "$LATEST", "functionError": "Unhandled"},
-        "version": "1.0",
-        "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        **invocation_record("InboxRelayFunction", attempts),
         "KafkaBatchInfo": {
             "batchSize": len(records),
             "eventSourceArn": event["eventSourceArn"],
@@ -238,7 +201,5 @@ def on_failure_record(event: dict[str, Any], attempts: int) -> dict[str, Any]:
 
 
 def failed_batch_key(record: dict[str, Any], mapping_id: str) -> str:
-    """An S3 key for a parked batch, after Lambda's `aws/lambda/<mapping>/<source>/YYYY/MM/DD/<time>-<id>`."""
-    now = datetime.now(UTC)
-    source = next(iter(record["KafkaBatchInfo"]["recordsInfo"]), "unknown")
-    return f"aws/lambda/{mapping_id}/{source}/{now:%Y/%m/%d}/{now:%Y-%m-%dT%H.%M.%S}-{uuid.uuid4()}"
+    """An S3 key for a parked batch, named for its first topic-partition (poimen_tools.local.mapping)."""
+    return parked_batch_key(mapping_id, next(iter(record["KafkaBatchInfo"]["recordsInfo"]), "unknown"))

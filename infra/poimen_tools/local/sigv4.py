@@ -29,6 +29,8 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from poimen.kafka import is_tenant_id
+
 SERVICE = "execute-api"
 ALGORITHM = "AWS4-HMAC-SHA256"
 TERMINATOR = "aws4_request"
@@ -52,6 +54,10 @@ class Unauthorized(Exception):
     """The request would get API Gateway's 403; the message is what API Gateway says."""
 
 
+class InvalidPrincipals(ValueError):
+    """A principals file that is not one; the message names the file and what is wrong."""
+
+
 @dataclass(frozen=True)
 class Principal:
     access_key: str
@@ -71,14 +77,35 @@ def load_principals(path: Path) -> dict[str, Principal]:
     """`{"<access key id>": {"secret": "...", "arn": "...", "tenants": ["acme", "*"], "session_token": "..."}}`.
 
     `session_token` is optional: a principal that declares one stands for temporary credentials.
+    InvalidPrincipals for a file that is not that (OSError for one that cannot be read).
     """
-    document: dict[str, Any] = json.loads(path.read_text())
-    return {
-        key: Principal(
-            key, entry["secret"], entry["arn"], tuple(entry.get("tenants", ())), entry.get("session_token") or None
-        )
-        for key, entry in document.items()
-    }
+    try:
+        document = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, nested too deep
+        raise InvalidPrincipals(f"{path} is not JSON ({error})") from error
+    if not isinstance(document, dict):
+        raise InvalidPrincipals(f"{path} must be a JSON object: access key id -> {{secret, arn, tenants}}")
+    return {key: _principal(path, key, entry) for key, entry in document.items()}
+
+
+def _principal(path: Path, key: str, entry: Any) -> Principal:
+    def wrong(what: str) -> InvalidPrincipals:
+        return InvalidPrincipals(f"{path} {key}: {what}")
+
+    if not isinstance(entry, dict):
+        raise wrong("must be an object {secret, arn, tenants}")
+    for field in ("secret", "arn"):
+        if not isinstance(entry.get(field), str) or not entry[field]:
+            raise wrong(f'"{field}" must be a string')
+    tenants = entry.get("tenants", [])
+    if not isinstance(tenants, list) or not all(
+        isinstance(tenant, str) and (tenant == "*" or is_tenant_id(tenant)) for tenant in tenants
+    ):
+        raise wrong('"tenants" must be a list of tenant ids or "*"')
+    token = entry.get("session_token")
+    if token is not None and not isinstance(token, str):
+        raise wrong('"session_token" must be a string')
+    return Principal(key, entry["secret"], entry["arn"], tuple(tenants), token or None)
 
 
 # --- canonical forms (the request as it arrived: the target's bytes, as http.server reads them) ----------

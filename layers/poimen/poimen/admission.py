@@ -4,6 +4,12 @@ Exactly-once lives here and nowhere else: one conditional write per admission, n
 (check-then-insert races under redelivery), and no deduplication of requests without a key. Admission
 answers for everything it writes: the item and the answer are both built before the write, so a
 request that could fail does so with nothing stored.
+
+A write whose outcome is unknown (sent, then its answer lost or a 5xx) is resolved before answering,
+so that every 5xx is safe to retry as it says: a keyless run's key is fenced unless the run is there
+(found: 201; fenced: nothing written, 503 store-unavailable); a keyed run is read back (found: as any
+write; absent: 503 outcome-unknown, as a retry with the key can only admit that run). If the store
+cannot be asked, 503 outcome-unknown names the run, for the caller to GET rather than send again.
 """
 
 from __future__ import annotations
@@ -16,7 +22,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from poimen.contract import RunRequest, json_text, parse_json, run_json
-from poimen.errors import DispatchKeyReused, IdentityMissing, RunNotFound, TenantNotGranted
+from poimen.errors import (
+    DispatchKeyReused,
+    IdentityMissing,
+    OutcomeUnknown,
+    RunNotFound,
+    StoreUnavailable,
+    TenantNotGranted,
+)
 from poimen.ids import keyed_run_id, request_fingerprint, unkeyed_run_id
 from poimen.store import RunRecord, Store, run_pk
 
@@ -74,7 +87,9 @@ class Admission:
         # Each entry: when its tenants were read, and the tenants.
         self._grants: dict[str, tuple[float, frozenset[str]]] = {}
 
-    def admit_run(self, principal: str | None, tenant_id: str, request: RunRequest) -> Admitted:
+    def admit_run(
+        self, principal: str | None, tenant_id: str, request: RunRequest, *, traceparent: str | None = None
+    ) -> Admitted:
         self.authorize(principal, tenant_id)
         key = request.dispatch_key
         run_id = keyed_run_id(tenant_id, key) if key is not None else unkeyed_run_id()
@@ -90,9 +105,13 @@ class Admission:
             attempt_id=uuid.uuid4().hex,
             status="admitted",
             created_at=_now(),
+            traceparent=traceparent,
         )
         answer = _as_run(record)  # built before the write: no run is stored that could not be answered
-        existing = self._store.put_run_if_absent(record)
+        try:
+            existing = self._store.put_run_if_absent(record)
+        except OutcomeUnknown as unknown:
+            existing = self._resolve(record, unknown)
         if existing is None or existing.attempt_id == record.attempt_id:
             # None: written now. Same attempt: a retried PutItem found the item its lost first try wrote.
             return Admitted(answer, replayed=False)
@@ -102,6 +121,22 @@ class Admission:
         if existing.fingerprint != record.fingerprint and not _asks_for(existing, record.fingerprint):
             raise DispatchKeyReused(existing.run_id)
         return Admitted(_as_run(existing), replayed=True)
+
+    def _resolve(self, record: RunRecord, unknown: OutcomeUnknown) -> RunRecord:
+        """The stored run after `record`'s write of unknown outcome; else StoreUnavailable once nothing can
+        have been written, or `unknown` again while a write may still land or the store cannot tell."""
+        if record.dispatch_key is None:
+            # Nobody else ever writes this run id, so a fence on it ends the write's chances for good.
+            existing = self._store.fence_run(record)
+            if existing is None:
+                raise StoreUnavailable(f"run {record.run_id} was not written, and its id is fenced") from unknown
+            return existing
+        # A key is never fenced (that would refuse it forever): absent now, the write may still land, and
+        # a retry with the key can only admit, or replay, this same run.
+        existing = self._store.read_run_once(record)
+        if existing is None:
+            raise unknown
+        return existing
 
     def get_run(self, principal: str | None, tenant_id: str, run_id: str) -> RunView:
         self.authorize(principal, tenant_id)

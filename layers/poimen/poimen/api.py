@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from collections.abc import Mapping
 from functools import lru_cache
 from http import HTTPStatus
@@ -22,6 +23,8 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import (
 from aws_lambda_powertools.event_handler.openapi.params import Header, Path, Query
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
+from pydantic import BaseModel, Field
+from pydantic.json_schema import SkipJsonSchema
 
 from poimen.admission import Admission, Admitted, RunView
 from poimen.config import Settings
@@ -29,6 +32,7 @@ from poimen.contract import DispatchKey, JSONTooDeep, Problem, Run, RunRequest, 
 from poimen.errors import (
     DispatchKeyReused,
     IdentityMissing,
+    OutcomeUnknown,
     RunNotFound,
     RunNotStorable,
     RunTooLarge,
@@ -37,7 +41,14 @@ from poimen.errors import (
 )
 from poimen.observability import logger, metrics
 from poimen.store import Store
-from poimen.wire import MAX_BODY_BYTES, MAX_JSON_DEPTH, REPLAYED_HEADER, RUN_ID_PATTERN, TENANT_HEADER
+from poimen.wire import (
+    MAX_BODY_BYTES,
+    MAX_JSON_DEPTH,
+    REPLAYED_HEADER,
+    RUN_ID_PATTERN,
+    TENANT_HEADER,
+    TRACEPARENT_PATTERN,
+)
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
@@ -47,6 +58,11 @@ PROBLEM_TYPE_PREFIX = "urn:poimen:problem:"
 # RFC 9110's reason phrases, fixed here: Python's HTTPStatus renamed 413 and 422 in 3.13, and the
 # problem titles must not change with the interpreter (3.11 locally, 3.13 on Lambda).
 _REASON_PHRASES = {413: "Content Too Large", 422: "Unprocessable Content"}
+# A 256 KiB body can fail validation in tens of thousands of places (one per unknown field): a problem
+# names the first MAX_PROBLEM_ERRORS, each text cut to MAX_PROBLEM_TEXT_CHARS, and counts them all, so it
+# stays a few kilobytes (Lambda answers at most 6 MB, and the relay dead-letters the answer with the record).
+MAX_PROBLEM_ERRORS = 20
+MAX_PROBLEM_TEXT_CHARS = 200
 
 
 def _title(status: HTTPStatus) -> str:
@@ -101,14 +117,52 @@ def admission_service() -> Admission:
     )
 
 
+class FieldError(BaseModel):
+    field: str = Field(description=f"Where, e.g. body.workflow_ref; at most {MAX_PROBLEM_TEXT_CHARS} characters")
+    type: str
+    message: str
+
+
+class ValidationProblem(Problem):
+    """A 400 problem; a `validation-error` lists its first failures and counts them all."""
+
+    # Absent, never null, from other problems: SkipJsonSchema keeps None out of the document.
+    errors: list[FieldError] | SkipJsonSchema[None] = Field(
+        default=None, description=f"validation-error: the first {MAX_PROBLEM_ERRORS} failures"
+    )
+    errors_total: int | SkipJsonSchema[None] = Field(
+        default=None, description="validation-error: how many failures there were"
+    )
+
+
 def _problems(*statuses: HTTPStatus) -> dict[int, OpenAPIResponse]:
     return {
-        int(status): {"description": _title(status), "content": {PROBLEM_JSON: {"model": Problem}}}
+        int(status): {
+            "description": _title(status),
+            "content": {PROBLEM_JSON: {"model": ValidationProblem if status == HTTPStatus.BAD_REQUEST else Problem}},
+        }
         for status in statuses
     }
 
 
 _COMMON_PROBLEMS = (HTTPStatus.BAD_REQUEST, HTTPStatus.FORBIDDEN, HTTPStatus.SERVICE_UNAVAILABLE)
+
+# Each 503 of POST /v1/runs says what a retry can do: store-unavailable, nothing was written; outcome-unknown,
+# the run named may exist (see the _outcome_unknown handler).
+_CREATE_RUN_UNAVAILABLE: OpenAPIResponse = {
+    "description": (
+        "`store-unavailable`: nothing was written; send the request again after Retry-After. "
+        "`outcome-unknown`: the write may have committed; the problem's `run_id` and the Location header "
+        "name the run: GET it. With a dispatch_key the request may also be sent again (after Retry-After): "
+        "it answers that run (201 if this request wrote it, else 200 Idempotent-Replayed). Without one, "
+        "never send it again before the GET: it could admit a second run (no Retry-After is given)."
+    ),
+    "headers": {
+        "Retry-After": {"description": "Seconds to wait before sending again", "schema": {"type": "integer"}},
+        "Location": {"description": "outcome-unknown: the run to GET, /v1/runs/{run_id}", "schema": {"type": "string"}},
+    },
+    "content": {PROBLEM_JSON: {"model": Problem}},
+}
 
 AdmissionService = Annotated[Admission, Depends(admission_service)]
 TenantHeader = Annotated[TenantId, Header(alias=TENANT_HEADER, description="Tenant the call acts for")]
@@ -129,10 +183,11 @@ TenantHeader = Annotated[TenantId, Header(alias=TENANT_HEADER, description="Tena
             HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
             HTTPStatus.UNPROCESSABLE_ENTITY,
         ),
+        503: _CREATE_RUN_UNAVAILABLE,
     },
 )
 def create_run(body: RunRequest, tenant_id: TenantHeader, admission: AdmissionService) -> Response[str]:
-    admitted = admission.admit_run(_caller(), tenant_id, body)
+    admitted = admission.admit_run(_caller(), tenant_id, body, traceparent=_traceparent())
     # Written: from here on only the answer admission built before the write, and metrics and a log line.
     _record(admitted)
     run = admitted.run
@@ -203,6 +258,12 @@ def warm() -> None:
             raise RuntimeError(f"warming {method} {path} answered {answer['statusCode']}, not 400")
 
 
+def _traceparent() -> str | None:
+    """The request's W3C traceparent if well-formed, stored with the run for its event; else none."""
+    value = app.current_event.headers.get("traceparent")
+    return value if value is not None and re.fullmatch(TRACEPARENT_PATTERN, value) else None
+
+
 def _caller() -> str | None:
     """The IAM principal API Gateway authenticated; absent when the route has no IAM authorization."""
     return app.current_event.request_context.authorizer.iam.user_arn or None
@@ -253,14 +314,26 @@ def _invalid_request(error: RequestValidationError) -> Response[str]:
     failures = error.errors()
     errors = [
         {
-            "field": ".".join(str(part) for part in failure["loc"]),
-            "type": failure["type"],
-            "message": failure.get("msg", ""),
+            "field": _clipped(".".join(str(part) for part in failure["loc"])),
+            "type": _clipped(str(failure["type"])),
+            "message": _clipped(str(failure.get("msg", ""))),
         }
-        for failure in failures
+        for failure in failures[:MAX_PROBLEM_ERRORS]
     ]
-    fields = ", ".join(sorted({entry["field"] for entry in errors}))
-    return problem(HTTPStatus.BAD_REQUEST, "validation-error", f"Invalid fields: {fields}.", errors=errors)
+    fields = sorted({_clipped(".".join(str(part) for part in failure["loc"])) for failure in failures})
+    named = ", ".join(fields[:MAX_PROBLEM_ERRORS])
+    more = f", and {len(fields) - MAX_PROBLEM_ERRORS} more" if len(fields) > MAX_PROBLEM_ERRORS else ""
+    return problem(
+        HTTPStatus.BAD_REQUEST,
+        "validation-error",
+        f"Invalid fields: {named}{more}.",
+        errors=errors,
+        errors_total=len(failures),
+    )
+
+
+def _clipped(text: str) -> str:
+    return text if len(text) <= MAX_PROBLEM_TEXT_CHARS else text[: MAX_PROBLEM_TEXT_CHARS - 1] + "…"
 
 
 @app.exception_handler(RequestUnsupportedContentType)
@@ -328,6 +401,27 @@ def _store_unavailable(error: StoreUnavailable) -> Response[str]:
     )
 
 
+@app.exception_handler(OutcomeUnknown)
+def _outcome_unknown(error: OutcomeUnknown) -> Response[str]:
+    logger.warning("write outcome unknown", run_id=error.run_id, keyed=error.keyed, reason=str(error))
+    metrics.add_metric(name="OutcomeUnknown", unit=MetricUnit.Count, value=1)
+    location = f"/v1/runs/{error.run_id}"
+    headers = {"Location": location}
+    if error.keyed:
+        # Only a request with its dispatch_key is safe to send again: it can admit no other run.
+        headers["Retry-After"] = str(error.retry_after_seconds)
+        detail = (
+            f"Run {error.run_id} may have been admitted. GET {location} to find out; sending the request "
+            "again with its dispatch_key is safe, it answers that run."
+        )
+    else:
+        detail = (
+            f"Run {error.run_id} may have been admitted. GET {location} to find out before sending "
+            "the request again: without a dispatch_key, sending it again could admit a second run."
+        )
+    return problem(HTTPStatus.SERVICE_UNAVAILABLE, "outcome-unknown", detail, headers=headers, run_id=error.run_id)
+
+
 @app.exception_handler(Exception)
 def _unexpected(error: Exception) -> Response[str]:
     logger.exception("unhandled error", error_type=type(error).__name__)
@@ -384,6 +478,7 @@ def _screened(event: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, An
             "validation-error",
             "Invalid fields: body.",
             errors=[{"field": "body", "type": "model_type", "message": "The body must be a JSON object"}],
+            errors_total=1,
         )
     if content_type != content_type.lower():
         # Media types are case-insensitive (RFC 9110); Powertools compares them case-sensitively.

@@ -42,6 +42,7 @@ __all__ = [
     "Forbidden",
     "InvalidRequest",
     "NotFound",
+    "OutcomeUnknown",
     "Spawned",
     "Unavailable",
     "UnexpectedAnswer",
@@ -55,6 +56,7 @@ RETRYABLE_STATUSES: Final = frozenset({408, 429}) | frozenset(range(500, 600))
 SERVICE: Final = "execute-api"
 RUN_NOT_FOUND: Final = "urn:poimen:problem:run-not-found"
 DISPATCH_KEY_REUSED: Final = "urn:poimen:problem:dispatch-key-reused"
+OUTCOME_UNKNOWN: Final = "urn:poimen:problem:outcome-unknown"
 # Longer than the admission function's own 10 s timeout (template.yaml): a slow invocation ends in the
 # gateway's answer rather than in the client giving up first.
 DEFAULT_TIMEOUT_SECONDS: Final = 15.0
@@ -114,6 +116,20 @@ class Unavailable(AdmissionError):
         super().__init__(message, status=status, problem=problem, body=body)
         self.attempts = attempts
         self.retry_after = retry_after
+
+
+class OutcomeUnknown(Unavailable):
+    """The API could not tell, on the last attempt, whether the spawn admitted `run_id` (503 outcome-unknown).
+
+    Every spawn of this client carries a dispatch_key (`dispatch_key`, generated or the caller's), so each
+    retry could only admit or replay that run; after the last one it may or may not exist. Find out with
+    `get(tenant, run_id)` or `find(tenant, dispatch_key)`, or spawn again with the same dispatch_key:
+    never without it, which could admit a second run."""
+
+    def __init__(self, message: str, *, run_id: str, dispatch_key: str | None, attempts: int, **answer: Any) -> None:
+        super().__init__(message, attempts=attempts, **answer)
+        self.run_id = run_id
+        self.dispatch_key = dispatch_key
 
 
 class UnexpectedAnswer(AdmissionError):
@@ -232,7 +248,8 @@ class AdmissionClient:
     ) -> Spawned:
         """POST /v1/runs. Without `dispatch_key`, a key is generated for this call (see the module doc):
         however often it retries, it admits at most one run. Raises DispatchKeyReused, Forbidden,
-        InvalidRequest, Unavailable (or another AdmissionError)."""
+        InvalidRequest, Unavailable (OutcomeUnknown if the last answer could not tell whether the run was
+        admitted: it names the run and the key), or another AdmissionError."""
         generated = dispatch_key is None
         key = generated_dispatch_key() if dispatch_key is None else dispatch_key
         request: dict[str, Any] = {"workflow_ref": workflow_ref, "input": dict(input)}
@@ -243,7 +260,11 @@ class AdmissionClient:
             body = json_text(request).encode("utf-8")
         except (TypeError, ValueError) as error:  # a non-JSON value, NaN, a lone surrogate
             raise InvalidRequest(f"the spawn request cannot be sent as JSON: {error}") from error
-        answer = self._call("POST", "/v1/runs", tenant, body=body)
+        try:
+            answer = self._call("POST", "/v1/runs", tenant, body=body)
+        except OutcomeUnknown as unknown:
+            unknown.dispatch_key = key
+            raise
         if answer.status not in (200, 201):
             raise _refusal(answer)
         replayed = answer.status == 200 and answer.headers.get(REPLAYED_HEADER, "").lower() == "true"
@@ -251,7 +272,7 @@ class AdmissionClient:
 
     def get(self, tenant: str, run_id: str) -> Run:
         """GET /v1/runs/{run_id}. Raises NotFound (no such run for this tenant), Forbidden, ..."""
-        answer = self._call("GET", f"/v1/runs/{quote(run_id, safe='')}", tenant)
+        answer = self._call("GET", f"/v1/runs/{_quoted(run_id, '', 'run_id')}", tenant)
         if answer.status != 200:
             raise _refusal(answer)
         return _run(answer)
@@ -259,7 +280,9 @@ class AdmissionClient:
     def find(self, tenant: str, dispatch_key: str) -> Run | None:
         """GET /v1/runs?dispatch_key=: the run the key admitted, or None. A 404 that is not the API's
         run-not-found (a route the API does not have: a wrong base URL) raises NotFound."""
-        answer = self._call("GET", "/v1/runs", tenant, query=f"dispatch_key={quote(dispatch_key, safe='-_.~')}")
+        answer = self._call(
+            "GET", "/v1/runs", tenant, query=f"dispatch_key={_quoted(dispatch_key, '-_.~', 'dispatch_key')}"
+        )
         if answer.status == 200:
             return _run(answer)
         refusal = _refusal(answer)
@@ -359,14 +382,22 @@ def _unavailable(message: str, attempts: int, retry_after: float | None, last: _
         return Unavailable(message, attempts=attempts, retry_after=retry_after)
     body = _json_or_text(last.data)
     problem = _problem(body)
-    return Unavailable(
-        f"{message} ({_summary(problem, body)})",
-        attempts=attempts,
-        retry_after=retry_after,
-        status=last.status,
-        problem=problem,
-        body=body,
-    )
+    message = f"{message} ({_summary(problem, body)})"
+    answer: dict[str, Any] = {"retry_after": retry_after, "status": last.status, "problem": problem, "body": body}
+    if problem is not None and problem.type == OUTCOME_UNKNOWN:
+        run_id = str((problem.model_extra or {}).get("run_id", ""))
+        return OutcomeUnknown(
+            f"{message} (run {run_id})", run_id=run_id, dispatch_key=None, attempts=attempts, **answer
+        )
+    return Unavailable(message, attempts=attempts, **answer)
+
+
+def _quoted(value: str, safe: str, name: str) -> str:
+    """`value` percent-encoded as UTF-8; InvalidRequest if it is not text UTF-8 can carry (a lone surrogate)."""
+    try:
+        return quote(value, safe=safe)
+    except UnicodeEncodeError as error:
+        raise InvalidRequest(f"{name} {value!r} cannot be sent: it is not UTF-8 text ({error.reason})") from error
 
 
 def _problem(body: Any) -> Problem | None:

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from poimen.principals import InvalidPrincipal, grant_principal
+
 N = TypeVar("N", int, float)
 
 # API Gateway HTTP APIs give up on an integration after at most 30 s (and answer 504).
@@ -32,7 +34,8 @@ class Settings:
     relay_tenants: frozenset[str] = frozenset()
     # Total attempts (first try included) for one DynamoDB call before the API answers 503, and the
     # connect and read timeout of each. An admission makes up to two calls (the grant on a cache miss,
-    # then the write); with botocore's backoff they must end before the function's timeout, so the
+    # then the write), and after a write of unknown outcome one more of a single attempt (the fence or
+    # the read back); with botocore's backoff they must end before the function's timeout, so the
     # function answers (503) rather than being cut off by it (tests/unit/test_config_and_grants.py).
     dynamodb_max_attempts: int = 2
     dynamodb_timeout_seconds: float = 0.75
@@ -50,7 +53,7 @@ class Settings:
             region=_region(env),
             grants_cache_seconds=_number(env, "GRANTS_CACHE_SECONDS", cls.grants_cache_seconds, float),
             refusal_cache_seconds=_number(env, "REFUSAL_CACHE_SECONDS", cls.refusal_cache_seconds, float),
-            relay_principal=env.get("RELAY_PRINCIPAL", "").strip() or None,
+            relay_principal=_relay_principal(env),
             relay_tenants=frozenset(t.strip() for t in env.get("RELAY_TENANTS", "").split(",") if t.strip()),
             dynamodb_max_attempts=_number(env, "DYNAMODB_MAX_ATTEMPTS", cls.dynamodb_max_attempts, int),
             dynamodb_timeout_seconds=_number(env, "DYNAMODB_TIMEOUT_SECONDS", cls.dynamodb_timeout_seconds, float),
@@ -65,6 +68,18 @@ class Settings:
         if settings.dynamodb_timeout_seconds <= 0 or settings.dynamodb_max_connections < 1:
             raise ConfigurationError("DynamoDB timeout and pool size must be positive")
         return settings
+
+
+def _relay_principal(env: Mapping[str, str]) -> str | None:
+    """RELAY_PRINCIPAL as the relay's sessions present it: a role without its path (assumed-role ARNs carry
+    none, and admission matches a session as `arn:<partition>:iam::<account>:role/<name>`)."""
+    arn = env.get("RELAY_PRINCIPAL", "").strip()
+    if not arn:
+        return None
+    try:
+        return grant_principal(arn).arn
+    except InvalidPrincipal as error:
+        raise ConfigurationError(f"RELAY_PRINCIPAL: {error}") from error
 
 
 def _region(env: Mapping[str, str]) -> str:
@@ -140,4 +155,46 @@ class RelaySettings:
             raise ConfigurationError("relay concurrency, timeouts and backoff must be positive (cap >= base)")
         if settings.time_margin_seconds < 0:
             raise ConfigurationError("RELAY_TIME_MARGIN_SECONDS must not be negative")
+        return settings
+
+
+@dataclass(frozen=True)
+class OutboxSettings:
+    """Settings of the outbox relay (the table's stream → `poimen.<tenant>.events`)."""
+
+    bootstrap_servers: str
+    region: str
+    # The stack's name, in each event's CloudEvents source (`urn:poimen:<stack>:<tenant>`).
+    stack_name: str
+    # SASL_SSL/OAUTHBEARER with MSK IAM tokens; plaintext otherwise (the local broker).
+    iam_auth: bool = False
+    # How long a record may wait for the broker (librdkafka's message.timeout.ms); each batch also waits at
+    # most until the invocation's deadline less `time_margin_seconds`, so its failure reaches the event source.
+    delivery_timeout_seconds: float = 30.0
+    time_margin_seconds: float = 2.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> OutboxSettings:
+        env = os.environ if environ is None else environ
+        bootstrap = env.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
+        if not bootstrap:
+            raise ConfigurationError("KAFKA_BOOTSTRAP_SERVERS must name the brokers of the events topics")
+        stack_name = env.get("POIMEN_STACK_NAME", "").strip()
+        if not stack_name:
+            raise ConfigurationError("POIMEN_STACK_NAME must name the stack (the events' CloudEvents source)")
+        auth = env.get("KAFKA_AUTH", "none").strip().lower()
+        if auth not in ("iam", "none"):
+            raise ConfigurationError(f"KAFKA_AUTH must be iam or none, got {auth!r}")
+        settings = cls(
+            bootstrap_servers=bootstrap,
+            region=_region(env),
+            stack_name=stack_name,
+            iam_auth=auth == "iam",
+            delivery_timeout_seconds=_number(
+                env, "OUTBOX_DELIVERY_TIMEOUT_SECONDS", cls.delivery_timeout_seconds, float
+            ),
+            time_margin_seconds=_number(env, "OUTBOX_TIME_MARGIN_SECONDS", cls.time_margin_seconds, float),
+        )
+        if settings.delivery_timeout_seconds <= 0 or settings.time_margin_seconds < 0:
+            raise ConfigurationError("OUTBOX_DELIVERY_TIMEOUT_SECONDS must be positive, the margin not negative")
         return settings

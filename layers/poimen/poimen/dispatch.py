@@ -5,16 +5,26 @@ from __future__ import annotations
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
+from pydantic import ValidationError
 
-from poimen.contract import RunRequest, json_text
+from poimen.contract import JSONTooDeep, RunRequest, json_text, parse_json
 from poimen.ids import keyed_run_id, unkeyed_run_id
-from poimen.kafka import dispatch_topic, partition_key
+from poimen.kafka import InvalidTenant, dispatch_topic, partition_key
 from poimen.kafka_client import broker_error_reason, client_config, quiet_client_settings
+from poimen.wire import MAX_BODY_BYTES
 
 # librdkafka's own default for `message.timeout.ms`: a record waits five minutes for a broker.
 DEFAULT_DELIVERY_TIMEOUT_SECONDS = 300.0
 # What flush() waits beyond the delivery timeout, so every record's delivery report (with its reason) is in.
 _FLUSH_MARGIN_SECONDS = 2.0
+
+
+class InvalidDispatch(ValueError):
+    """A dispatch record the relay could only dead-letter: refused before anything is queued."""
+
+
+class InvalidDispatchTenant(InvalidTenant, InvalidDispatch):
+    """The tenant is no tenant id: no relay consumes its topic, and the API refuses it."""
 
 
 class PublishFailed(RuntimeError):
@@ -93,13 +103,22 @@ class DispatchPublisher:
 
         The value is the body POST /v1/runs takes; the key is the partition key (tenant, run id).
         Without a dispatch_key no run id exists before admission, so the key carries a fresh UUIDv7.
+
+        Raises InvalidDispatch, queueing nothing, for what the relay could only dead-letter: a tenant
+        that is no tenant id (InvalidDispatchTenant, an InvalidTenant too: its topic would be auto-created
+        and never consumed), or a request the API refuses (fields out of bounds, a body over
+        MAX_BODY_BYTES, nested too deep, not encodable).
         """
+        try:
+            topic = dispatch_topic(tenant_id)
+        except InvalidTenant as error:
+            raise InvalidDispatchTenant(tenant_id) from error
+        value = _body(request)
         run_id = keyed_run_id(tenant_id, request.dispatch_key) if request.dispatch_key is not None else None
         self._producer.produce(
-            dispatch_topic(tenant_id),
+            topic,
             key=partition_key(tenant_id, run_id or unkeyed_run_id()),
-            # json_text: numbers parsed exactly (poimen.contract.parse_json) go out as they came in.
-            value=json_text(request.model_dump()).encode(),
+            value=value,
             on_delivery=self._delivered,
         )
         self._producer.poll(0)
@@ -130,3 +149,31 @@ class DispatchPublisher:
         text = str(error.str())
         if text not in self._broker_errors[-1:]:
             self._broker_errors = [*self._broker_errors[-9:], text]
+
+
+def _body(request: RunRequest) -> bytes:
+    """The body POST /v1/runs takes, checked as the API checks it; InvalidDispatch if it would refuse it."""
+    try:
+        # Validated again: a RunRequest built with model_construct (or changed since) skipped validation.
+        checked = RunRequest.model_validate(request.model_dump())
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in problem['loc']) or 'request'}: {problem['msg']}"
+            for problem in error.errors()
+        )
+        raise InvalidDispatch(f"not a valid spawn request: {problems}") from error
+    try:
+        # json_text: numbers parsed exactly (poimen.contract.parse_json) go out as they came in.
+        text = json_text(checked.model_dump())
+        body = text.encode("utf-8")
+    except (TypeError, ValueError) as error:  # a non-JSON value, NaN, a lone surrogate
+        raise InvalidDispatch(f"the spawn request cannot be sent as JSON: {error}") from error
+    if len(body) > MAX_BODY_BYTES:
+        raise InvalidDispatch(f"the spawn request's body exceeds {MAX_BODY_BYTES} bytes ({len(body)})")
+    try:
+        parse_json(text)  # the API's own parse: depth, numbers it would not read back
+    except JSONTooDeep as error:
+        raise InvalidDispatch(f"the spawn request {error}") from error
+    except (ValueError, RecursionError) as error:
+        raise InvalidDispatch(f"the spawn request is not JSON the API reads: {error}") from error
+    return body

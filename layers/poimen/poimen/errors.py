@@ -49,3 +49,15 @@ class RunTooLarge(AdmissionError):
 
 class RunNotStorable(AdmissionError):
     """DynamoDB refused the run's item as invalid (ValidationException): the request cannot be stored."""
+
+
+class OutcomeUnknown(AdmissionError):
+    """The run's write was sent, and whether it committed could not be told (its answer was lost, or a
+    5xx, and the store could not be asked after). `run_id` names the run it would be: GET it to find out.
+    `keyed`: the request carried a dispatch_key, so sending it again is safe (it can only admit that run)."""
+
+    def __init__(self, run_id: str, reason: str, *, keyed: bool, retry_after_seconds: int = 1) -> None:
+        super().__init__(f"the write of run {run_id} may have committed: {reason}")
+        self.run_id = run_id
+        self.keyed = keyed
+        self.retry_after_seconds = retry_after_seconds

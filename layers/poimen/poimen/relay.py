@@ -4,29 +4,35 @@ It knows only the HTTP contract: it never imports the store or admission (a test
 IAM role has no DynamoDB permission. Redelivered records are absorbed by admission's dispatch_key
 deduplication alone; the relay keeps no idempotency state of its own. No record stalls a batch: only
 the API (unreachable, or refusing the relay itself), the dead-letter queue, or time running out fail it.
+Dead letters are sent only by an invocation that relayed its whole batch, so a batch retried or parked
+for an outage does not dead-letter its bad records once per attempt.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import json
 import random
 import re
+import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 import botocore.config
 import botocore.exceptions
 import botocore.session
 import urllib3
+import urllib3.connection
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.data_classes.kafka_event import KafkaEvent, KafkaEventRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -43,11 +49,15 @@ RETRYABLE_STATUSES = frozenset({408, 429}) | frozenset(range(500, 600))
 # 404, 405, 3xx, ...) says the relay or the API is misconfigured, which every record would hit alike:
 # the batch fails instead, so a fix lets the same records through rather than into the DLQ.
 RECORD_FAULT_STATUSES = frozenset({400, 413, 415, 422})
-# SQS takes message bodies of up to 1 MiB (the queue's MaximumMessageSize in template.yaml). A dead
-# letter that would not fit leaves out these parts, in this order, until it does; its coordinates always
-# stay, so the record can be read again from Kafka at that partition and offset.
+# The 503 the API answers when a run may have been admitted: retried for a keyed record (it can only admit
+# that run), dead-lettered naming the run for a keyless one.
+OUTCOME_UNKNOWN = "urn:poimen:problem:outcome-unknown"
+# SQS takes messages of up to 1 MiB (the queue's MaximumMessageSize in template.yaml), body and message
+# attributes together. A dead letter that would not fit keeps of these parts as many as fit, the more
+# useful first: the value whenever it fits alone, the API's answer last. Its coordinates always stay, so
+# the record can be read again from Kafka at that partition and offset.
 MAX_DEAD_LETTER_BYTES = 1024 * 1024
-OMITTED_IN_ORDER = (("record", "value"), ("record", "headers"), ("record", "key"), ("reason", "problem"))
+KEPT_IN_ORDER = (("record", "value"), ("record", "key"), ("record", "headers"), ("reason", "problem"))
 MAX_DETAIL_CHARS = 1000
 # W3C Trace Context: version-traceid-parentid-flags in lowercase hex; version ff and all-zero ids are invalid.
 TRACEPARENT = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
@@ -75,7 +85,7 @@ class _Aborted(BatchFailed):
 
 @dataclass(frozen=True)
 class DeadLetterReason:
-    kind: str  # invalid-topic | empty-value | undecodable | invalid-json | rejected | relay-error
+    kind: str  # invalid-topic | empty-value | undecodable | invalid-json | rejected | outcome-unknown | relay-error
     detail: str
     status: int | None = None
     problem: Any = None
@@ -119,12 +129,31 @@ class BatchOutcome:
 
 
 @dataclass(frozen=True)
+class _DeadLetter:
+    """A dead letter made while its batch is relayed, sent once the whole batch is."""
+
+    body: str
+    attributes: dict[str, dict[str, str]]
+    log: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class _Batch:
-    """What the records of one invocation share: its deadline, its outcome, and whether it already failed."""
+    """What the records of one invocation share: its deadline, its outcome, whether it already failed, and
+    the dead letters its records made so far."""
 
     deadline: float
     outcome: BatchOutcome
     abort: threading.Event
+    letters: list[_DeadLetter] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def hold(self, letter: _DeadLetter) -> None:
+        with self._lock:
+            self.letters.append(letter)
+
+
+_T = TypeVar("_T")
 
 
 class Relay:
@@ -140,7 +169,7 @@ class Relay:
     ) -> None:
         self._settings = settings
         self._runs_url = f"{settings.admission_api_url}/v1/runs"
-        self._http = http or urllib3.PoolManager(maxsize=settings.max_concurrency, block=True, retries=False)
+        self._http = http or _deadline_bound_pool_manager(settings.max_concurrency)
         # botocore, not boto3: boto3 would import s3transfer and multiprocessing on the cold path for nothing.
         session = botocore.session.get_session()
         # AWS endpoints come from the standard SDK configuration (AWS_ENDPOINT_URL_SQS, ...). One attempt
@@ -162,8 +191,13 @@ class Relay:
         self._credentials: Any = found
 
     def relay_batch(self, event: KafkaEvent, remaining_ms: Callable[[], int], outcome: BatchOutcome) -> None:
-        """Relay every record; raise BatchFailed if the batch must be retried (the API down past the budget
-        or refusing the relay, a dead letter that could not be sent). Nothing is dead-lettered for those."""
+        """Relay every record, then send the dead letters of the bad ones; raise BatchFailed if the batch must
+        be retried (the API down past the budget or refusing the relay, a dead letter that could not be sent).
+
+        A failing batch sends no dead letter: its retry, or the redrive of the batch once parked, makes them
+        then, so each bad record is one dead letter however often its batch fails. (Only a dead-letter queue
+        failing midway, or the function dying between a send and the event source's commit, repeats some.)
+        """
         deadline = time.monotonic() + remaining_ms() / 1000 - self._settings.time_margin_seconds
         batch = _Batch(deadline, outcome, threading.Event())
         groups = _ordered_groups(event.records)
@@ -175,19 +209,12 @@ class Relay:
             for record in records:
                 if batch.abort.is_set():
                     return  # the batch will be retried whole; later records must not overtake
-                try:
-                    self._relay_or_dead_letter(record, batch)
-                except BaseException:
-                    batch.abort.set()
-                    raise
+                self._relay_or_dead_letter(record, batch)
 
-        workers = max(1, min(self._settings.max_concurrency, len(groups)))
+        workers = max(1, min(self._settings.max_concurrency, sum(len(group) for group in groups)))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            failures = [f.exception() for f in [pool.submit(relay_group, group) for group in groups]]
-        errors = [error for error in failures if error is not None]
-        if errors:
-            # The first cause, not the groups that merely stopped because of it.
-            raise next((e for e in errors if not isinstance(e, _Aborted)), errors[0])
+            _each(pool, relay_group, groups, batch)
+            _each(pool, lambda letter: self._send_dead_letter(letter, batch), batch.letters, batch)
 
     def _relay_or_dead_letter(self, record: KafkaEventRecord, batch: _Batch) -> None:
         """Relay one record. A fault of the record's own, foreseen or not, ends as its dead letter."""
@@ -227,7 +254,7 @@ class Relay:
             # Relayed, as the API admits keyless spawns; but a retry after a lost answer, or of the
             # batch, can then admit it twice. Publishers should always set a dispatch_key.
             logger.warning("dispatch without dispatch_key: delivered at least once", topic=record.topic)
-        status, answer = self._post(tenant_id, body, _traceparent(record), batch)
+        status, answer = self._post(tenant_id, body, _traceparent(record), batch, keyed=dispatch_key is not None)
         if status in (200, 201):
             # A record without a timestamp (-1) has no lag to tell.
             lag_ms = max(0.0, time.time() * 1000 - record.timestamp) if record.timestamp > 0 else None
@@ -242,13 +269,22 @@ class Relay:
                 offset=record.offset,
             )
             return
+        if status in RETRYABLE_STATUSES:  # outcome-unknown, keyless: sending it again could admit a second run
+            run_id = answer.get("run_id") if isinstance(answer, dict) else None
+            detail = f"the admission API may have admitted run {run_id}: GET /v1/runs/{run_id} before sending it again"
+            reason = DeadLetterReason("outcome-unknown", detail, status, answer)
+            self._dead_letter(record, reason, batch, tenant_id=tenant_id, dispatch_key=None, run_id=run_id)
+            return
         if status not in RECORD_FAULT_STATUSES:
             raise AdmissionApiRefused(f"the admission API refused the relay with {status}: {answer}")
         reason = DeadLetterReason("rejected", f"the admission API answered {status}", status, answer)
         self._dead_letter(record, reason, batch, tenant_id=tenant_id, dispatch_key=dispatch_key)
 
-    def _post(self, tenant_id: str, body: bytes, traceparent: str | None, batch: _Batch) -> tuple[int, Any]:
-        """POST the body verbatim, retrying transient failures with full-jitter backoff until the deadline."""
+    def _post(
+        self, tenant_id: str, body: bytes, traceparent: str | None, batch: _Batch, *, keyed: bool
+    ) -> tuple[int, Any]:
+        """POST the body verbatim, retrying transient failures with full-jitter backoff until the deadline.
+        An outcome-unknown answer to a keyless body is returned, not retried: it may have admitted a run."""
         headers = {"Content-Type": "application/json", TENANT_HEADER: tenant_id}
         if traceparent:
             headers["traceparent"] = traceparent
@@ -258,22 +294,26 @@ class Relay:
             if timeout <= 0:
                 raise AdmissionApiUnavailable("no time left to call the admission API")
             retry_after = 0.0
+            # The whole exchange, connect to last byte, ends within `timeout`: urllib3's timeouts bound each
+            # socket operation only, and an answer trickling in would outlive the invocation (_Watchdog).
+            exchange = _EXCHANGE_DEADLINE.set(time.monotonic() + timeout)
             try:
                 response = self._http.request(
                     "POST",
                     self._runs_url,
                     body=body,
                     headers=self._signed(headers, body),
-                    # total: a slow answer must not outlive the deadline (connect/read alone bound each read).
                     timeout=urllib3.Timeout(total=timeout, connect=self._settings.http_connect_timeout_seconds),
                 )
             except urllib3.exceptions.HTTPError as error:
                 failure = f"{type(error).__name__}: {error}"
             else:
-                if response.status not in RETRYABLE_STATUSES:
+                if response.status not in RETRYABLE_STATUSES or (not keyed and _outcome_unknown(response.data)):
                     return response.status, _json_or_text(response.data)
                 failure = f"HTTP {response.status}"
                 retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
+            finally:
+                _EXCHANGE_DEADLINE.reset(exchange)
             delay = max(retry_after, self._jitter(attempt))
             if time.monotonic() + delay >= batch.deadline:
                 raise AdmissionApiUnavailable(f"admission API unavailable after {attempt + 1} attempts: {failure}")
@@ -300,20 +340,19 @@ class Relay:
         return dict(request.headers.items())
 
     def _dead_letter(self, record: KafkaEventRecord, reason: DeadLetterReason, batch: _Batch, **context: Any) -> None:
-        self._send_dead_letter(dead_letter_body(record, reason), batch)
-        batch.outcome.count("dead_lettered")
-        logger.warning(
-            "dispatch dead-lettered",
-            reason=reason.kind,
-            detail=reason.detail[:MAX_DETAIL_CHARS],
-            status=reason.status,
-            topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
+        """Hold the record's dead letter until the whole batch is relayed (see relay_batch)."""
+        log = {
+            "reason": reason.kind,
+            "detail": reason.detail[:MAX_DETAIL_CHARS],
+            "status": reason.status,
+            "topic": record.topic,
+            "partition": record.partition,
+            "offset": record.offset,
             **context,
-        )
+        }
+        batch.hold(_DeadLetter(dead_letter_body(record, reason), dead_letter_attributes(record), log))
 
-    def _send_dead_letter(self, body: str, batch: _Batch) -> None:
+    def _send_dead_letter(self, letter: _DeadLetter, batch: _Batch) -> None:
         """SendMessage, retried while a whole attempt (connect and read timeouts) still fits before the
         deadline. Past it, or refused, the batch fails and is retried whole: no record is lost for want of
         its dead letter."""
@@ -323,7 +362,11 @@ class Relay:
         while time.monotonic() + attempt_seconds <= batch.deadline:
             attempts += 1
             try:
-                self._sqs.send_message(QueueUrl=self._settings.dlq_url, MessageBody=body)
+                sent = self._sqs.send_message(
+                    QueueUrl=self._settings.dlq_url, MessageBody=letter.body, MessageAttributes=letter.attributes
+                )
+                batch.outcome.count("dead_lettered")
+                logger.warning("dispatch dead-lettered", message_id=(sent or {}).get("MessageId"), **letter.log)
                 return
             except (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError) as error:
                 failure = f"{type(error).__name__}: {error}"
@@ -363,25 +406,81 @@ def dead_letter_message(record: KafkaEventRecord, reason: DeadLetterReason) -> d
 
 
 def dead_letter_body(record: KafkaEventRecord, reason: DeadLetterReason) -> str:
-    """The SQS message body of a dead letter, at most MAX_DEAD_LETTER_BYTES (ASCII JSON: bytes = characters).
+    """The SQS message body of a dead letter: with its attributes (dead_letter_attributes), at most
+    MAX_DEAD_LETTER_BYTES (ASCII JSON: bytes = characters).
 
-    Each part left out (OMITTED_IN_ORDER) becomes null beside `<part>Omitted` (its length as delivered)
-    and `<part>Sha256`, the SHA-256 of that text: the base64 of key and value, compact JSON otherwise.
+    If the whole letter is too large, every part of KEPT_IN_ORDER is left out, then put back in that order
+    whenever the letter still fits with it. Each part left out becomes null beside `<part>Omitted`
+    (`{"reason": "too large for SQS", "length": <its length as delivered>}`) and `<part>Sha256`, the
+    SHA-256 of that text: the base64 of key and value, compact JSON otherwise.
     """
     letter = dead_letter_message(record, reason)
+    budget = MAX_DEAD_LETTER_BYTES - _attributes_size(dead_letter_attributes(record))
     body = _compact(letter)
-    for section, part in OMITTED_IN_ORDER:
-        if len(body.encode()) <= MAX_DEAD_LETTER_BYTES:
-            break
-        kept = letter[section][part]
-        if kept is None:
-            continue
-        text = kept if isinstance(kept, str) else _compact(kept)
-        letter[section][part] = None
-        letter[section][f"{part}Omitted"] = {"reason": "too large for SQS", "length": len(text)}
-        letter[section][f"{part}Sha256"] = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-        body = _compact(letter)
+    if len(body) <= budget:
+        return body
+    left_out: list[tuple[dict[str, Any], str, Any]] = []
+    for section, part in KEPT_IN_ORDER:
+        value = letter[section][part]
+        if value is not None:
+            left_out.append((letter[section], part, value))
+            _leave_out(letter[section], part, value)
+    body = _compact(letter)
+    for section_of, part, value in left_out:
+        omitted = section_of.pop(f"{part}Omitted"), section_of.pop(f"{part}Sha256")
+        section_of[part] = value
+        trial = _compact(letter)
+        if len(trial) <= budget:
+            body = trial
+        else:
+            _leave_out(section_of, part, value, omitted)
     return body
+
+
+def dead_letter_attributes(record: KafkaEventRecord) -> dict[str, dict[str, str]]:
+    """The SQS message attributes of a record's dead letter: its coordinates, so that copies of one record
+    (see relay_batch) are told apart without reading their bodies."""
+    return {
+        "topic": {"DataType": "String", "StringValue": str(record.topic)},
+        "partition": {"DataType": "Number", "StringValue": str(record.partition)},
+        "offset": {"DataType": "Number", "StringValue": str(record.offset)},
+    }
+
+
+def _attributes_size(attributes: dict[str, dict[str, str]]) -> int:
+    """What message attributes count towards SQS's size limit: each one's name, data type and value."""
+    return sum(
+        len(name.encode()) + len(attribute["DataType"].encode()) + len(attribute["StringValue"].encode())
+        for name, attribute in attributes.items()
+    )
+
+
+def _leave_out(section: dict[str, Any], part: str, value: Any, omitted: tuple[Any, Any] | None = None) -> None:
+    if omitted is None:
+        text = value if isinstance(value, str) else _compact(value)
+        length, digest = len(text), hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        omitted = {"reason": "too large for SQS", "length": length}, digest
+    section[part] = None
+    section[f"{part}Omitted"], section[f"{part}Sha256"] = omitted
+
+
+def _each(pool: ThreadPoolExecutor, work: Callable[[_T], None], items: Sequence[_T], batch: _Batch) -> None:
+    """Run `work` on every item in the pool; the first failure aborts the others and is raised."""
+
+    def guarded(item: _T) -> None:
+        if batch.abort.is_set():
+            raise _Aborted("another record failed the batch")
+        try:
+            work(item)
+        except BaseException:
+            batch.abort.set()
+            raise
+
+    failures = [future.exception() for future in [pool.submit(guarded, item) for item in items]]
+    errors = [error for error in failures if error is not None]
+    if errors:
+        # The first cause, not the work that merely stopped because of it.
+        raise next((e for e in errors if not isinstance(e, _Aborted)), errors[0])
 
 
 def _compact(value: Any) -> str:
@@ -407,7 +506,7 @@ def _ordered_groups(records: Iterable[KafkaEventRecord]) -> list[list[KafkaEvent
 def _traceparent(record: KafkaEventRecord) -> str | None:
     """The record's traceparent header if it is well-formed W3C Trace Context; anything else stays behind
     (a CR or LF in a header value would make the HTTP client refuse the whole request)."""
-    value = record.decoded_headers.get("traceparent")
+    value = _header(record, "traceparent")
     if value is None:
         return None
     text = value.decode("ascii", "replace")
@@ -417,6 +516,18 @@ def _traceparent(record: KafkaEventRecord) -> str | None:
     return None
 
 
+def _header(record: KafkaEventRecord, name: str) -> bytes | None:
+    """The last header of that name (case-insensitive, as Powertools' decoded_headers), its bytes as MSK
+    delivers them: a list of integers, signed (Java bytes) or not. A header whose value is null (Kafka
+    allows it) counts as absent, as aws-lambda-go reads it, rather than as a fault of the record."""
+    found = None
+    for header in record.headers:
+        for key, value in header.items():
+            if key.lower() == name and value is not None:
+                found = bytes(byte + 256 if byte < 0 else byte for byte in value)
+    return found
+
+
 def _json_or_text(data: bytes) -> Any:
     try:
         return json.loads(data)
@@ -424,11 +535,101 @@ def _json_or_text(data: bytes) -> Any:
         return data.decode("utf-8", "replace")
 
 
+def _outcome_unknown(data: bytes) -> bool:
+    answer = _json_or_text(data)
+    return isinstance(answer, dict) and answer.get("type") == OUTCOME_UNKNOWN
+
+
 def _retry_after_seconds(value: str | None) -> float:
     try:
         return max(0.0, float(value)) if value else 0.0
     except ValueError:
         return 0.0
+
+
+# When the HTTP exchange under way in this thread must end (time.monotonic()); None: no bound but urllib3's.
+_EXCHANGE_DEADLINE: ContextVar[float | None] = ContextVar("exchange_deadline", default=None)
+
+
+class _Watchdog:
+    """Shuts a connection's socket down when the exchange's deadline passes, which ends a blocked send or
+    read at once with an error (urllib3 then discards the connection)."""
+
+    def __init__(self, connection: urllib3.connection.HTTPConnection, deadline: float) -> None:
+        self._connection = connection
+        self._lock = threading.Lock()
+        self._over = False
+        self.expired = False
+        self._timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _expire(self) -> None:
+        with self._lock:
+            if self._over:
+                return
+            self.expired = True
+            self.enforce()
+
+    def enforce(self) -> None:
+        """Shut the socket down if the deadline has passed (the socket may not have existed then)."""
+        sock = self._connection.sock
+        if self.expired and sock is not None:
+            with contextlib.suppress(OSError):  # already closed
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._over = True
+        self._timer.cancel()
+
+
+class _DeadlineBoundConnection(urllib3.connection.HTTPConnection):
+    """An HTTP connection whose exchange (request sent, answer read to its last byte, preloaded inside
+    getresponse) ends by _EXCHANGE_DEADLINE."""
+
+    _watchdog: _Watchdog | None = None
+
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        deadline = _EXCHANGE_DEADLINE.get()
+        self._watchdog = None if deadline is None else _Watchdog(self, deadline)
+        try:
+            super().request(*args, **kwargs)
+        except BaseException:
+            self._stop_watchdog()
+            raise
+
+    def getresponse(self) -> urllib3.response.HTTPResponse:  # type: ignore[override]  # as urllib3's own
+        try:
+            if self._watchdog is not None:
+                self._watchdog.enforce()  # it expired while the socket was being connected
+            return super().getresponse()
+        finally:
+            self._stop_watchdog()
+
+    def _stop_watchdog(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
+
+
+class _DeadlineBoundHTTPSConnection(_DeadlineBoundConnection, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class _DeadlineBoundPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _DeadlineBoundConnection
+
+
+class _DeadlineBoundHTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _DeadlineBoundHTTPSConnection
+
+
+def _deadline_bound_pool_manager(maxsize: int) -> urllib3.PoolManager:
+    """Keep-alive connections to the API, each exchange bounded by the wall clock (_EXCHANGE_DEADLINE)."""
+    manager = urllib3.PoolManager(maxsize=maxsize, block=True, retries=False)
+    manager.pool_classes_by_scheme = {"http": _DeadlineBoundPool, "https": _DeadlineBoundHTTPSPool}
+    return manager
 
 
 @lru_cache(maxsize=1)

@@ -3,25 +3,41 @@
 One table, one string hash key `pk`:
 - a run is the item `RUN#<tenant>#<run_id>`, so keys spread per run (no hot tenant partition) and a
   lookup can never cross tenants;
-- a principal's grants are the item `GRANT#<principal ARN>` with a string set of tenant ids.
+- a principal's grants are the item `GRANT#<principal ARN>` with a string set of tenant ids;
+- a fence is an item at a keyless run's key that is NOT a run: `item_type` = `fence` (runs have no
+  `item_type`, and no fence has a `status`). Admission writes one when that run's write may have been
+  sent but is not there, so that the write can no longer land late (`Store.fence_run`). Readers of the
+  table (`get_run`, the outbox relay's stream filter) treat it as no run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
-from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
+from botocore.exceptions import (
+    ClientError,
+    ConnectionError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    HTTPClientError,
+)
 from pynamodb.attributes import UnicodeAttribute, UnicodeSetAttribute
 from pynamodb.constants import STREAM_NEW_IMAGE
 from pynamodb.exceptions import DoesNotExist, PynamoDBException
 from pynamodb.models import Model
 
 from poimen.config import Settings
-from poimen.errors import RunNotStorable, RunTooLarge, StoreUnavailable
+from poimen.errors import OutcomeUnknown, RunNotStorable, RunTooLarge, StoreUnavailable
 
 HASH_KEY = "pk"
+# The marker of an item that is not a run (see the module doc): its name, and a fence's value.
+ITEM_TYPE = "item_type"
+FENCE = "fence"
 # DynamoDB's item limit is 400 KB of 1,024 bytes (409,600); the run write stops at the decimal reading,
 # under every stand-in's limit too (moto refuses past 405,000), so no emulator refuses first.
 MAX_ITEM_BYTES = 400_000
@@ -36,6 +52,12 @@ _TRANSIENT_CODES = frozenset(
         "TransactionInProgressException",
     }
 )
+# What a write attempt can fail with before its request left: nothing was sent, so nothing can commit.
+# Any other failure after a request was sent (a read timeout, a dropped connection, a 5xx) leaves the
+# write's outcome unknown: DynamoDB may have committed it.
+_NOT_SENT = (EndpointConnectionError, ConnectTimeoutError)
+# Codes of DynamoDB's 5xx answers, for answers that carry no HTTP status.
+_UNKNOWN_OUTCOME_CODES = frozenset({"InternalServerError", "ServiceUnavailable"})
 
 
 class RunRecord(Model):
@@ -61,6 +83,8 @@ class RunRecord(Model):
     attempt_id = UnicodeAttribute()
     status = UnicodeAttribute()
     created_at = UnicodeAttribute()
+    # The admission request's W3C traceparent, when it carried a valid one: the run's event carries it on.
+    traceparent = UnicodeAttribute(null=True)
 
 
 class GrantRecord(Model):
@@ -106,6 +130,12 @@ def _bind(model: type[M], settings: Settings) -> type[M]:
     return cast(type[M], type(model.__name__, (model,), {"Meta": meta}))
 
 
+class _WriteAttempts(threading.local):
+    """Whether an attempt of this thread's current write may have reached DynamoDB unanswered."""
+
+    unanswered = False
+
+
 class Store:
     """Data access for one admission table. Build it once per process (see `poimen.api`)."""
 
@@ -113,11 +143,20 @@ class Store:
         self.table_name = settings.table_name
         self.runs = _bind(RunRecord, settings)
         self.grants = _bind(GrantRecord, settings)
+        # One attempt per call, for telling a write's unknown outcome: with the grant read and the write's
+        # own retries it must still end before the function's timeout.
+        self._once = _bind(RunRecord, dataclasses.replace(settings, dynamodb_max_attempts=1))
+        self._attempts = _WriteAttempts()
 
     @property
     def client(self) -> Any:
         """The botocore DynamoDB client pynamodb uses for runs (one pool for every run call)."""
         return self.runs._get_connection().connection.client
+
+    @property
+    def resolution_client(self) -> Any:
+        """A DynamoDB client making one attempt per call: what resolves a write of unknown outcome."""
+        return self._once._get_connection().connection.client
 
     def put_run_if_absent(self, record: RunRecord) -> RunRecord | None:
         """Write `record` unless its item exists; return None if written, else the stored run.
@@ -128,6 +167,12 @@ class Store:
         always returns that item; a stand-in that does not (dynalite, older emulators) costs one
         strongly consistent GetItem more.
 
+        botocore retries the PutItem; every attempt after a lost answer fails its condition on our own
+        write, which the caller tells by `attempt_id`. If any attempt was sent and not answered (a read
+        timeout, a dropped connection, a 5xx), the write may have committed whatever the last attempt
+        said: OutcomeUnknown, for the caller to resolve. Only when no attempt left (connect refused or
+        timed out) or DynamoDB refused each (throttled) is it StoreUnavailable: nothing was written.
+
         Refused before the call: an item over MAX_ITEM_BYTES (RunTooLarge). DynamoDB's
         ValidationException is RunNotStorable: the request, not the service, is at fault.
         """
@@ -135,8 +180,13 @@ class Store:
         size = item_size(item)
         if size > MAX_ITEM_BYTES:
             raise RunTooLarge(size, MAX_ITEM_BYTES)
+        client = self.client
+        client.meta.events.register(
+            "response-received.dynamodb.PutItem", self._note_attempt, unique_id="poimen.store.write-attempts"
+        )
+        self._attempts.unanswered = False
         try:
-            self.client.put_item(
+            client.put_item(
                 TableName=self.table_name,
                 Item=item,
                 ConditionExpression="attribute_not_exists(#pk)",
@@ -145,30 +195,106 @@ class Store:
             )
         except ClientError as error:
             details = error.response.get("Error", {})
-            code = details.get("Code")
+            code = details.get("Code", "")
+            if code == "ConditionalCheckFailedException":
+                stored: dict[str, Any] | None = cast(dict[str, Any], error.response).get("Item")
+                if stored is not None and _is_fence(stored):  # only keyless ids, never reused, are fenced
+                    raise RuntimeError(f"run id {record.run_id} is fenced") from error
+                return self.runs.from_raw_data(stored) if stored is not None else self._read_back(record)
+            if self._attempts.unanswered or _unanswered(error):
+                raise _unknown(record, f"DynamoDB answered {code}, and an attempt may have committed") from error
             if code == "ValidationException":
                 raise RunNotStorable(details.get("Message", code)) from error
-            if code != "ConditionalCheckFailedException":
-                raise _unavailable_or_original(error) from error
-            stored: dict[str, Any] | None = cast(dict[str, Any], error.response).get("Item")
-            return self.runs.from_raw_data(stored) if stored is not None else self._read_back(record)
+            raise _unavailable_or_original(error) from error
         except (ConnectionError, HTTPClientError) as error:
+            if self._attempts.unanswered or not isinstance(error, _NOT_SENT):
+                raise _unknown(record, f"{type(error).__name__}: {error}") from error
             raise StoreUnavailable(f"DynamoDB unreachable: {error}") from error
+        except Exception as error:
+            if self._attempts.unanswered:
+                raise _unknown(record, f"{type(error).__name__}: {error}") from error
+            raise
         return None
+
+    def _note_attempt(self, exception: Exception | None = None, response_dict: Any = None, **_: Any) -> None:
+        """botocore's hook after each PutItem attempt: note one that may have committed unanswered."""
+        sent_unanswered = exception is not None and not isinstance(exception, _NOT_SENT)
+        if sent_unanswered or (response_dict is not None and response_dict.get("status_code", 0) >= 500):
+            self._attempts.unanswered = True
 
     def _read_back(self, record: RunRecord) -> RunRecord:
         """The run that failed `record`'s condition, read strongly consistently."""
-        existing = self.get_run(record.tenant_id, record.run_id)
-        if existing is None:  # deleted between the write and the read; a retry will write it
-            raise StoreUnavailable(f"run {record.run_id} existed, then was gone when read back")
+        try:
+            existing = self.get_run(record.tenant_id, record.run_id)
+        except Exception as error:  # it exists: for a keyless record, that can only be our own write
+            raise _unknown(record, f"reading it back failed: {type(error).__name__}: {error}") from error
+        if existing is None:  # deleted (or a fence) between the write and the read
+            raise _unknown(record, "its item existed, then was no run when read back")
         return existing
 
+    def fence_run(self, record: RunRecord) -> RunRecord | None:
+        """After a keyless `record`'s write of unknown outcome: its run if the write committed, else None
+        once a fence holds its key, so that the write (delayed, or retried inside DynamoDB) can never land.
+
+        One conditional PutItem of the fence, one attempt: the condition reads the key strongly
+        consistently and atomically with the fence. Keyed records are never fenced: a fence would block
+        their key forever. OutcomeUnknown if the store cannot tell.
+        """
+        fence = {
+            HASH_KEY: {"S": record.pk},
+            ITEM_TYPE: {"S": FENCE},
+            "attempt_id": {"S": record.attempt_id},
+            "fenced_at": {"S": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")},
+        }
+        try:
+            self.resolution_client.put_item(
+                TableName=self.table_name,
+                Item=fence,
+                ConditionExpression="attribute_not_exists(#pk)",
+                ExpressionAttributeNames={"#pk": HASH_KEY},
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+                raise _unknown(record, f"fencing it failed: {error}") from error
+            stored = cast(dict[str, Any], error.response).get("Item")
+            return self._run_or_fenced(record, stored)
+        except Exception as error:
+            raise _unknown(record, f"fencing it failed: {type(error).__name__}: {error}") from error
+        return None
+
+    def read_run_once(self, record: RunRecord) -> RunRecord | None:
+        """After a keyed `record`'s write of unknown outcome: the stored run, or None (not there now), read
+        strongly consistently in one attempt. OutcomeUnknown if the store cannot be read."""
+        return self._run_or_none(self._item_once(record))
+
+    def _run_or_fenced(self, record: RunRecord, stored: dict[str, Any] | None) -> RunRecord | None:
+        if stored is None:  # a stand-in without ALL_OLD: read what failed the condition
+            stored = self._item_once(record)
+            if stored is None:
+                raise _unknown(record, "its key was taken, then empty when read")
+        return None if _is_fence(stored) else self.runs.from_raw_data(stored)
+
+    def _item_once(self, record: RunRecord) -> dict[str, Any] | None:
+        try:
+            found = self.resolution_client.get_item(
+                TableName=self.table_name, Key={HASH_KEY: {"S": record.pk}}, ConsistentRead=True
+            )
+        except Exception as error:
+            raise _unknown(record, f"reading it back failed: {type(error).__name__}: {error}") from error
+        item: dict[str, Any] | None = found.get("Item")
+        return item
+
     def get_run(self, tenant_id: str, run_id: str) -> RunRecord | None:
+        """The run, read strongly consistently; None if absent or fenced."""
         with _translated_errors():
-            try:
-                return self.runs.get(run_pk(tenant_id, run_id), consistent_read=True)
-            except DoesNotExist:
-                return None
+            found = self.client.get_item(
+                TableName=self.table_name, Key={HASH_KEY: {"S": run_pk(tenant_id, run_id)}}, ConsistentRead=True
+            )
+        return self._run_or_none(found.get("Item"))
+
+    def _run_or_none(self, item: dict[str, Any] | None) -> RunRecord | None:
+        return None if item is None or _is_fence(item) else self.runs.from_raw_data(item)
 
     def granted_tenants(self, principal: str) -> frozenset[str]:
         with _translated_errors():
@@ -197,8 +323,16 @@ class Store:
 
 @contextlib.contextmanager
 def _translated_errors() -> Iterator[None]:
+    """Transient failures of a read or a grant change as StoreUnavailable, from pynamodb or botocore."""
     try:
         yield
+    except ClientError as error:
+        translated = _unavailable_or_original(error)
+        if translated is error:
+            raise
+        raise translated from error
+    except (ConnectionError, HTTPClientError) as error:
+        raise StoreUnavailable(f"DynamoDB unreachable: {error}") from error
     except PynamoDBException as error:
         cause = error.cause
         if isinstance(cause, ClientError):
@@ -213,6 +347,21 @@ def item_size(item: dict[str, dict[str, str]]) -> int:
     its name plus those of its value. Every run attribute is a string (DynamoDB Developer Guide, *Item
     sizes and formats*: a string is its UTF-8 bytes)."""
     return sum(len(name.encode()) + len(value["S"].encode()) for name, value in item.items())
+
+
+def _is_fence(item: dict[str, Any]) -> bool:
+    marker: dict[str, str] = item.get(ITEM_TYPE, {})
+    return marker.get("S") == FENCE
+
+
+def _unanswered(error: ClientError) -> bool:
+    """Whether DynamoDB's error answer leaves open that it performed the write (a 5xx)."""
+    status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    return status >= 500 or error.response.get("Error", {}).get("Code") in _UNKNOWN_OUTCOME_CODES
+
+
+def _unknown(record: RunRecord, reason: str) -> OutcomeUnknown:
+    return OutcomeUnknown(record.run_id, reason, keyed=record.dispatch_key is not None)
 
 
 def _unavailable_or_original(error: ClientError) -> Exception:

@@ -1,0 +1,169 @@
+"""Cold start of what ships: each function of the built bundle (`sam build`, bytecode as `make build` compiles
+it) initialised fresh in the Lambda Runtime Interface Emulator, read-only /opt, against the floor: a minimal
+built function that imports botocore (its own layer, compiled too) and calls DynamoDB once
+(benchmarks/floor/). The figure is the ratio of INIT REPORT medians, measured side by side in this run.
+
+Run: `make bench` (or `.venv/bin/python -m benchmarks.cold_start [--inits 7] [--without-bytecode]`).
+`--without-bytecode` builds the bundle as sam build leaves it (no .pyc), as it shipped before `make build`
+compiled it; the floor keeps its bytecode either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+from poimen.store import grant_pk
+from poimen_tools.local import rie
+from poimen_tools.local.moto import EmbeddedMoto
+from poimen_tools.local.template import Template
+
+REPO = Path(__file__).resolve().parent.parent
+FLOOR = Path(__file__).resolve().parent / "floor" / "template.yaml"
+TENANT = "bench"
+ROLE = "arn:aws:iam::123456789012:role/bench"
+# Goals of docs/architecture.md (Benchmarks), without SnapStart.
+GOALS = {"AdmissionFunction": 1.5, "InboxRelayFunction": 1.2}
+
+
+@dataclass
+class Measured:
+    name: str
+    init_ms: list[float] = field(default_factory=list)
+    first_ms: list[float] = field(default_factory=list)  # the first invocation's answer, INIT included
+
+
+@dataclass(frozen=True)
+class Subject:
+    """A function to initialise fresh, the local values of its template variables, and a first event that
+    needs nothing but moto (the relays' are empty batches: INIT is what is measured)."""
+
+    function: rie.FunctionBundle
+    values: dict[str, str]
+    event: Callable[[int], dict[str, Any]]
+
+
+def _http_create(number: int) -> dict[str, Any]:
+    body = f'{{"workflow_ref": "wf/bench", "input": {{}}, "dispatch_key": "cold-{number}-{time.time_ns()}"}}'
+    return {
+        "version": "2.0",
+        "routeKey": "POST /v1/runs",
+        "rawPath": "/v1/runs",
+        "rawQueryString": "",
+        "headers": {"content-type": "application/json", "x-poimen-tenant": TENANT},
+        "requestContext": {
+            "http": {"method": "POST", "path": "/v1/runs", "protocol": "HTTP/1.1", "sourceIp": "127.0.0.1"},
+            "authorizer": {"iam": {"userArn": "arn:aws:sts::123456789012:assumed-role/bench/cold"}},
+            "requestId": f"cold-{number}",
+            "routeKey": "POST /v1/runs",
+            "stage": "$default",
+        },
+        "body": body,
+        "isBase64Encoded": False,
+    }
+
+
+def subjects(bundle: dict[str, rie.FunctionBundle], floor: rie.FunctionBundle, table: str) -> list[Subject]:
+    unused = "http://127.0.0.1:9"  # never reached: the relays' first batches are empty
+    by_name = {
+        "AdmissionFunction": ({"TABLE_NAME": table, "RELAY_PRINCIPAL": ROLE, "RELAY_TENANTS": TENANT}, _http_create),
+        "InboxRelayFunction": (
+            {"ADMISSION_API_URL": unused, "DLQ_URL": f"{unused}/123456789012/dlq"},
+            lambda _: {"eventSource": "aws:kafka", "records": {}},
+        ),
+        "OutboxRelayFunction": (
+            {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9", "KAFKA_AUTH": "none", "POIMEN_STACK_NAME": "bench"},
+            lambda _: {"Records": []},
+        ),
+    }
+    found = [Subject(floor, {"TABLE_NAME": table}, lambda _: {})]
+    found += [Subject(bundle[name], values, event) for name, (values, event) in by_name.items() if name in bundle]
+    return found
+
+
+def measure(subject: Subject, runtime: dict[str, str], logs: Path, number: int, into: Measured) -> None:
+    """One fresh INIT: a new RIE, its first invocation, its INIT REPORT."""
+    with rie.running(subject.function, subject.values, runtime, logs) as function:
+        started = time.perf_counter()
+        function.invoke(subject.event(number))
+        into.first_ms.append((time.perf_counter() - started) * 1000)
+        init = function.init_duration_ms()
+        if init is None:
+            raise SystemExit(f"{subject.function.name}: no INIT REPORT in {function.log_path}")
+        into.init_ms.append(init)
+
+
+def table(results: list[Measured], inits: int, bytecode: bool) -> str:
+    floor = statistics.median(results[0].init_ms)
+    lines = [
+        f"Cold start of the built bundle under the RIE (x86_64 variant, read-only /opt, "
+        f"{'bytecode as make build compiles it' if bytecode else 'NO bytecode, as sam build leaves it'}); "
+        f"median of {inits} fresh inits",
+        f"{'function':34} {'INIT ms':>9} {'min':>7} {'max':>7} {'x floor':>8} {'goal':>6} {'first answer ms':>16}",
+    ]
+    for result in results:
+        median = statistics.median(result.init_ms)
+        goal = GOALS.get(result.name)
+        lines.append(
+            f"{result.name:34} {median:9.0f} {min(result.init_ms):7.0f} {max(result.init_ms):7.0f} "
+            f"{median / floor:7.2f}x {f'{goal:.1f}x' if goal else '':>6} {statistics.median(result.first_ms):16.0f}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--inits", type=int, default=7, help="fresh inits per function (the median; 5 or more)")
+    parser.add_argument("--without-bytecode", action="store_true", help="the bundle without .pyc, as before")
+    parser.add_argument(
+        "--template", type=Path, default=REPO / "template.yaml", help="another checkout's template.yaml, to compare"
+    )
+    arguments = parser.parse_args()
+
+    root = rie.BUILD_ROOT / ("bench-without-bytecode" if arguments.without_bytecode else "bench")
+    if arguments.template != REPO / "template.yaml":
+        root = root.with_name(f"{root.name}-other")
+    built = rie.build_bundle(arguments.template.resolve(), root, bytecode=not arguments.without_bytecode)
+    bundle = rie.functions(built)
+    floor = rie.functions(rie.build_bundle(FLOOR, rie.BUILD_ROOT / "floor"))["FloorFunction"]
+    with EmbeddedMoto() as moto, tempfile.TemporaryDirectory() as logs:
+        dynamodb = boto3.client(
+            "dynamodb",
+            endpoint_url=moto.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench",
+        )
+        name = "poimen-bench"
+        dynamodb.create_table(**Template(REPO / "template.yaml").create_table_request("AdmissionTable", name))
+        dynamodb.put_item(TableName=name, Item={"pk": {"S": grant_pk(ROLE)}, "tenants": {"SS": [TENANT]}})
+        runtime = {
+            "AWS_REGION": "us-east-1",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_SESSION_TOKEN": "bench",
+            "AWS_ENDPOINT_URL_DYNAMODB": moto.endpoint,
+            "AWS_ENDPOINT_URL_SQS": moto.endpoint,
+        }
+        measured = subjects(bundle, floor, name)
+        results = [
+            Measured("floor: botocore + 1 PutItem" if s.function is floor else s.function.name) for s in measured
+        ]
+        # Round-robin, so that a busy moment of the machine falls on every function alike.
+        for number in range(max(arguments.inits, 1)):
+            for subject, result in zip(measured, results, strict=True):
+                measure(subject, runtime, Path(logs), number, result)
+    print(table(results, arguments.inits, not arguments.without_bytecode))
+
+
+if __name__ == "__main__":
+    main()

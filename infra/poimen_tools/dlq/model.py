@@ -1,0 +1,184 @@
+"""What `poimen dlq` handles: dead letters, the parcels holding them (an SQS message, an S3 object), and
+the dispatch a record stands for, read as the relay reads it."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from poimen.contract import RunRequest, parse_json
+from poimen.kafka import tenant_of_dispatch_topic
+from poimen.relay import TRACEPARENT, DeadLetterReason
+
+RELAY_KINDS = (
+    "invalid-topic",
+    "empty-value",
+    "undecodable",
+    "invalid-json",
+    "rejected",
+    "outcome-unknown",
+    "relay-error",
+)
+OUTCOME_UNKNOWN = "outcome-unknown"  # a keyless record the API may have admitted: its letter names the run
+FAILED_BATCH = "failed-batch"
+UNRECOGNISED = "unrecognised"  # a message or object that is neither; listed, never touched
+KINDS = (*RELAY_KINDS, FAILED_BATCH, UNRECOGNISED)
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One record that did not become a run, wherever it is kept."""
+
+    id: str
+    kind: str
+    parcel_id: str  # the SQS message or S3 object holding it
+    at: datetime | None  # when it was dead-lettered (or its batch failed)
+    reason: dict[str, Any]  # {kind, detail, status, problem}, as the relay writes it
+    record: dict[str, Any] | None = None  # as MSK delivered it (key and value base64); None: metadata only
+    blocked: str | None = None  # why it cannot be sent from here; None: it can be tried
+    # The record's identity, the same in every copy of it (for Kafka `<topic>-<partition>@<offset>`):
+    # copies are sent once, and a parked record's progress marker is named by it. None: no record.
+    record_id: str | None = None
+
+    @property
+    def coordinates(self) -> str:
+        """`topic/partition/offset`: where to read the record again in Kafka."""
+        return "" if self.record is None else coordinates(self.record)
+
+
+@dataclass
+class Parcel:
+    """What holds dead letters: one SQS message (one letter) or one S3 object (one failed batch)."""
+
+    id: str
+    kind: str
+    at: datetime | None
+    letters: list[DeadLetter]
+    records: int  # records it stands for (a metadata-only failed batch counts its batch size)
+    receipt_handle: str | None = None  # SQS
+    document: dict[str, Any] | None = None  # S3: the on-failure record, kept to rewrite it
+    note: str | None = None  # why it is unrecognised
+    # S3: records of the object an interrupted redrive already finished (its progress markers); they are
+    # not among `letters`, and go when the object is next rewritten or deleted.
+    done: frozenset[str] = frozenset()
+
+    @property
+    def in_queue(self) -> bool:
+        return self.id.startswith("sqs:")
+
+
+def kafka_record_id(record: dict[str, Any]) -> str:
+    """`<topic>-<partition>@<offset>`: a Kafka record's identity."""
+    return f"{record.get('topic')}-{record.get('partition')}@{record.get('offset')}"
+
+
+def coordinates(record: dict[str, Any]) -> str:
+    return f"{record.get('topic')}/{record.get('partition')}/{record.get('offset')}"
+
+
+def timestamp(value: Any) -> datetime | None:
+    """An ISO 8601 time (UTC if it names no zone), or None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+# The dispatch_key a record without one is sent with: the same for every copy of the record and every
+# redrive of it, so sending it again (after a crash, an unknown outcome) replays the run it admitted.
+DERIVED_KEY_PREFIX = "poimen-redrive/"
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """A record that is a dispatch: the tenant of its topic and the spawn request its value holds."""
+
+    tenant: str
+    request: RunRequest
+    record_key: str  # the dispatch_key to send: the request's own, else one derived from the record
+    traceparent: str | None
+
+    @property
+    def dispatch_key(self) -> str | None:
+        """The request's own dispatch_key (None: the publisher set none)."""
+        return self.request.dispatch_key
+
+
+def named_run(letter: DeadLetter) -> str | None:
+    """The run an `outcome-unknown` letter's answer names (the API may have admitted it), else None."""
+    problem = letter.reason.get("problem")
+    if letter.kind != OUTCOME_UNKNOWN or not isinstance(problem, dict):
+        return None
+    run_id = problem.get("run_id")
+    return run_id if isinstance(run_id, str) and run_id else None
+
+
+def derived_key(record: dict[str, Any]) -> str:
+    """`poimen-redrive/` and the SHA-256 of the record's topic, partition, offset and timestamp."""
+    identity = "\n".join(str(record.get(name)) for name in ("topic", "partition", "offset", "timestamp"))
+    return DERIVED_KEY_PREFIX + hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def dispatch_of(record: dict[str, Any]) -> Dispatch | DeadLetterReason:
+    """The record as the relay sees it: a dispatch to send, or why the relay dead-letters it; and a value
+    that is no spawn request by the API's contract (`poimen.contract.RunRequest`) is refused as the API
+    would refuse it, without sending it."""
+    tenant = tenant_of_dispatch_topic(str(record.get("topic")))
+    if tenant is None:
+        return DeadLetterReason("invalid-topic", "topic is not poimen.<tenant>.dispatch")
+    if record.get("value") is None:
+        return DeadLetterReason("empty-value", "the record has no value")
+    try:
+        text = base64.b64decode(record["value"], validate=True).decode("utf-8")
+        spawn = json.loads(text)
+    except (binascii.Error, TypeError) as error:
+        return DeadLetterReason("undecodable", f"value is not base64: {error}")
+    except UnicodeDecodeError as error:
+        return DeadLetterReason("undecodable", f"value is not UTF-8: {error}")
+    except (ValueError, RecursionError) as error:
+        return DeadLetterReason("invalid-json", f"value is not JSON: {error}")
+    if not isinstance(spawn, dict):
+        return DeadLetterReason("invalid-json", "value is not a JSON object")
+    try:
+        request = RunRequest.model_validate(parse_json(text))  # numbers exact, as the API reads them
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in problem['loc']) or 'request'}: {problem['msg']}"
+            for problem in error.errors()
+        )
+        return DeadLetterReason("rejected", f"not a valid spawn request: {problems}")
+    except (ValueError, RecursionError) as error:
+        return DeadLetterReason("rejected", f"not JSON as the admission API reads it: {error}")
+    return Dispatch(tenant, request, request.dispatch_key or derived_key(record), _traceparent(record))
+
+
+def _traceparent(record: dict[str, Any]) -> str | None:
+    """Forwarded as the relay forwards it: only if it is well-formed W3C Trace Context."""
+    for header in record.get("headers") or []:
+        if isinstance(header, dict) and isinstance(header.get("traceparent"), list):
+            try:
+                text = bytes(header["traceparent"]).decode("ascii", "replace")
+            except (TypeError, ValueError):
+                return None
+            return text if TRACEPARENT.fullmatch(text) else None
+    return None
+
+
+def holds_value(letter: DeadLetter) -> bool:
+    """Whether the letter keeps its record's value (a null value is a value: a tombstone's)."""
+    return letter.record is not None and "valueOmitted" not in letter.record
+
+
+def sendable(letter: DeadLetter) -> Dispatch | DeadLetterReason | None:
+    """What the letter's record is, if it can be tried from here (None: blocked, or nothing to send)."""
+    return None if letter.blocked or letter.record is None else dispatch_of(letter.record)

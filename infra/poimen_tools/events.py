@@ -1,0 +1,231 @@
+"""`poimen events backfill|tail`: the outbox's events topics from the shell.
+
+`backfill` republishes the event of every run a tenant admitted in a time window, as the outbox relay
+publishes it (the same code builds and sends it: identical key, headers and value), for events the outbox
+gave up on (its parked batches) or never saw. Consumers already deduplicate by `ce_id`, so a backfill is
+safe to repeat. `tail` prints a tenant's events as they arrive, one line each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import boto3
+from confluent_kafka import Consumer
+
+from poimen.kafka import events_topic
+from poimen.kafka_client import client_config, quiet_client_settings
+from poimen_tools.arguments import (
+    endpoint_url,
+    kafka_connection_arguments,
+    table_name,
+    tenant,
+    text,
+    whole_number,
+)
+from poimen_tools.credentials import local_credentials
+
+EXIT_OK = 0
+EXIT_UNAVAILABLE = 3  # the broker did not acknowledge every event in time (poimen_tools/cli.py's codes)
+# Events sent per flush: each chunk is acknowledged before the next is read, and a progress line follows it.
+CHUNK = 500
+LOCAL_STACK = "local"  # `poimen dev`'s stack name (poimen_tools.local.stream_source.LOCAL_STACK)
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`poimen events backfill|tail` under `commands`; each leaf sets `run` and `prog` as every command does."""
+    events = commands.add_parser("events", help="the outbox's poimen.<tenant>.events topics: backfill, tail")
+    actions = events.add_subparsers(dest="action", required=True)
+
+    backfill = actions.add_parser(
+        "backfill", help="republish the event of every run a tenant admitted in a window (identical records)"
+    )
+    backfill.set_defaults(run=_backfill, prog=backfill.prog)
+    backfill.add_argument("--tenant", required=True, type=tenant)
+    backfill.add_argument("--since", required=True, type=_timestamp, metavar="TIME", help="RFC 3339, inclusive")
+    backfill.add_argument("--until", type=_timestamp, metavar="TIME", help="RFC 3339, exclusive (default: now)")
+    backfill.add_argument("--dry-run", action="store_true", help="count the window's runs; publish nothing")
+    backfill.add_argument(
+        "--stack-name",
+        type=text,
+        default=os.environ.get("POIMEN_STACK_NAME", LOCAL_STACK),
+        help="the stack whose events these are, in ce_source urn:poimen:<stack>:<tenant>: the deployed "
+        "stack's name, for records identical to its outbox's (default: $POIMEN_STACK_NAME, else local)",
+    )
+    backfill.add_argument(
+        "--table-name", type=table_name, default=os.environ.get("TABLE_NAME") or "poimen-admission-local"
+    )
+    backfill.add_argument(
+        "--dynamodb-endpoint", type=endpoint_url, metavar="URL", help="a local endpoint, e.g. that of poimen dev"
+    )
+    _connection_arguments(backfill, "seconds to wait for the broker to acknowledge each chunk of events")
+
+    tail = actions.add_parser("tail", help="print a tenant's events as they arrive: time, run id, key, workflow")
+    tail.set_defaults(run=_tail, prog=tail.prog)
+    tail.add_argument("--tenant", required=True, type=tenant)
+    tail.add_argument("--from-beginning", action="store_true", help="from the topic's first event, not the next")
+    tail.add_argument(
+        "--limit", type=whole_number(1, 10**9), metavar="N", help="stop after N events (default: until Ctrl-C)"
+    )
+    _connection_arguments(tail, "seconds to wait for the broker when connecting")
+
+
+# --- backfill ----------------------------------------------------------------------------------------------
+
+
+def _backfill(args: argparse.Namespace) -> int:
+    # Imported here, not with the CLI: the outbox's Powertools objects must be created only once a command
+    # uses them (poimen dev sets their environment first; see poimen_tools/cli.py's main).
+    from poimen.config import OutboxSettings
+    from poimen.observability import logger
+    from poimen.outbox import BatchOutcome, OutboxBatchFailed, OutboxRelay
+
+    if not args.debug:
+        logger.setLevel(logging.WARNING)  # the relay's per-batch log lines are for Lambda, not this terminal
+    until = args.until or _rfc3339(datetime.now(UTC))
+    window = f"[{args.since}, {until})"
+    items = sorted(_runs_in_window(args, args.since, until), key=lambda item: item["created_at"]["S"])
+    if args.dry_run:
+        print(f"{len(items)} run(s) of tenant {args.tenant} created in {window}; nothing published (--dry-run)")
+        return EXIT_OK
+    settings = OutboxSettings(
+        bootstrap_servers=args.bootstrap_servers,
+        region=args.region,
+        stack_name=args.stack_name,
+        iam_auth=args.iam,
+        delivery_timeout_seconds=args.timeout,
+        time_margin_seconds=0.0,
+    )
+    relay = OutboxRelay(settings)
+    published = 0
+    for start in range(0, len(items), CHUNK):
+        chunk = items[start : start + CHUNK]
+        # The stream's own shape, so the outbox's one code path builds and sends each event.
+        event = {"Records": [{"eventName": "INSERT", "dynamodb": {"NewImage": item}} for item in chunk]}
+        outcome = BatchOutcome()
+        try:
+            relay.publish_batch(event, lambda: int(args.timeout * 1000), outcome)
+        except OutboxBatchFailed as error:
+            if args.debug:
+                raise
+            line = (
+                f"{published} of {len(items)} event(s) published, then the broker at {args.bootstrap_servers} did "
+                f"not acknowledge the rest within {args.timeout:g} s ({error}); rerun the backfill (it is safe "
+                "to repeat), --timeout to wait longer"
+            )
+            print(f"{args.prog}: {' '.join(line.split())}", file=sys.stderr)
+            return EXIT_UNAVAILABLE
+        published += len(chunk)
+        print(f"backfill: {published}/{len(items)} event(s) published", file=sys.stderr, flush=True)
+    print(f"{events_topic(args.tenant)}: {published} event(s) published for runs created in {window}")
+    return EXIT_OK
+
+
+def _runs_in_window(args: argparse.Namespace, since: str, until: str) -> Iterator[dict[str, Any]]:
+    """Every admitted run item of the tenant created in [since, until), as DynamoDB JSON (the stream's form).
+
+    A scan: an operator's command over a window, never on a request path. created_at is RFC 3339 UTC in
+    one format (milliseconds, Z), so its text orders as its time.
+    """
+    dev_key = local_credentials(args.dynamodb_endpoint)
+    access_key, secret_key = dev_key or (None, None)
+    client = boto3.client(
+        "dynamodb",
+        region_name=args.region,
+        endpoint_url=args.dynamodb_endpoint,
+        aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key,
+    )
+    request: dict[str, Any] = {
+        "TableName": args.table_name,
+        "ConsistentRead": True,
+        "FilterExpression": "begins_with(pk, :prefix) AND #status = :admitted AND created_at BETWEEN :since AND :until",
+        "ExpressionAttributeNames": {"#status": "status"},
+        "ExpressionAttributeValues": {
+            ":prefix": {"S": f"RUN#{args.tenant}#"},
+            ":admitted": {"S": "admitted"},
+            ":since": {"S": since},
+            ":until": {"S": until},
+        },
+    }
+    for page in client.get_paginator("scan").paginate(**request):
+        for item in page["Items"]:
+            if item["created_at"]["S"] < until:  # BETWEEN includes its upper bound; the window does not
+                yield item
+
+
+# --- tail ----------------------------------------------------------------------------------------------
+
+
+def _tail(args: argparse.Namespace) -> int:
+    consumer = Consumer(
+        client_config(
+            args.bootstrap_servers,
+            args.region if args.iam else None,
+            **{
+                # A group of its own, never committed: tailing moves nobody's offsets.
+                "group.id": f"poimen-events-tail-{os.getpid()}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest" if args.from_beginning else "latest",
+                **quiet_client_settings(args.timeout),
+            },
+        )
+    )
+    printed = 0
+    try:
+        consumer.subscribe([events_topic(args.tenant)])
+        while args.limit is None or printed < args.limit:
+            message = consumer.poll(0.5)
+            if message is None or message.error() is not None:
+                continue
+            print(_event_line(dict(message.headers() or []), message.value() or b""), flush=True)
+            printed += 1
+    finally:
+        consumer.close()
+    return EXIT_OK
+
+
+def _event_line(headers: dict[str, Any], value: bytes) -> str:
+    """`<ce_time> <run id> <dispatch key, - if none> <workflow_ref>`."""
+    run = json.loads(value)
+    text = {name: (raw.decode() if isinstance(raw, bytes) else str(raw)) for name, raw in headers.items()}
+    return " ".join(
+        [
+            text.get("ce_time", run.get("created_at", "?")),
+            text.get("ce_id", run.get("run_id", "?")),
+            run.get("dispatch_key") or "-",
+            run.get("workflow_ref", "?"),
+        ]
+    )
+
+
+# --- arguments -----------------------------------------------------------------------------------------
+
+
+def _connection_arguments(parser: argparse.ArgumentParser, timeout_help: str) -> None:
+    default_region = os.environ.get("AWS_REGION") or "us-east-1"  # also the table's, for backfill
+    kafka_connection_arguments(
+        parser, timeout_help, timeout_seconds=30.0, region_default=default_region, region_help=""
+    )
+
+
+def _timestamp(text: str) -> str:
+    """An RFC 3339 time, as created_at is written: UTC, milliseconds, Z."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an RFC 3339 time (2026-11-27T12:00:00Z)") from error
+    if moment.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no UTC offset: end it with Z or +HH:MM")
+    return _rfc3339(moment)
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -1,0 +1,103 @@
+"""What the local event source mappings share (poimen_tools.local.event_source for MSK, .stream_source for the
+DynamoDB stream), as Lambda's mappings do: a polling thread, the invocation of the function with retries and
+exponential backoff, and, once the attempts are spent, the on-failure destination: the invocation record
+Lambda writes to an S3 destination, parked under a key of Lambda's shape.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from poimen_tools.local.devserver import LambdaHandler, LocalLambdaContext
+
+log = logging.getLogger(__name__)
+OnFailure = Callable[[dict[str, Any]], None]
+Handler = LambdaHandler | Callable[[dict[str, Any], Any], Any]
+
+
+class LocalMapping(abc.ABC):
+    """A mapping's thread (`_run`, polling until `_stop` is set) and its invocation of the function."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        on_failure: OnFailure,
+        *,
+        function_name: str,
+        max_attempts: int,
+        retry_base_seconds: float,
+        function_timeout_seconds: float,
+    ) -> None:
+        self._handler = handler
+        self._on_failure = on_failure
+        self._function_name = function_name
+        self._max_attempts = max_attempts
+        self._retry_base = retry_base_seconds
+        self._timeout = function_timeout_seconds
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError(f"the event source of {self._function_name} is already running")
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=f"local-mapping-{self._function_name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    @abc.abstractmethod
+    def _run(self) -> None:
+        """The mapping's polling loop, on the thread, until `_stop` is set."""
+
+    def _deliver(self, event: dict[str, Any], on_failure_record: Callable[[int], dict[str, Any]]) -> bool:
+        """True once the batch is handled: by the function, or, after `max_attempts` failures, sent to the
+        on-failure destination as `on_failure_record(attempts)`. False: stopping while it still fails."""
+        for attempt in range(1, self._max_attempts + 1):
+            try:
+                self._handler(event, LocalLambdaContext(self._function_name, timeout_seconds=self._timeout))
+                return True
+            except Exception as error:  # the function failed: retry the same batch, as the mapping does
+                log.warning("%s invocation %d/%d failed: %s", self._function_name, attempt, self._max_attempts, error)
+            if attempt < self._max_attempts and self._stop.wait(self._retry_base * 2 ** (attempt - 1)):
+                return False
+        self._on_failure(on_failure_record(self._max_attempts))
+        return True
+
+
+def invocation_record(function_name: str, attempts: int) -> dict[str, Any]:
+    """The part every on-failure invocation record has, whatever the source: the failed invocation's context.
+    The source's batch information and `payload` follow it."""
+    return {
+        "requestContext": {
+            "requestId": str(uuid.uuid4()),
+            "functionArn": f"arn:aws:lambda:local:000000000000:function:{function_name}",
+            "condition": "RetryAttemptsExhausted",
+            "approximateInvokeCount": attempts,
+        },
+        "responseContext": {"statusCode": 200, "executedVersion": "$LATEST", "functionError": "Unhandled"},
+        "version": "1.0",
+        "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+    }
+
+
+def parked_batch_key(mapping_id: str, source: str) -> str:
+    """An S3 key for a parked batch, after Lambda's `aws/lambda/<mapping>/<source>/YYYY/MM/DD/<time>-<id>`."""
+    now = datetime.now(UTC)
+    return f"aws/lambda/{mapping_id}/{source}/{now:%Y/%m/%d}/{now:%Y-%m-%dT%H.%M.%S}-{uuid.uuid4()}"
+
+
+def park_in_s3(s3: Any, bucket: str, key: Callable[[dict[str, Any]], str]) -> OnFailure:
+    """The S3 on-failure destination: each record stored as JSON in `bucket` under `key(record)`."""
+    return lambda record: s3.put_object(Bucket=bucket, Key=key(record), Body=json.dumps(record).encode())

@@ -1,0 +1,73 @@
+"""`poimen events`: the backfill's window (which runs, read from the table), its times, and tail's lines."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import pytest
+
+from poimen_tools.cli import build_parser
+from poimen_tools.events import _event_line, _runs_in_window, _timestamp
+from tests.conftest import load_event
+
+RUN = load_event("dynamodb_stream_insert.json")["Records"][0]["dynamodb"]["NewImage"]
+
+
+def _run(tenant: str, run_id: str, created_at: str, **extra: dict[str, str]) -> dict[str, Any]:
+    item = {**RUN, "pk": {"S": f"RUN#{tenant}#{run_id}"}, "tenant_id": {"S": tenant}, "run_id": {"S": run_id}}
+    return {**item, "created_at": {"S": created_at}, **extra}
+
+
+def test_the_window_is_the_tenants_admitted_runs_from_since_until_before_until(dynamodb: Any, table_name: str) -> None:
+    # Given runs of two tenants at several times, a fence and a grant
+    items = [
+        _run("acme", "00000000-0000-0000-0000-000000000001", "2026-11-27T11:59:59.999Z"),
+        _run("acme", "00000000-0000-0000-0000-000000000002", "2026-11-27T12:00:00.000Z"),
+        _run("acme", "00000000-0000-0000-0000-000000000003", "2026-11-27T12:30:00.000Z"),
+        _run("acme", "00000000-0000-0000-0000-000000000004", "2026-11-27T13:00:00.000Z"),
+        _run("beta", "00000000-0000-0000-0000-000000000005", "2026-11-27T12:10:00.000Z"),
+        {"pk": {"S": "RUN#acme#00000000-0000-0000-0000-000000000006"}, "item_type": {"S": "fence"}},
+        {"pk": {"S": "GRANT#arn:aws:iam::1:role/x"}, "tenants": {"SS": ["acme"]}},
+    ]
+    for item in items:
+        dynamodb.put_item(TableName=table_name, Item=item)
+    args = argparse.Namespace(tenant="acme", table_name=table_name, region="us-east-1", dynamodb_endpoint=None)
+
+    # When the window [12:00, 13:00) is read
+    found = list(_runs_in_window(args, "2026-11-27T12:00:00.000Z", "2026-11-27T13:00:00.000Z"))
+
+    # Then exactly its runs of the tenant: the start included, the end not, no fence, no grant
+    assert sorted(item["run_id"]["S"][-1] for item in found) == ["2", "3"]
+    assert all(item == next(i for i in items if i["pk"] == item["pk"]) for item in found)  # as stored
+
+
+@pytest.mark.parametrize(
+    ("given", "written"),
+    [
+        ("2026-11-27T12:00:00Z", "2026-11-27T12:00:00.000Z"),
+        ("2026-11-27T13:00:00.25+01:00", "2026-11-27T12:00:00.250Z"),
+        ("2026-11-27T12:00:00.123Z", "2026-11-27T12:00:00.123Z"),
+    ],
+)
+def test_times_are_written_as_created_at_is(given: str, written: str) -> None:
+    assert _timestamp(given) == written
+
+
+@pytest.mark.parametrize("given", ["2026-11-27T12:00:00", "yesterday", ""])
+def test_a_time_without_offset_or_not_a_time_is_a_usage_error(given: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["events", "backfill", "--tenant", "acme", "--since", given])
+
+    assert exited.value.code == 2
+    assert "--since" in capsys.readouterr().err
+
+
+def test_tail_prints_time_run_key_and_workflow_one_line_each() -> None:
+    headers = {"ce_time": b"2026-11-27T12:00:00.000Z", "ce_id": b"r-1"}
+
+    keyed = _event_line(headers, b'{"dispatch_key": "k-1", "workflow_ref": "wf/a"}')
+    keyless = _event_line(headers, b'{"dispatch_key": null, "workflow_ref": "wf/b"}')
+
+    assert keyed == "2026-11-27T12:00:00.000Z r-1 k-1 wf/a"
+    assert keyless == "2026-11-27T12:00:00.000Z r-1 - wf/b"

@@ -1,0 +1,423 @@
+"""The outbox relay in-process: stream images become events (key, value, CloudEvents headers), a batch
+succeeds only when the broker acknowledged all of it, and the outbox cannot reach the write path."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import boto3
+import pytest
+from confluent_kafka import KafkaError, Producer
+
+from poimen.config import ConfigurationError, OutboxSettings
+from poimen.contract import run_json
+from poimen.kafka import partition_key
+from poimen.outbox import (
+    NOT_A_RUN_MARKER,
+    OPTIONAL_ATTRIBUTES,
+    REQUIRED_ATTRIBUTES,
+    BatchOutcome,
+    MalformedRun,
+    OutboxBatchFailed,
+    OutboxRelay,
+    events_of_batch,
+    run_event,
+)
+from poimen.store import FENCE, ITEM_TYPE, RunRecord
+from poimen_tools.local.devserver import LocalLambdaContext
+from poimen_tools.local.stream_source import lambda_stream_record, passes
+from poimen_tools.local.template import Template
+from tests.conftest import REPO, load_event
+from tests.unit.conftest import Invoke
+
+SETTINGS = OutboxSettings(bootstrap_servers="127.0.0.1:9", region="us-east-1", stack_name="test")
+
+
+@dataclass
+class FakeProducer:
+    """confluent_kafka.Producer's surface as the outbox uses it: records kept, acknowledged on flush unless
+    the broker is 'down' (nothing acknowledged) or a record's delivery fails."""
+
+    down: bool = False
+    fail_values: set[bytes] = field(default_factory=set)
+    queued: list[dict[str, Any]] = field(default_factory=list)
+    acknowledged: list[dict[str, Any]] = field(default_factory=list)
+    purged: int = 0
+
+    def produce(self, topic: str, value: bytes, key: bytes, headers: list[tuple[str, bytes]], on_delivery: Any) -> None:
+        self.queued.append({"topic": topic, "value": value, "key": key, "headers": headers, "cb": on_delivery})
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+    def flush(self, timeout: float) -> int:
+        if self.down:
+            return len(self.queued)
+        for record in self.queued:
+            if record["value"] in self.fail_values:
+                record["cb"](KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "Broker: Message size too large"), None)
+            else:
+                record["cb"](None, None)
+                self.acknowledged.append(record)
+        self.queued = []
+        return 0
+
+    def purge(self, in_queue: bool, in_flight: bool, blocking: bool) -> None:
+        self.purged += len(self.queued)
+        self.queued = []
+
+
+def _relay(producer: FakeProducer) -> OutboxRelay:
+    return OutboxRelay(SETTINGS, cast(Producer, producer))
+
+
+def _publish(producer: FakeProducer, event: dict[str, Any]) -> BatchOutcome:
+    outcome = BatchOutcome()
+    _relay(producer).publish_batch(event, lambda: 10_000, outcome)
+    return outcome
+
+
+def _stream_event(dynamodb: Any, table_name: str) -> dict[str, Any]:
+    """Every record of the table's stream so far, as Lambda's DynamoDB event source delivers them."""
+    # The regional endpoint named: botocore resolves calls naming a stream ARN to an account endpoint
+    # (<account>.ddb...), which in-process moto routes to DynamoDB itself.
+    streams = boto3.client("dynamodbstreams", endpoint_url="https://streams.dynamodb.us-east-1.amazonaws.com")
+    arn = dynamodb.describe_table(TableName=table_name)["Table"]["LatestStreamArn"]
+    (shard,) = streams.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"]
+    iterator = streams.get_shard_iterator(StreamArn=arn, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON")
+    records = streams.get_records(ShardIterator=iterator["ShardIterator"])["Records"]
+    return {"Records": [lambda_stream_record(record, arn) for record in records]}
+
+
+def _shape(value: Any) -> Any:
+    """A JSON value's structure: keys and types, not contents."""
+    if isinstance(value, dict):
+        return {key: _shape(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_shape(value[0])] if value else []
+    return type(value).__name__
+
+
+def test_the_canonical_insert_becomes_one_event_with_cloudevents_headers() -> None:
+    event = load_event("dynamodb_stream_insert.json")
+
+    (published,) = events_of_batch(event, "prod")
+
+    image = event["Records"][0]["dynamodb"]["NewImage"]
+    run_id = image["run_id"]["S"]
+    assert published.topic == "poimen.acme.events"
+    assert published.key == partition_key("acme", run_id) == f"acme/{run_id}".encode()
+    assert published.value.decode() == run_json(
+        run_id=run_id,
+        tenant_id="acme",
+        workflow_ref="wf/hello",
+        input_json=image["input"]["S"],
+        goal_id=None,
+        dispatch_key="order-42",
+        created_at="2026-11-27T12:00:00.000Z",
+    )
+    assert b'"amount":1.10,"big":12345678901234567890' in published.value  # numbers as admitted
+    assert dict(published.headers) == {
+        "ce_specversion": b"1.0",
+        "ce_id": run_id.encode(),
+        "ce_source": b"urn:poimen:prod:acme",
+        "ce_type": b"poimen.run.admitted",
+        "ce_subject": run_id.encode(),
+        "ce_time": b"2026-11-27T12:00:00.000Z",
+        "content-type": b"application/json",
+    }
+
+
+def test_a_stored_traceparent_rides_along() -> None:
+    image = load_event("dynamodb_stream_insert.json")["Records"][0]["dynamodb"]["NewImage"]
+    image["traceparent"] = {"S": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+
+    headers = dict(run_event(image, "prod").headers)
+
+    assert headers["traceparent"] == b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def _fence(run: dict[str, Any]) -> dict[str, Any]:
+    """The item admission writes at a keyless run's key when its write's outcome is unknown (store.fence_run)."""
+    return {
+        "pk": run["pk"],
+        ITEM_TYPE: {"S": FENCE},
+        "attempt_id": run["attempt_id"],
+        "fenced_at": {"S": "2026-11-27T12:00:01.000Z"},
+    }
+
+
+def test_an_admitted_run_marked_as_no_run_is_not_published() -> None:
+    event = load_event("dynamodb_stream_insert.json")
+    event["Records"][0]["dynamodb"]["NewImage"][ITEM_TYPE] = {"S": FENCE}
+
+    assert events_of_batch(event, "prod") == []
+    assert ITEM_TYPE == NOT_A_RUN_MARKER
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda r: r.update(eventName="MODIFY"),
+        lambda r: r.update(eventName="REMOVE"),
+        lambda r: r["dynamodb"]["NewImage"].update(status={"S": "cancelled"}),
+        lambda r: r["dynamodb"]["NewImage"].update(pk={"S": "GRANT#arn:aws:iam::1:role/x"}),
+        lambda r: r["dynamodb"]["NewImage"].pop("status"),
+        lambda r: r["dynamodb"].update(NewImage=_fence(r["dynamodb"]["NewImage"])),
+    ],
+    ids=["modify", "remove", "not-admitted", "grant", "no-status", "fence"],
+)
+def test_what_is_no_inserted_admitted_run_is_neither_let_through_nor_published(
+    template: Template, change: Callable[[dict[str, Any]], None]
+) -> None:
+    event = load_event("dynamodb_stream_insert.json")
+    change(event["Records"][0])
+    filters = template.properties("OutboxRelaySource")["FilterCriteria"]["Filters"]
+
+    assert not passes(filters, event["Records"][0])
+    assert events_of_batch(event, "prod") == []
+
+
+def test_the_template_filter_lets_the_canonical_run_through_and_not_the_grant(template: Template) -> None:
+    run, grant = load_event("dynamodb_stream_insert.json")["Records"]
+    filters = template.properties("OutboxRelaySource")["FilterCriteria"]["Filters"]
+
+    assert passes(filters, run)
+    assert not passes(filters, grant)
+
+
+def test_a_run_item_lacking_what_an_event_needs_fails_the_batch() -> None:
+    event = load_event("dynamodb_stream_insert.json")
+    del event["Records"][0]["dynamodb"]["NewImage"]["input"]
+
+    with pytest.raises(MalformedRun, match="input"):
+        _publish(FakeProducer(), event)
+
+
+def test_the_event_value_is_the_get_answer_byte_for_byte(invoke: Invoke, dynamodb: Any, table_name: str) -> None:
+    # Given runs admitted through the API: keyed with a goal and exact numbers, keyless, and one replayed
+    keyed = invoke(
+        raw_body='{"workflow_ref":"wf/a","input":{"n":1.10,"big":123456789012345678901234567890,"s":"é"},'
+        '"goal_id":"g-1","dispatch_key":"k-1"}'
+    )
+    replayed = invoke(
+        raw_body='{"workflow_ref":"wf/a","input":{"n":1.10,"big":123456789012345678901234567890,"s":"é"},'
+        '"goal_id":"g-1","dispatch_key":"k-1"}'
+    )
+    keyless = invoke(body={"workflow_ref": "wf/b", "input": {}})
+    assert (keyed.status, keyless.status) == (201, 201)
+    # When the table's stream, as Lambda delivers it, goes through the outbox
+    event = _stream_event(dynamodb, table_name)
+    producer = FakeProducer()
+    outcome = _publish(producer, event)
+    # Then one event per admitted run (the replay wrote nothing, so it has none), each the GET answer
+    values = {record["key"]: record["value"] for record in producer.acknowledged}
+    assert replayed.status == 200
+    assert len(producer.acknowledged) == 2
+    for answer in (keyed, keyless):
+        run_id, tenant = answer.body["run_id"], answer.body["tenant_id"]
+        got = invoke("GET", f"/v1/runs/{run_id}")
+        assert values[partition_key(tenant, run_id)] == got.text.encode()
+    assert b'"n":1.10,"big":123456789012345678901234567890' in values[partition_key(tenant, keyed.body["run_id"])]
+    assert sum(outcome.published.values()) == 2
+
+
+def test_the_admission_requests_valid_traceparent_reaches_the_event(
+    invoke: Invoke, dynamodb: Any, table_name: str
+) -> None:
+    # Given admissions with a valid traceparent, a malformed one, and none
+    valid = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    bodies = [{"workflow_ref": "wf/t", "input": {}, "dispatch_key": f"t-{i}"} for i in range(3)]
+    answers = [
+        invoke(body=bodies[0], headers={"traceparent": valid}),
+        invoke(
+            body=bodies[1], headers={"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\nX: y"}
+        ),
+        invoke(body=bodies[2]),
+    ]
+    # When the stream goes through the outbox
+    published = {e.run_id: dict(e.headers) for e in events_of_batch(_stream_event(dynamodb, table_name), "test")}
+    # Then only the valid one is stored with its run and carried as the event's traceparent header
+    assert [published[a.body["run_id"]].get("traceparent") for a in answers] == [valid.encode(), None, None]
+
+
+def test_locally_built_stream_events_have_the_shape_of_the_canonical_event(
+    invoke: Invoke, dynamodb: Any, table_name: str
+) -> None:
+    assert (
+        invoke(body={"workflow_ref": "wf/hello", "input": {"greeting": "hi"}, "dispatch_key": "order-42"}).status == 201
+    )
+
+    (built,) = [
+        r for r in _stream_event(dynamodb, table_name)["Records"] if r["dynamodb"]["Keys"]["pk"]["S"].startswith("RUN#")
+    ]
+
+    (canonical, _) = load_event("dynamodb_stream_insert.json")["Records"]
+    assert _shape(built) == _shape(canonical)
+
+
+def test_a_batch_succeeds_only_when_every_event_is_acknowledged() -> None:
+    event = load_event("dynamodb_stream_insert.json")
+
+    with pytest.raises(OutboxBatchFailed, match="1 event"):
+        _publish(FakeProducer(down=True), event)
+
+
+def test_a_delivery_error_fails_the_batch() -> None:
+    event = load_event("dynamodb_stream_insert.json")
+    (published,) = events_of_batch(event, SETTINGS.stack_name)
+    producer = FakeProducer(fail_values={published.value})
+
+    with pytest.raises(OutboxBatchFailed, match="Message size too large"):
+        _publish(producer, event)
+
+
+def test_unacknowledged_events_are_purged_so_only_the_retry_sends_them() -> None:
+    producer = FakeProducer(down=True)
+
+    with pytest.raises(OutboxBatchFailed):
+        _publish(producer, load_event("dynamodb_stream_insert.json"))
+
+    assert producer.purged == 1
+    assert producer.queued == []
+
+
+def test_the_handler_publishes_metrics_per_tenant(
+    template: Template, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given the function's handler (template.yaml) with a producer that acknowledges
+    from poimen import outbox
+
+    monkeypatch.setattr(outbox, "_kafka_producer", lambda settings: FakeProducer())
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")
+    monkeypatch.setenv("POIMEN_STACK_NAME", "test")
+    outbox.outbox_service.cache_clear()
+    handler = template.load_handler("OutboxRelayFunction")
+    event = load_event("dynamodb_stream_insert.json")
+    second = json.loads(json.dumps(event["Records"][0]))
+    second["dynamodb"]["NewImage"]["tenant_id"] = {"S": "beta"}
+    event["Records"].append(second)
+    # When a batch of two tenants' runs is handled
+    handler(event, LocalLambdaContext("OutboxRelayFunction"))
+    # Then each tenant has its EventsPublished and OutboxLag, under its own tenant dimension
+    documents = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')]
+    per_tenant = {doc["tenant"]: doc for doc in documents if "EventsPublished" in doc}
+    assert set(per_tenant) == {"acme", "beta"}
+    for doc in per_tenant.values():
+        assert doc["EventsPublished"] == [1.0]
+        assert doc["OutboxLag"][0] >= 0
+        (directive,) = doc["_aws"]["CloudWatchMetrics"]
+        assert sorted(directive["Dimensions"][0]) == ["service", "tenant"]
+    outbox.outbox_service.cache_clear()
+
+
+def test_the_outbox_reads_the_attributes_run_records_have() -> None:
+    attributes = {attribute.attr_name: attribute for attribute in RunRecord.get_attributes().values()}
+
+    assert {name for name, a in attributes.items() if not a.null} == REQUIRED_ATTRIBUTES
+    assert {name for name, a in attributes.items() if a.null} == OPTIONAL_ATTRIBUTES
+
+
+def test_the_outbox_imports_neither_admission_nor_the_store() -> None:
+    # Given the outbox's handler module, imported in a fresh interpreter as Lambda imports it
+    probe = (
+        "import sys; sys.path[:0] = ['functions/outbox_relay', 'layers/poimen']; import app; "
+        "print(sorted(m for m in ('poimen.admission', 'poimen.store', 'poimen.api', 'pynamodb') if m in sys.modules))"
+    )
+    # When it is loaded
+    loaded = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    # Then nothing that writes the table is, and the module names none of it either
+    assert loaded.stdout.strip() == "[]"
+    tree = ast.parse((REPO / "layers/poimen/poimen/outbox.py").read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert not imported & {"poimen.admission", "poimen.store", "poimen.api", "pynamodb", "boto3"}
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"POIMEN_STACK_NAME": "s"}, "KAFKA_BOOTSTRAP_SERVERS"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "b:9098"}, "POIMEN_STACK_NAME"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "b:9098", "POIMEN_STACK_NAME": "s", "KAFKA_AUTH": "scram"}, "KAFKA_AUTH"),
+        (
+            {"KAFKA_BOOTSTRAP_SERVERS": "b:9098", "POIMEN_STACK_NAME": "s", "OUTBOX_DELIVERY_TIMEOUT_SECONDS": "0"},
+            "positive",
+        ),
+    ],
+)
+def test_outbox_settings_refuse_what_cannot_work(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        OutboxSettings.from_env({"AWS_REGION": "us-east-1", **environ})
+
+
+def test_outbox_settings_from_the_template_environment(template: Template) -> None:
+    environment = template.function_environment("OutboxRelayFunction", {"KafkaBootstrapServers": "b-1:9098"})
+
+    settings = OutboxSettings.from_env({**environment, "AWS_REGION": "eu-west-1", "POIMEN_STACK_NAME": "prod"})
+
+    assert settings.iam_auth
+    assert (
+        settings.delivery_timeout_seconds + settings.time_margin_seconds
+        <= template.properties("OutboxRelayFunction")["Timeout"]
+    )
+
+
+def test_after_a_failed_batch_the_next_one_gets_a_new_producer(
+    template: Template, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the handler, whose first producer cannot reach the broker and whose next one can
+    from poimen import outbox
+
+    producers = [FakeProducer(down=True), FakeProducer()]
+    monkeypatch.setattr(outbox, "_kafka_producer", lambda settings: producers.pop(0))
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")
+    monkeypatch.setenv("POIMEN_STACK_NAME", "test")
+    outbox.outbox_service.cache_clear()
+    handler = template.load_handler("OutboxRelayFunction")
+    event = load_event("dynamodb_stream_insert.json")
+    try:
+        # When a batch fails, and the event source retries it
+        with pytest.raises(OutboxBatchFailed):
+            handler(event, LocalLambdaContext("OutboxRelayFunction"))
+        handler(event, LocalLambdaContext("OutboxRelayFunction"))
+    finally:
+        outbox.outbox_service.cache_clear()
+    # Then the retry went through a producer of its own
+    assert producers == []
+
+
+@pytest.mark.parametrize("iam", [True, False])
+def test_the_producer_is_idempotent_acks_all_murmur2_and_msk_iam_when_deployed(
+    monkeypatch: pytest.MonkeyPatch, iam: bool
+) -> None:
+    from poimen import outbox
+
+    configs: list[dict[str, Any]] = []
+
+    def producer(config: dict[str, Any]) -> FakeProducer:
+        configs.append(config)
+        return FakeProducer()
+
+    monkeypatch.setattr(outbox, "Producer", producer)
+    settings = OutboxSettings(
+        bootstrap_servers="b-1:9098", region="eu-west-1", stack_name="prod", iam_auth=iam, delivery_timeout_seconds=55
+    )
+
+    outbox.OutboxRelay(settings)
+
+    (config,) = configs
+    assert (config["enable.idempotence"], config["acks"], config["partitioner"]) == (True, "all", "murmur2_random")
+    assert config["message.timeout.ms"] == 55_000
+    assert config["bootstrap.servers"] == "b-1:9098"
+    if iam:
+        assert (config["security.protocol"], config["sasl.mechanism"]) == ("SASL_SSL", "OAUTHBEARER")
+        assert callable(config["oauth_cb"])
+    else:
+        assert "security.protocol" not in config

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from poimen.contract import parse_json
 from poimen.kafka import is_tenant_id
 from poimen.principals import InvalidPrincipal, grant_principal
+from poimen.retention import InvalidRetention, parse_run_retention_days
 from poimen.wire import TENANT_PATTERN
 
 # botocore's own rule for a region name (botocore.utils.validate_region_name): a host label.
@@ -69,6 +70,16 @@ def positive_seconds(value: str) -> float:
     if not 0 < seconds <= 3600:
         raise argparse.ArgumentTypeError(f"{value} is not between 0 and 3600 seconds")
     return seconds
+
+
+def run_retention_days(value: str) -> int | None:
+    """Days runs are kept, as the template's RunRetentionDays: 1 to 3650, or '' for forever (None)."""
+    try:
+        return parse_run_retention_days(text(value))
+    except InvalidRetention as error:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a number of days from 1 to 3650 (or '' to keep runs forever)"
+        ) from error
 
 
 def whole_number(low: int, high: int) -> Callable[[str], int]:

@@ -40,6 +40,7 @@ from poimen_tools.arguments import (
     principal_arn,
     queue_name,
     region,
+    run_retention_days,
     table_name,
     tenant,
     tenant_or_all,
@@ -50,7 +51,13 @@ from poimen_tools.credentials import local_credentials
 from poimen_tools.local.dev import DevOptions, InvalidTemplate, load_template, run_dev
 from poimen_tools.local.kafka_broker import BrokerError
 from poimen_tools.local.sigv4 import InvalidPrincipals, load_principals
-from poimen_tools.topics import SEVEN_DAYS_MS, KafkaUnreachable, ensure_topics
+from poimen_tools.topics import (
+    SEVEN_DAYS_MS,
+    DispatchRetentionTooLong,
+    KafkaUnreachable,
+    ensure_topics,
+    retention_text,
+)
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1  # the request was refused or names nothing (a table, a grant); dlq: dead letters remain
@@ -65,9 +72,11 @@ Errors are one line on stderr, the cause and the fix; --debug (anywhere on the l
 traceback instead. Exit codes:
   {EXIT_OK}   done
   {EXIT_NOT_FOUND}   refused or not found: no such table or topic, no such grant to remove, a broker refusing
-      the request; dlq: dead letters of the chosen kinds remain (failing again, or not sendable)
+      the request; dlq: dead letters of the chosen kinds remain (failing again, not sendable, or older
+      than --run-retention-days)
   {EXIT_USAGE}   usage: bad arguments or input (a spawn request the API would refuse, a principal that is no
-      ARN); dlq: unknown ID, redrive refused or not confirmed
+      ARN, a dispatch retention longer than --run-retention-days); dlq: unknown ID, redrive refused or
+      not confirmed
   {EXIT_UNAVAILABLE}   unavailable: DynamoDB, Kafka, SQS, S3 or the admission API not reachable in time, no AWS
       credentials, or a service refusing the caller
   {EXIT_PORT_IN_USE}   port in use: poimen dev cannot listen on --port, --moto-port or --kafka-port
@@ -231,6 +240,13 @@ def _add_dev(commands: Commands) -> None:
         metavar="HOST:PORT",
         help="use this broker instead of a local one",
     )
+    dev.add_argument(
+        "--run-retention-days",
+        type=run_retention_days,
+        metavar="DAYS",
+        help="keep runs this many days, as the template's RunRetentionDays: the table's TTL, the DLQ's "
+        "retention (default: forever)",
+    )
 
 
 def _add_topics(commands: Commands) -> None:
@@ -250,6 +266,13 @@ def _add_topics(commands: Commands) -> None:
         type=whole_number(-1, MAX_RETENTION_MS),
         default=SEVEN_DAYS_MS,
         help="(default: 7 days; -1: forever)",
+    )
+    ensure.add_argument(
+        "--run-retention-days",
+        type=run_retention_days,
+        metavar="DAYS",
+        help="the stack's RunRetentionDays: refuse a --retention-ms longer than it (or -1), as a dispatch record "
+        "older than its run could be admitted again (default: runs kept forever, any retention)",
     )
     kafka_connection_arguments(ensure, "seconds to wait for the broker's answer", timeout_seconds=10.0)
 
@@ -318,6 +341,7 @@ def _dev_options(args: argparse.Namespace) -> DevOptions:
         kafka=not args.no_kafka,
         kafka_port=args.kafka_port,
         kafka_bootstrap=args.kafka_bootstrap,
+        run_retention_days=args.run_retention_days,
     )
 
 
@@ -328,6 +352,7 @@ def _topics_ensure(args: argparse.Namespace) -> int:
         partitions=args.partitions,
         replication_factor=args.replication_factor,
         retention_ms=args.retention_ms,
+        run_retention_days=args.run_retention_days,
         iam_region=args.region if args.iam else None,
         timeout_seconds=args.timeout,
     )
@@ -442,6 +467,13 @@ def _explain(error: BaseException, args: argparse.Namespace) -> tuple[str, int]:
         return f"{error}: nothing removed (see poimen grants list)", EXIT_NOT_FOUND
     if isinstance(error, PublishFailed):
         return _publish_failed(error, args)
+    if isinstance(error, DispatchRetentionTooLong):
+        return (
+            f"--retention-ms {error.retention_ms} ({retention_text(error.retention_ms)}) keeps dispatch records "
+            f"longer than --run-retention-days {error.run_retention_days}: a record older than its run could be "
+            "admitted again; nothing was created",
+            EXIT_USAGE,
+        )
     if isinstance(error, KafkaUnreachable):
         return (
             f"cannot reach Kafka at {error.bootstrap_servers} ({error.reason}) within {error.timeout_seconds:g} s; "

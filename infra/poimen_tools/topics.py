@@ -8,10 +8,39 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from poimen.kafka import dispatch_topic, events_topic
 from poimen.kafka_client import broker_error_reason, client_config, quiet_client_settings
 
-SEVEN_DAYS_MS = 7 * 24 * 3600 * 1000
+DAY_MS = 24 * 3600 * 1000
+SEVEN_DAYS_MS = 7 * DAY_MS
 DEFAULT_TIMEOUT_SECONDS = 30.0
 # The admin client's errors when no broker answered in time, as opposed to a broker refusing the request.
 _UNREACHABLE = frozenset({KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN})
+
+
+class DispatchRetentionTooLong(ValueError):
+    """The dispatch topic would keep records longer than runs are kept: a record older than its run, read
+    again (a redelivery, a reset group), would admit a second run."""
+
+    def __init__(self, retention_ms: int, run_retention_days: int) -> None:
+        super().__init__(
+            f"retention.ms {retention_ms} ({retention_text(retention_ms)}) keeps dispatch records longer than "
+            f"the run retention of {run_retention_days} days"
+        )
+        self.retention_ms = retention_ms
+        self.run_retention_days = run_retention_days
+
+
+def retention_text(retention_ms: int) -> str:
+    """`forever` for -1, else the retention in days (`7 days`, `0.5 days`)."""
+    if retention_ms < 0:
+        return "forever"
+    days = retention_ms / DAY_MS
+    return f"{days:g} day" if days == 1 else f"{days:g} days"
+
+
+def check_dispatch_retention(retention_ms: int, run_retention_days: int | None) -> None:
+    """Raise DispatchRetentionTooLong if `.dispatch` records would outlive the runs they admit (infinite
+    retention, -1, does); any retention is safe when runs are kept forever (None)."""
+    if run_retention_days is not None and (retention_ms < 0 or retention_ms > run_retention_days * DAY_MS):
+        raise DispatchRetentionTooLong(retention_ms, run_retention_days)
 
 
 class KafkaUnreachable(Exception):
@@ -31,6 +60,7 @@ def ensure_topics(
     partitions: int = 6,
     replication_factor: int = -1,
     retention_ms: int = SEVEN_DAYS_MS,
+    run_retention_days: int | None = None,
     iam_region: str | None = None,
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> dict[str, str]:
@@ -41,9 +71,12 @@ def ensure_topics(
     `timeout_seconds`; a broker's refusal (say, too few brokers for the replication factor) is raised
     as confluent-kafka's KafkaException.
 
-    `.dispatch` retention must not exceed how long admission remembers a dispatch_key. Run items are
-    never deleted, so with run-scoped keys that is forever, and any retention is safe.
+    `.dispatch` retention must not exceed how long admission remembers a dispatch_key: its runs'. Without a
+    run retention (`run_retention_days` None, RunRetentionDays empty) run items are never deleted, and any
+    retention is safe; with one, a longer retention (or -1, forever) raises DispatchRetentionTooLong before
+    anything is created.
     """
+    check_dispatch_retention(retention_ms, run_retention_days)
     broker_errors: list[str] = []
     admin = AdminClient(
         client_config(

@@ -228,3 +228,37 @@ def test_numbers_cross_http_exactly_as_sent_and_deep_input_is_refused(
             answer.text
         )
     assert len(count_runs(dev.dynamodb(), dev.table_name, tenant)) == 1
+
+
+def test_an_unsigned_idempotency_key_on_a_signed_request_is_the_body_keys_run(
+    dev: DevServer, http: requests.Session, tenant: str
+) -> None:
+    # Given a run admitted with k-1 in the body
+    first = _post(http, dev, tenant, SPAWN)
+    # When the same request comes signed, its key only in an Idempotency-Key header the signature leaves out
+    unkeyed = {key: value for key, value in SPAWN.items() if key != "dispatch_key"}
+    headers = {"X-Poimen-Tenant": tenant, "Idempotency-Key": '"k-1"'}
+    again = http.post(f"{dev.url}/v1/runs", json=unkeyed, headers=headers, timeout=30)
+    # Then the header is accepted unsigned, and it is the same run, replayed
+    signed_headers = again.request.headers["Authorization"].split("SignedHeaders=", 1)[1].split(",", 1)[0]
+    assert "idempotency-key" not in signed_headers.split(";")
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.json() == first.json()
+    assert again.json()["run_id"] == keyed_run_id(tenant, "k-1")
+    assert len(count_runs(dev.dynamodb(), dev.table_name, tenant)) == 1
+
+
+def test_idempotency_key_refusals_over_http(dev: DevServer, http: requests.Session, tenant: str) -> None:
+    def post(header: str, body: object) -> requests.Response:
+        headers = {"X-Poimen-Tenant": tenant, "Idempotency-Key": header}
+        return http.post(f"{dev.url}/v1/runs", json=body, headers=headers, timeout=30)
+
+    mismatch = post("k-2", SPAWN)
+    malformed = post('"k-1', {"workflow_ref": "wf/hello", "input": {}})
+
+    assert [(r.status_code, r.headers["Content-Type"], r.json()["type"]) for r in (mismatch, malformed)] == [
+        (400, "application/problem+json", "urn:poimen:problem:idempotency-key-mismatch"),
+        (400, "application/problem+json", "urn:poimen:problem:idempotency-key-invalid"),
+    ]
+    assert count_runs(dev.dynamodb(), dev.table_name, tenant) == []

@@ -7,6 +7,7 @@ import functools
 import json
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -407,3 +408,49 @@ def test_an_outage_past_the_retry_budget_parks_batches_and_one_redrive_admits_ea
     assert s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
     assert dead_letters(dev, dlq) == []
     assert _runs(dev, tenant) == runs_after_first
+
+
+def test_a_record_older_than_the_run_retention_is_dead_lettered_as_expired(
+    broker: KafkaBroker,
+    dev: DevServer,
+    tenant: str,
+    topic: str,
+    event_source: EventSourceFactory,
+    dlq: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a relay whose runs are kept 3 days, and two dispatches: one produced with a timestamp 4 days
+    # old, one now
+    monkeypatch.setenv("RUN_RETENTION_DAYS", "3")
+    raw = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    old_ms = int(time.time() * 1000) - 4 * 86_400_000
+    old = {**SPAWN.model_dump(), "dispatch_key": "old"}
+    raw.produce(topic, key=b"old", value=json.dumps(old).encode(), timestamp=old_ms)
+    raw.produce(topic, key=b"new", value=json.dumps(SPAWN.model_dump()).encode())
+    assert raw.flush(30) == 0
+    # When the relay reads them
+    event_source(broker.bootstrap_servers)
+    # Then only the fresh one is a run, and the old one is a dead letter of kind expired, its timestamp kept
+    wait_for(lambda: len(_runs(dev, tenant)) == 1)
+    (letter,) = wait_for(lambda: dead_letters(dev, dlq))
+    assert letter["reason"]["kind"] == "expired"
+    assert letter["reason"]["detail"].startswith("the record is 4 days old, older than the run retention of 3 days")
+    assert letter["record"]["timestamp"] == old_ms
+    assert [run["dispatch_key"]["S"] for run in _runs(dev, tenant)] == [SPAWN.dispatch_key]
+
+
+def test_topics_ensure_refuses_a_dispatch_retention_longer_than_the_run_retention(
+    broker: KafkaBroker, tenant: str
+) -> None:
+    command = [str(POIMEN), "topics", "ensure", "--tenant", tenant, "--bootstrap-servers", broker.bootstrap_servers]
+    command += ["--replication-factor", "1", "--retention-ms", "-1", "--run-retention-days", "3"]
+
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines() == [
+        "poimen topics ensure: --retention-ms -1 (forever) keeps dispatch records longer than --run-retention-days 3: "
+        "a record older than its run could be admitted again; nothing was created"
+    ]
+    topics = AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=10).topics
+    assert not {f"poimen.{tenant}.dispatch", f"poimen.{tenant}.events"} & set(topics)

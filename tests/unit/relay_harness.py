@@ -90,6 +90,7 @@ class RelayHarness:
         handler: Callable[[dict[str, Any], Any], dict[str, Any]],
         store: Store,
         sqs: Any | None = None,
+        run_retention_days: int | None = None,
     ) -> RelayHarness:
         """Inside mock_aws: a fresh DLQ, the relay's role granted every tenant, a tenant of its own."""
         store.grant(RELAY_ROLE, "*")
@@ -97,7 +98,12 @@ class RelayHarness:
         request = template.create_queue_request("RelayDeadLetterQueue", f"dlq-{uuid.uuid4().hex[:8]}")
         queue_url: str = queue_client.create_queue(**request)["QueueUrl"]
         api = InProcessApi(handler)
-        settings = RelaySettings(admission_api_url="https://api.example", dlq_url=queue_url, region="us-east-1")
+        settings = RelaySettings(
+            admission_api_url="https://api.example",
+            dlq_url=queue_url,
+            region="us-east-1",
+            run_retention_days=run_retention_days,
+        )
         credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
         relay = Relay(settings, sqs=sqs or queue_client, http=api, credentials=credentials)
         return cls(relay, api, queue_client, queue_url, f"t-{uuid.uuid4().hex[:12]}")

@@ -278,3 +278,68 @@ def test_a_reused_key_whose_stored_input_breaks_todays_limits_is_422(
 
     assert answer.status == 422
     assert answer.body["run_id"] == run_id
+
+
+# --- Idempotency-Key: the dispatch_key sent as a header ------------------------------------------------
+
+UNKEYED = {key: value for key, value in SPAWN.items() if key != "dispatch_key"}
+
+
+@pytest.mark.parametrize("header", ['"k-1"', "k-1"], ids=["quoted", "unquoted"])
+def test_a_header_keyed_spawn_is_the_run_of_its_key(
+    invoke: Invoke, dynamodb: Any, table_name: str, tenant: str, header: str
+) -> None:
+    # Given a spawn keyed only by its Idempotency-Key header
+    first = invoke(body=UNKEYED, headers={"idempotency-key": header})
+    # When the same request comes again
+    again = invoke(body=UNKEYED, headers={"idempotency-key": header})
+    # Then it is the run of key k-1, admitted once and replayed
+    assert (first.status, again.status) == (201, 200)
+    assert first.body["run_id"] == keyed_run_id(tenant, "k-1")
+    assert first.body["dispatch_key"] == "k-1"
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.body == first.body
+    runs = count_runs(dynamodb, table_name, tenant)
+    assert [(item["run_id"]["S"], item["dispatch_key"]["S"]) for item in runs] == [(first.body["run_id"], "k-1")]
+
+
+def test_a_header_key_and_a_body_key_are_one_key(invoke: Invoke, dynamodb: Any, table_name: str, tenant: str) -> None:
+    # Given a run admitted with k-1 in the body
+    body_keyed = invoke(body=SPAWN)
+    # When the same request comes with k-1 in the header only, then in both
+    header_keyed = invoke(body=UNKEYED, headers={"idempotency-key": '"k-1"'})
+    both = invoke(body=SPAWN, headers={"idempotency-key": "k-1"})
+    # Then both answer the first run, and there is one run
+    assert (body_keyed.status, header_keyed.status, both.status) == (201, 200, 200)
+    assert header_keyed.body == both.body == body_keyed.body
+    assert len(count_runs(dynamodb, table_name, tenant)) == 1
+
+
+def test_the_same_key_in_header_and_body_admits_one_run(
+    invoke: Invoke, dynamodb: Any, table_name: str, tenant: str
+) -> None:
+    answer = invoke(body=SPAWN, headers={"idempotency-key": '"k-1"'})
+
+    assert answer.status == 201
+    assert answer.body["run_id"] == keyed_run_id(tenant, "k-1")
+    assert [item["run_id"]["S"] for item in count_runs(dynamodb, table_name, tenant)] == [answer.body["run_id"]]
+
+
+def test_a_header_key_with_another_request_is_422(invoke: Invoke, dynamodb: Any, table_name: str, tenant: str) -> None:
+    # Given a run admitted with k-1 in the body
+    first = invoke(body=SPAWN)
+    # When k-1 comes in the header with another workflow
+    conflict = invoke(body={**UNKEYED, "workflow_ref": "wf/other"}, headers={"idempotency-key": '"k-1"'})
+    # Then it is the reused-key refusal, naming the first run, and nothing more is stored
+    assert conflict.status == 422
+    assert conflict.body["type"] == "urn:poimen:problem:dispatch-key-reused"
+    assert conflict.body["run_id"] == first.body["run_id"]
+    assert len(count_runs(dynamodb, table_name, tenant)) == 1
+
+
+def test_a_header_key_escapes_as_rfc_8941_says(invoke: Invoke, tenant: str) -> None:
+    answer = invoke(body=UNKEYED, headers={"idempotency-key": r'"say \"hi\" \\ bye"'})
+
+    assert answer.status == 201
+    assert answer.body["dispatch_key"] == 'say "hi" \\ bye'
+    assert answer.body["run_id"] == keyed_run_id(tenant, 'say "hi" \\ bye')

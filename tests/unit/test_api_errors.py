@@ -297,3 +297,32 @@ def test_a_run_over_dynamodbs_item_limit_is_413_before_the_write(
     assert answer.body["type"] == PROBLEM + "payload-too-large"
     assert "DynamoDB" in answer.body["detail"]
     assert count_runs(dynamodb, table_name, tenant) == []
+
+
+@pytest.mark.parametrize(
+    "header",
+    ['"k-1', '"k-1";a=1', r'"bad \n escape"', '""', "k" * 256, "nul\x00", '"a", "b"'],
+    ids=["unterminated", "parameters", "unknown-escape", "empty", "too-long", "control", "two-values"],
+)
+def test_an_idempotency_key_that_names_no_key_is_400(
+    invoke: Invoke, dynamodb: Any, table_name: str, tenant: str, header: str
+) -> None:
+    answer = invoke(body=GOOD, headers={"idempotency-key": header})
+
+    assert answer.status == 400
+    assert answer.headers["Content-Type"] == "application/problem+json"
+    assert answer.body["type"] == PROBLEM + "idempotency-key-invalid"
+    assert "Idempotency-Key" in answer.body["detail"]
+    assert count_runs(dynamodb, table_name, tenant) == []
+
+
+@pytest.mark.parametrize("header", ['"k-2"', "k-2"], ids=["quoted", "unquoted"])
+def test_an_idempotency_key_other_than_the_body_key_is_400(
+    invoke: Invoke, dynamodb: Any, table_name: str, tenant: str, header: str
+) -> None:
+    answer = invoke(body={**GOOD, "dispatch_key": "k-1"}, headers={"idempotency-key": header})
+
+    assert answer.status == 400
+    assert answer.body["type"] == PROBLEM + "idempotency-key-mismatch"
+    assert "dispatch_key" in answer.body["detail"]
+    assert count_runs(dynamodb, table_name, tenant) == []

@@ -20,7 +20,7 @@ from poimen.errors import StoreUnavailable
 from poimen.kafka_client import LIBRDKAFKA_LOGGER, broker_error_reason
 from poimen.principals import InvalidPrincipal
 from poimen.store import Store
-from poimen_tools import cli, dlq
+from poimen_tools import cli, dlq, topics
 from poimen_tools.cli import GrantNotFound, PortInUse, build_parser, explain, main
 from poimen_tools.credentials import is_loopback, local_credentials
 from poimen_tools.local.dev import InvalidTemplate
@@ -309,6 +309,7 @@ BACKFILL = ["events", "backfill", "--tenant", "acme", "--since", "2026-11-27T10:
         ([*ENSURE, "--partitions", "99999999999"], "--partitions"),
         ([*ENSURE, "--replication-factor", "0"], "--replication-factor"),
         ([*ENSURE, "--retention-ms", "-5"], "--retention-ms"),
+        ([*ENSURE, "--run-retention-days", "0"], "--run-retention-days"),
         ([*ENSURE, "--bootstrap-servers", NOT_UTF8], "--bootstrap-servers"),
         (["grants", "add", "--principal", NOT_UTF8, "--tenant", "acme"], "--principal"),
         (["grants", "list", "--dynamodb-endpoint", "notaurl"], "--dynamodb-endpoint"),
@@ -345,6 +346,7 @@ BACKFILL = ["events", "backfill", "--tenant", "acme", "--since", "2026-11-27T10:
         (["dlq", "list", "--bucket", "b", "--region="], "--region"),
         (["dlq", "show", "s3:" + NOT_UTF8, "--bucket", "b"], "ID"),
         (["dlq", "redrive", "--bucket", "b", "--api-url", "notaurl", "--yes"], "--api-url"),
+        (["dlq", "redrive", "--bucket", "b", "--run-retention-days", "x"], "--run-retention-days"),
     ],
 )
 def test_every_argument_out_of_its_domain_is_a_one_line_usage_error(
@@ -372,3 +374,46 @@ def test_an_address_not_of_this_machine_is_a_usage_error_naming_host() -> None:
         "this machine",
         2,
     )
+
+
+class NoBroker:
+    """An AdminClient that must not be built: topics ensure refused before calling Kafka."""
+
+    def __init__(self, *_: Any, **__: Any) -> None:
+        raise AssertionError("topics ensure called Kafka")
+
+
+@pytest.mark.parametrize(
+    ("retention", "line"),
+    [
+        (
+            ["--run-retention-days", "3"],
+            "poimen topics ensure: --retention-ms 604800000 (7 days) keeps dispatch records longer than "
+            "--run-retention-days 3: a record older than its run could be admitted again; nothing was created",
+        ),
+        (
+            ["--retention-ms", "-1", "--run-retention-days", "30"],
+            "poimen topics ensure: --retention-ms -1 (forever) keeps dispatch records longer than "
+            "--run-retention-days 30: a record older than its run could be admitted again; nothing was created",
+        ),
+        (
+            ["--retention-ms", "90000000", "--run-retention-days", "1"],
+            "poimen topics ensure: --retention-ms 90000000 (1.04167 days) keeps dispatch records longer than "
+            "--run-retention-days 1: a record older than its run could be admitted again; nothing was created",
+        ),
+    ],
+)
+def test_topics_ensure_refuses_a_dispatch_retention_longer_than_the_run_retention(
+    retention: list[str], line: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(topics, "AdminClient", NoBroker)
+
+    code = main([*ENSURE, "--bootstrap-servers", "127.0.0.1:1", *retention])
+
+    assert code == 2
+    assert capsys.readouterr().err.splitlines() == [line]
+
+
+@pytest.mark.parametrize(("retention_ms", "days"), [(86_400_000, 1), (3_600_000, 1), (604_800_000, None), (-1, None)])
+def test_a_dispatch_retention_within_the_run_retention_is_accepted(retention_ms: int, days: int | None) -> None:
+    topics.check_dispatch_retention(retention_ms, days)

@@ -949,3 +949,98 @@ def test_a_keyless_letter_of_unknown_outcome_whose_run_is_absent_is_sent(stack: 
     assert (first.redriven, second.redriven) == (1, 0)
     assert len(stack.runs()) == 1
     assert stack.messages() == []
+
+
+# -- run retention --------------------------------------------------------------------------------------
+
+DAY_MS = 86_400_000
+
+
+def days_ago(days: float) -> int:
+    return int(datetime.now(UTC).timestamp() * 1000 - days * DAY_MS)
+
+
+def test_redrive_refuses_and_keeps_records_older_than_the_run_retention(stack: Stack) -> None:
+    # Given, with runs kept 3 days: a relay dead letter of a record published 5 days ago, and a parked batch
+    # of a record 4 days old and one of a day ago
+    message_id = stack.dead_letter(stack.record(spawn("old-1"), 1, timestamp_ms=days_ago(5)), RELAY_ERROR)
+    key = stack.park(
+        [
+            stack.record(spawn("old-2"), 5, timestamp_ms=days_ago(4)),
+            stack.record(spawn("fresh"), 6, timestamp_ms=days_ago(1)),
+        ]
+    )
+
+    # When they are redriven with --run-retention-days 3
+    outcome = stack.cli("redrive", "--yes", "--run-retention-days", "3")
+
+    # Then only the fresh record is a run; each old one is named on a line of its own and kept where it was
+    assert outcome.code == EXIT_REMAINING
+    assert [run["dispatch_key"]["S"] for run in stack.runs()] == ["fresh"]
+    refused = [line for line in outcome.err.splitlines() if line.startswith("refused: ")]
+    suffix = "its run may have expired, and sending it would admit a second run (kept)"
+    assert refused == [  # oldest parcel first: the batch failed before the record was dead-lettered
+        f"refused: s3:{key}#{stack.topic}-0@5: the record is 4 days old, older than --run-retention-days 3: {suffix}",
+        f"refused: sqs:{message_id}: the record is 5 days old, older than --run-retention-days 3: {suffix}",
+    ]
+    assert [message["id"] for message in stack.messages()] == [message_id]
+    (parked,) = stack.objects().values()
+    (batch,) = json.loads(parked["payload"])["records"].values()
+    assert [record["offset"] for record in batch] == [5]
+    rows = [line.rsplit(maxsplit=1) for line in outcome.out.splitlines()]
+    assert ["refused (older than the run retention)", "2"] in rows
+    assert ["redriven (201)", "1"] in rows
+
+
+def test_without_a_run_retention_redrive_refuses_nothing_for_its_age(stack: Stack) -> None:
+    # Given a dead letter of a record a year old
+    stack.dead_letter(stack.record(spawn("k-1"), 1, timestamp_ms=days_ago(365)), RELAY_ERROR)
+    # When it is redriven without --run-retention-days
+    outcome = stack.cli("redrive", "--yes")
+    # Then it is a run, and the summary has no refused row
+    assert outcome.code == EXIT_OK
+    assert len(stack.runs()) == 1
+    assert stack.messages() == []
+    assert "refused" not in outcome.out
+
+
+def test_a_record_without_a_timestamp_is_redriven_whatever_the_run_retention(stack: Stack) -> None:
+    stack.dead_letter(stack.record(spawn("k-1"), 1, timestamp_ms=-1), RELAY_ERROR)
+
+    outcome = stack.cli("redrive", "--yes", "--run-retention-days", "1")
+
+    assert outcome.code == EXIT_OK
+    assert len(stack.runs()) == 1
+    assert ["refused (older than the run retention)", "0"] in [
+        line.rsplit(maxsplit=1) for line in outcome.out.splitlines()
+    ]
+
+
+def test_a_dry_run_counts_what_the_run_retention_refuses_and_asks_only_for_the_rest(stack: Stack) -> None:
+    # Given an old and a fresh dead letter, with runs kept 2 days
+    stack.dead_letter(stack.record(spawn("old"), 1, timestamp_ms=days_ago(3)), RELAY_ERROR)
+    stack.dead_letter(stack.record(spawn("fresh"), 2, timestamp_ms=days_ago(1)), RELAY_ERROR)
+
+    # When a dry run and a redrive on a terminal that declines are asked for
+    dry = stack.cli("redrive", "--dry-run", "--run-retention-days", "2")
+    declined = stack.cli("redrive", "--run-retention-days", "2", stdin=FakeTerminal("n\n"))
+
+    # Then the dry run would send one and refuse one, the question counts one to send, and nothing changed
+    assert dry.code == EXIT_OK
+    rows = [line.rsplit(maxsplit=1) for line in dry.out.splitlines()]
+    assert ["would send", "1"] in rows
+    assert ["refused (older than the run retention)", "1"] in rows
+    assert "Send 1 of 2 dead letters" in declined.err
+    assert len(stack.messages()) == 2
+    assert stack.runs() == []
+
+
+@pytest.mark.parametrize("days", ["0", "-1", "three", "3651"])
+def test_an_invalid_run_retention_is_a_usage_error(days: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["dlq", "redrive", "--queue-url", "https://sqs/q", "--run-retention-days", days])
+
+    assert exited.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("poimen dlq redrive: argument --run-retention-days: ")
+    assert err.count("\n") == 1

@@ -18,6 +18,7 @@ from aws_lambda_powertools.utilities.data_classes import KafkaEvent
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
+from poimen import relay as relay_module
 from poimen.api import MAX_PROBLEM_ERRORS
 from poimen.config import ConfigurationError, RelaySettings
 from poimen.kafka import dispatch_topic, tenant_of_dispatch_topic
@@ -29,6 +30,7 @@ from poimen.relay import (
     DeadLetterReason,
     Relay,
     _ordered_groups,
+    age_text,
     dead_letter_attributes,
     dead_letter_body,
     dead_letter_message,
@@ -487,3 +489,98 @@ def test_a_dlq_refusing_the_relay_fails_the_batch_at_once(
         harness.run([harness.record(None, 0)])
 
     assert queue.attempts == 1
+
+
+DAY_MS = 86_400_000
+
+
+@pytest.fixture
+def retaining_harness(
+    template: Template, handler: Callable[[dict[str, Any], Any], dict[str, Any]], store: Store
+) -> RelayHarness:
+    """A relay whose runs are kept 3 days (RUN_RETENTION_DAYS=3)."""
+    return RelayHarness.start(template, handler, store, run_retention_days=3)
+
+
+def test_a_record_older_than_the_run_retention_is_dead_lettered_as_expired_not_admitted(
+    retaining_harness: RelayHarness, dynamodb: Any, table_name: str
+) -> None:
+    harness = retaining_harness
+    now_ms = int(time.time() * 1000)
+    # Given a record published 4 days 2 hours ago, past a run retention of 3 days, and a fresh one
+    old = harness.record({**SPAWN, "dispatch_key": "old"}, 0, key=b"old", timestamp_ms=now_ms - 4 * DAY_MS - 7_200_000)
+    fresh = harness.record({**SPAWN, "dispatch_key": "fresh"}, 1, key=b"fresh", timestamp_ms=now_ms - 2 * DAY_MS)
+    # When they are relayed
+    outcome = harness.run([old, fresh])
+    # Then only the fresh one is a run, and the old one is one dead letter naming its age and the retention
+    runs = count_runs(dynamodb, table_name, harness.tenant)
+    assert [run["dispatch_key"]["S"] for run in runs] == ["fresh"]
+    ((_, letter),) = harness.dead_letters()
+    assert letter["record"]["offset"] == 0
+    assert letter["reason"] == {
+        "kind": "expired",
+        "detail": "the record is 4 days 2 h old, older than the run retention of 3 days: its run may have "
+        "expired, and admitting it again would be a second run",
+        "status": None,
+        "problem": None,
+    }
+    assert (outcome.relayed, outcome.dead_lettered) == (1, 1)
+
+
+def test_a_record_without_a_timestamp_is_admitted_whatever_the_run_retention(
+    retaining_harness: RelayHarness, dynamodb: Any, table_name: str
+) -> None:
+    # Given a record without a timestamp (-1), with a run retention of 3 days
+    record = retaining_harness.record({**SPAWN, "dispatch_key": "k"}, 0, timestamp_ms=-1)
+    # When it is relayed
+    outcome = retaining_harness.run([record])
+    # Then it is a run, as without retention
+    assert len(count_runs(dynamodb, table_name, retaining_harness.tenant)) == 1
+    assert retaining_harness.dead_letters() == []
+    assert outcome.relayed == 1
+
+
+def test_without_a_run_retention_an_old_record_is_admitted(
+    harness: RelayHarness, dynamodb: Any, table_name: str
+) -> None:
+    # Given a record a year old, and runs kept forever
+    old = harness.record({**SPAWN, "dispatch_key": "k"}, 0, timestamp_ms=int(time.time() * 1000) - 365 * DAY_MS)
+    # When it is relayed
+    harness.run([old])
+    # Then it is a run
+    assert len(count_runs(dynamodb, table_name, harness.tenant)) == 1
+    assert harness.dead_letters() == []
+
+
+def test_the_relay_reads_its_run_retention_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {"ADMISSION_API_URL": "https://api.example", "DLQ_URL": "https://sqs/dlq", "AWS_REGION": "us-east-1"}
+    for name, value in {**env, "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "secret"}.items():
+        monkeypatch.setenv(name, value)
+    relay_module.relay_service.cache_clear()
+    try:
+        monkeypatch.setenv("RUN_RETENTION_DAYS", "3")
+        assert relay_module.relay_service()._settings.run_retention_days == 3
+        relay_module.relay_service.cache_clear()
+        monkeypatch.setenv("RUN_RETENTION_DAYS", "")
+        assert relay_module.relay_service()._settings.run_retention_days is None
+        relay_module.relay_service.cache_clear()
+        monkeypatch.setenv("RUN_RETENTION_DAYS", "three")
+        with pytest.raises(ConfigurationError, match="RUN_RETENTION_DAYS must be empty"):
+            relay_module.relay_service()
+    finally:
+        relay_module.relay_service.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("ms", "text"),
+    [
+        (0, "0 s"),
+        (42_000, "42 s"),
+        (300_000, "5 min"),
+        (11_100_000, "3 h 5 min"),
+        (DAY_MS, "1 day"),
+        (4 * DAY_MS, "4 days"),
+    ],
+)
+def test_ages_are_told_in_their_largest_units(ms: int, text: str) -> None:
+    assert age_text(ms) == text

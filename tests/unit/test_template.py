@@ -160,12 +160,12 @@ def test_table_matches_the_model_and_is_protected(template: Template) -> None:
     assert template.resources["AdmissionTable"]["DeletionPolicy"] == "Retain"
 
 
-def test_dead_letter_queue_is_encrypted_and_keeps_messages_14_days(template: Template) -> None:
+def test_dead_letter_queue_is_encrypted_and_keeps_messages_14_days_without_run_retention(template: Template) -> None:
     queue = template.properties("RelayDeadLetterQueue")
 
     assert queue["SqsManagedSseEnabled"] == {"Fn::If": ["HasKmsKey", {"Ref": "AWS::NoValue"}, True]}
     assert queue["KmsMasterKeyId"] == {"Fn::If": ["HasKmsKey", {"Ref": "KmsKeyArn"}, {"Ref": "AWS::NoValue"}]}
-    assert queue["MessageRetentionPeriod"] == 14 * 24 * 3600
+    assert template.evaluate(queue["MessageRetentionPeriod"]) == 14 * 24 * 3600  # test_run_retention.py: with it
 
 
 def test_failed_batches_bucket_keeps_records_private_encrypted_and_expiring(template: Template) -> None:
@@ -178,7 +178,7 @@ def test_failed_batches_bucket_keeps_records_private_encrypted_and_expiring(temp
     assert len(bucket["PublicAccessBlockConfiguration"]) == 4
     assert bucket["OwnershipControls"] == {"Rules": [{"ObjectOwnership": "BucketOwnerEnforced"}]}
     (rule,) = bucket["LifecycleConfiguration"]["Rules"]
-    assert rule["ExpirationInDays"] == {"Ref": "FailedBatchRetentionDays"}
+    assert template.evaluate(rule["ExpirationInDays"], {"FailedBatchRetentionDays": "30"}) == "30"
     assert template.resources["FailedBatchesBucket"]["DeletionPolicy"] == "Retain"
     assert tls_only["Effect"] == "Deny"
     assert tls_only["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}

@@ -83,7 +83,7 @@ def test_the_stream_event_source_filters_retries_and_keeps_what_it_gives_up_on(t
     assert mapping["EventSourceArn"] == {"Fn::GetAtt": ["AdmissionTable", "StreamArn"]}
     assert mapping["StartingPosition"] == "TRIM_HORIZON"
     assert json.loads(only["Pattern"]) == {
-        "eventName": ["INSERT"],
+        "eventName": ["INSERT", "MODIFY"],
         "dynamodb": {"NewImage": {"pk": {"S": [{"prefix": "RUN#"}]}, "status": {"S": ["admitted"]}}},
     }
     assert mapping["BisectBatchOnFunctionError"] is True

@@ -40,7 +40,7 @@ import botocore.session
 import urllib3
 from botocore.credentials import Credentials
 
-from poimen_tools.arguments import base_url, bucket_name, endpoint_url, region, text
+from poimen_tools.arguments import base_url, bucket_name, endpoint_url, region, run_retention_days, text
 from poimen_tools.credentials import local_credentials
 from poimen_tools.dlq.api import AdmissionApi
 from poimen_tools.dlq.errors import EXIT_OK, AwsUnavailable, DeadLetterNotFound, DlqError, UsageError
@@ -75,7 +75,8 @@ EPILOG = """\
 IDs: sqs:<MessageId> (a relay dead letter), s3:<key> (a failed batch), s3:<key>#<topic>-<partition>@<offset>
 (one record of a failed batch); `poimen dlq list --ids` shows them.
 
-exit codes: 0 done; 1 some dead letters of the chosen kinds remain (failing again, or not sendable);
+exit codes: 0 done; 1 some dead letters of the chosen kinds remain (failing again, not sendable, or
+refused as older than --run-retention-days);
 2 usage error, unknown ID, or redrive refused / not confirmed; 3 AWS or the admission API unreachable,
 or refusing the caller (nothing unconfirmed is removed); 130 interrupted (Ctrl-C: stopped after the
 record in flight; run redrive again for the rest)."""
@@ -157,6 +158,13 @@ def add_dlq_commands(commands: argparse._SubParsersAction[argparse.ArgumentParse
         metavar="KIND",
         help=f"only this kind (repeatable; default: all): {', '.join(KINDS)}",
     )
+    redrive.add_argument(
+        "--run-retention-days",
+        type=run_retention_days,
+        metavar="DAYS",
+        help="the stack's RunRetentionDays: refuse (and keep) records whose Kafka timestamp is older, as "
+        "sending them could admit a second run (default: none, nothing is refused for its age)",
+    )
     redrive.add_argument("--dry-run", action="store_true", help="say what would be sent; change nothing")
     redrive.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
@@ -222,10 +230,17 @@ def _run(
         api = AdmissionApi(args.api_url, signer, args.region, http)
     with holding(queue, batches, REDRIVE_VISIBILITY_SECONDS) as parcels:
         chosen = [parcel for parcel in parcels if not args.kind or parcel.kind in args.kind]
-        planned = plan(chosen)
+        planned = plan(chosen, args.run_retention_days)
         if api is not None and planned.letters and not args.yes:
             _confirm(planned, api, stdin, err)
-        redrive = Redrive(api, queue, batches, Progress(planned.letters, err), lambda line: print(line, file=out))
+        redrive = Redrive(
+            api,
+            queue,
+            batches,
+            Progress(planned.letters, err),
+            lambda line: print(line, file=out),
+            args.run_retention_days,
+        )
         with _first_interrupt_stops(redrive):
             summary = redrive.run(chosen)
     rows = [("outcome", "records"), *((name, str(count)) for name, count in summary.rows(api is None))]

@@ -16,12 +16,14 @@ from pydantic import ValidationError
 from poimen.contract import RunRequest, parse_json
 from poimen.kafka import tenant_of_dispatch_topic
 from poimen.relay import TRACEPARENT, DeadLetterReason
+from poimen.retention import expired
 
 RELAY_KINDS = (
     "invalid-topic",
     "empty-value",
     "undecodable",
     "invalid-json",
+    "expired",
     "rejected",
     "outcome-unknown",
     "relay-error",
@@ -172,6 +174,19 @@ def _traceparent(record: dict[str, Any]) -> str | None:
                 return None
             return text if TRACEPARENT.fullmatch(text) else None
     return None
+
+
+def record_timestamp_ms(record: dict[str, Any]) -> int | None:
+    """The record's Kafka timestamp in milliseconds; None for a record without one (-1), as the relay reads it."""
+    value = record.get("timestamp")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def outlived(record: dict[str, Any], run_retention_days: int | None, now_ms: float) -> bool:
+    """Whether the record is older than the run retention (never without one, nor without a timestamp):
+    its run may have expired, and sending it would admit a second one."""
+    timestamp_ms = record_timestamp_ms(record)
+    return timestamp_ms is not None and expired(timestamp_ms, now_ms, run_retention_days)
 
 
 def holds_value(letter: DeadLetter) -> bool:

@@ -5,16 +5,27 @@ the counts, and the progress line."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TextIO
 
 from aws_lambda_powertools.utilities.data_classes.kafka_event import KafkaEventRecord
 
-from poimen.relay import DeadLetterReason, dead_letter_attributes, dead_letter_body
+from poimen.relay import DeadLetterReason, age_text, dead_letter_attributes, dead_letter_body
 from poimen_tools.dlq.errors import EXIT_OK, EXIT_REMAINING, DlqError, Interrupted
 from poimen_tools.dlq.letters import DeadLetterQueue
-from poimen_tools.dlq.model import DeadLetter, Dispatch, Parcel, dispatch_of, holds_value, named_run, sendable
+from poimen_tools.dlq.model import (
+    DeadLetter,
+    Dispatch,
+    Parcel,
+    dispatch_of,
+    holds_value,
+    named_run,
+    outlived,
+    record_timestamp_ms,
+    sendable,
+)
 from poimen_tools.dlq.parked import FailedBatches
 from poimen_tools.dlq.render import problem_summary
 
@@ -31,17 +42,22 @@ class RedriveSummary:
     replayed: int = 0  # 200: the run already existed (the record was admitted before)
     still_failing: int = 0  # refused again (or not a dispatch), kept with the new reason
     skipped: int = 0  # cannot be sent from here: left as it is
+    # older than the run retention (--run-retention-days): sending it could admit a second run; kept
+    refused: int = 0
     would_send: int = 0  # --dry-run
     not_attempted: int = 0  # left when redrive stopped
     stopped: DlqError | None = None
+    run_retention_days: int | None = None  # the retention records were held to; None: none (no row)
 
     def rows(self, dry_run: bool) -> list[tuple[str, int]]:
+        refused = [] if self.run_retention_days is None else [("refused (older than the run retention)", self.refused)]
         if dry_run:
-            return [("would send", self.would_send), ("skipped", self.skipped)]
+            return [("would send", self.would_send), *refused, ("skipped", self.skipped)]
         rows = [
             ("redriven (201)", self.redriven),
             ("replayed (200)", self.replayed),
             ("still failing", self.still_failing),
+            *refused,
             ("skipped", self.skipped),
         ]
         return [*rows, ("not attempted", self.not_attempted)] if self.stopped else rows
@@ -50,7 +66,7 @@ class RedriveSummary:
     def exit_code(self) -> int:
         if self.stopped:
             return self.stopped.exit_code
-        return EXIT_REMAINING if self.still_failing or self.skipped else EXIT_OK
+        return EXIT_REMAINING if self.still_failing or self.skipped or self.refused else EXIT_OK
 
 
 class Progress:
@@ -111,6 +127,9 @@ class Redrive:
       queue the same way; a relay dead letter of those kinds cannot be sent and is skipped.
     - an `outcome-unknown` letter (a keyless record the API may have admitted) names its run: that run is
       looked up first, and if it exists the letter is done (counted as replayed) without sending anything.
+    - with --run-retention-days, a record whose Kafka timestamp is older than the run retention is refused
+      and kept, every copy of it (exit 1): its run may have expired, and sending it would admit a second
+      one. Without --run-retention-days nothing is refused for its age.
     - anything else: stop. What was not confirmed stays; an object is rewritten without what was.
 
     Each record of a failed batch is marked done (a progress marker beside its object) as soon as it is
@@ -126,10 +145,12 @@ class Redrive:
         batches: FailedBatches | None,
         progress: Progress,
         plan_line: Callable[[str], None],
+        run_retention_days: int | None = None,
     ) -> None:
         self._api, self._queue, self._batches = api, queue, batches
         self._progress, self._plan_line = progress, plan_line
-        self.summary = RedriveSummary()
+        self._run_retention_days = run_retention_days
+        self.summary = RedriveSummary(run_retention_days=run_retention_days)
         self._copies: dict[str, list[tuple[Parcel, DeadLetter]]] = {}
         self._resolved: dict[str, _Resolution] = {}
         self._marked: dict[str, set[str]] = {}  # parcel id -> records marked done by this redrive
@@ -226,6 +247,9 @@ class Redrive:
                 self._skip(letter, f"{dispatch.kind}: {dispatch.detail}; would move to the dead-letter queue")
                 return _KEEP
             return self._dead_letter(letter, source, copies, dispatch)
+        if outlived(source.record, self._run_retention_days, time.time() * 1000):
+            self._refuse(letter, source.record)
+            return _KEEP
         admitted = self._admitted(letter, copies, dispatch)
         if admitted is not None:
             return admitted
@@ -335,6 +359,15 @@ class Redrive:
         problem = f" {problem_summary(reason.problem)}" if reason.problem is not None else ""
         self._progress.note(f"still failing: {letter.id}: {reason.kind}: {reason.detail}{problem} ({where})")
 
+    def _refuse(self, letter: DeadLetter, record: dict[str, Any]) -> None:
+        self.summary.refused += 1
+        timestamp_ms = record_timestamp_ms(record) or 0
+        self._progress.note(
+            f"refused: {letter.id}: the record is {age_text(time.time() * 1000 - timestamp_ms)} old, older than "
+            f"--run-retention-days {self._run_retention_days}: its run may have expired, and sending it would "
+            "admit a second run (kept)"
+        )
+
     def _skip(self, letter: DeadLetter, why: str) -> None:
         self.summary.skipped += 1
         self._progress.note(f"skipped: {letter.id}: {why}")
@@ -356,15 +389,19 @@ class Plan:
     keyless: int
 
 
-def plan(parcels: Iterable[Parcel]) -> Plan:
-    """What a redrive would do, counting each record once however many copies of it there are."""
+def plan(parcels: Iterable[Parcel], run_retention_days: int | None = None) -> Plan:
+    """What a redrive would do, counting each record once however many copies of it there are; a record
+    older than the run retention is not one it would send."""
     letters = 0
+    now_ms = time.time() * 1000
     records: dict[str, Dispatch | DeadLetterReason | None] = {}
     for parcel in parcels:
         for letter in parcel.letters:
             letters += 1
             record = letter.record_id or letter.id
             if records.get(record) is None:  # any copy that can be sent stands for the record
-                records[record] = sendable(letter)
+                found = sendable(letter)
+                old = letter.record is not None and outlived(letter.record, run_retention_days, now_ms)
+                records[record] = None if old else found
     dispatches = [dispatch for dispatch in records.values() if isinstance(dispatch, Dispatch)]
     return Plan(letters, len(dispatches), sum(dispatch.dispatch_key is None for dispatch in dispatches))

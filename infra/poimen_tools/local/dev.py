@@ -10,7 +10,7 @@ import signal
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -42,6 +42,7 @@ ADMISSION_FUNCTION = "AdmissionFunction"
 ADMISSION_TABLE = "AdmissionTable"
 RELAY_DLQ = "RelayDeadLetterQueue"
 RELAY_FUNCTION = "InboxRelayFunction"
+RUN_RETENTION_PARAMETER = "RunRetentionDays"
 # What `poimen dev` serves from a template: these resources, of these types.
 SERVED_RESOURCES = (
     (ADMISSION_FUNCTION, "AWS::Serverless::Function"),
@@ -80,6 +81,15 @@ class DevOptions:
     kafka: bool = True
     kafka_port: int = 9092
     kafka_bootstrap: str | None = None
+    # The template's RunRetentionDays: the table's TTL, the functions' RUN_RETENTION_DAYS, the DLQ's
+    # retention. None keeps runs forever (the template's default).
+    run_retention_days: int | None = None
+
+    @property
+    def template_parameters(self) -> dict[str, str]:
+        """The template parameters these options stand for, as a deploy would pass them."""
+        days = self.run_retention_days
+        return {RUN_RETENTION_PARAMETER: "" if days is None else str(days)}
 
 
 @dataclass(frozen=True)
@@ -128,10 +138,14 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
         os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = endpoints.dynamodb
         os.environ["AWS_ENDPOINT_URL_SQS"] = endpoints.sqs
         os.environ["AWS_ENDPOINT_URL_S3"] = endpoints.s3
-        _prepare_table(template, options.table_name, principals.values())
-        queue = template.create_queue_request(RELAY_DLQ, options.dlq_name)
+        parameters = options.template_parameters
+        _prepare_table(template, options.table_name, principals.values(), parameters)
+        queue = template.create_queue_request(RELAY_DLQ, options.dlq_name, parameters)
         dlq_url = boto3.client("sqs").create_queue(**queue)["QueueUrl"]
-        os.environ.update(template.function_environment(ADMISSION_FUNCTION, {ADMISSION_TABLE: options.table_name}))
+        # Admission's variables (RUN_RETENTION_DAYS included, which the relay here reads from them too).
+        os.environ.update(
+            template.function_environment(ADMISSION_FUNCTION, {ADMISSION_TABLE: options.table_name, **parameters})
+        )
         environments = ExecutionEnvironments(str(template.path), ADMISSION_FUNCTION, options.concurrency)
         routes = [Route(method, path) for method, path in template.http_routes(ADMISSION_FUNCTION)]
         server = LocalApiServer(
@@ -337,13 +351,23 @@ def _principals(options: DevOptions) -> dict[str, Principal]:
     return principals
 
 
-def _prepare_table(template: Template, table_name: str, principals: Iterable[Principal]) -> None:
-    """Create the table as template.yaml declares it (if absent) and grant each principal its tenants."""
+def _prepare_table(
+    template: Template, table_name: str, principals: Iterable[Principal], parameters: Mapping[str, str]
+) -> None:
+    """Create the table as template.yaml declares it (if absent), with its TTL if `parameters` enable it, and
+    grant each principal its tenants."""
     client = boto3.client("dynamodb")
     if table_name not in client.list_tables()["TableNames"]:
         client.create_table(**template.create_table_request(ADMISSION_TABLE, table_name))
         # Emulators other than moto (dynalite, DynamoDB Local) take a moment to make the table ACTIVE.
         client.get_waiter("table_exists").wait(TableName=table_name, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
+    time_to_live = template.time_to_live_request(ADMISSION_TABLE, table_name, parameters)
+    if time_to_live is not None:
+        # A table kept from an earlier run may have it already: DynamoDB refuses to enable it twice. (Without
+        # retention a table's TTL is left as it is, so the emulators that lack TTL serve as before.)
+        described = client.describe_time_to_live(TableName=table_name)["TimeToLiveDescription"]
+        if described.get("TimeToLiveStatus") not in ("ENABLED", "ENABLING"):
+            client.update_time_to_live(**time_to_live)
     settings = Settings.from_env({"TABLE_NAME": table_name, "AWS_REGION": client.meta.region_name})
     store = Store(settings)
     for principal in principals:

@@ -89,6 +89,54 @@ class Template:
             return None if default is None else str(default)
         return None
 
+    def evaluate(self, value: Any, parameters: Mapping[str, str] | None = None) -> Any:
+        """`value` as CloudFormation would deploy it with `parameters` (else the defaults): literals, Ref of a
+        parameter, Fn::If on the template's Conditions (Fn::Equals, Fn::Not, Fn::And, Fn::Or, Condition) and
+        Fn::FindInMap with AWS::LanguageExtensions' DefaultValue, nested. Raises ValueError on anything else
+        (a resource's Ref or GetAtt, AWS::NoValue's removal): those need a deploy."""
+        given = parameters or {}
+        if isinstance(value, list):
+            return [self.evaluate(item, given) for item in value]
+        if not isinstance(value, dict):
+            return value
+        if set(value) == {"Ref"} and value["Ref"] in self.document.get("Parameters", {}):
+            name = value["Ref"]
+            return given[name] if name in given else self.document["Parameters"][name].get("Default")
+        if set(value) == {"Fn::If"}:
+            condition, when_true, when_false = value["Fn::If"]
+            return self.evaluate(when_true if self.condition(condition, given) else when_false, given)
+        if set(value) == {"Fn::FindInMap"}:
+            name, top, second, *default = value["Fn::FindInMap"]
+            found = self.document.get("Mappings", {}).get(name, {})
+            found = found.get(str(self.evaluate(top, given)), {}).get(str(self.evaluate(second, given)))
+            if found is None and default:
+                return self.evaluate(default[0]["DefaultValue"], given)
+            if found is None:
+                raise ValueError(f"no {top!r}/{second!r} in mapping {name}")
+            return found
+        if len(value) == 1 and next(iter(value)).startswith(("Ref", "Fn::")):
+            raise ValueError(f"cannot evaluate {value!r} without a deploy")
+        return {key: self.evaluate(item, given) for key, item in value.items()}
+
+    def condition(self, name: str, parameters: Mapping[str, str] | None = None) -> bool:
+        """Whether the template's condition `name` holds with `parameters` (else the defaults)."""
+        return self._holds(self.document["Conditions"][name], parameters or {})
+
+    def _holds(self, expression: Any, parameters: Mapping[str, str]) -> bool:
+        ((function, arguments),) = expression.items()
+        if function == "Condition":
+            return self.condition(arguments, parameters)
+        if function == "Fn::Equals":
+            left, right = (self.evaluate(argument, parameters) for argument in arguments)
+            return str(left) == str(right)
+        if function == "Fn::Not":
+            return not self._holds(arguments[0], parameters)
+        if function == "Fn::And":
+            return all(self._holds(argument, parameters) for argument in arguments)
+        if function == "Fn::Or":
+            return any(self._holds(argument, parameters) for argument in arguments)
+        raise ValueError(f"unsupported condition function {function}")
+
     def function_environment(self, logical_id: str, refs: Mapping[str, str]) -> dict[str, str]:
         """Globals then the function's own variables, as Lambda would set them."""
         global_vars = self.document.get("Globals", {}).get("Function", {}).get("Environment", {})
@@ -114,13 +162,35 @@ class Template:
             }
         return request
 
-    def create_queue_request(self, logical_id: str, queue_name: str) -> dict[str, Any]:
-        """CreateQueue parameters for an AWS::SQS::Queue resource (its literal attributes)."""
-        attributes = {
-            name: str(value).lower() if isinstance(value, bool) else str(value)
-            for name, value in self.properties(logical_id).items()
-            if isinstance(value, str | int | bool) and name != "QueueName"
+    def time_to_live_request(
+        self, logical_id: str, table_name: str, parameters: Mapping[str, str] | None = None
+    ) -> dict[str, Any] | None:
+        """UpdateTimeToLive parameters for the table's TimeToLiveSpecification, if it enables one with
+        `parameters`; else None (CreateTable takes no TTL: it is set once the table exists)."""
+        declared = self.properties(logical_id).get("TimeToLiveSpecification")
+        if declared is None:
+            return None
+        specification = self.evaluate(declared, parameters)
+        if specification.get("Enabled") is not True:
+            return None
+        return {
+            "TableName": table_name,
+            "TimeToLiveSpecification": {"AttributeName": specification["AttributeName"], "Enabled": True},
         }
+
+    def create_queue_request(
+        self, logical_id: str, queue_name: str, parameters: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """CreateQueue parameters for an AWS::SQS::Queue resource: its attributes that are literals, or
+        derived from parameters (`parameters`, else the defaults) as `evaluate` does."""
+        attributes = {}
+        for name, declared in self.properties(logical_id).items():
+            try:
+                value = self.evaluate(declared, parameters)
+            except ValueError:  # needs a deploy (a key's ARN, AWS::NoValue): not a local queue's attribute
+                continue
+            if isinstance(value, str | int | bool) and name != "QueueName":
+                attributes[name] = str(value).lower() if isinstance(value, bool) else str(value)
         return {"QueueName": queue_name, "Attributes": attributes}
 
     def http_routes(self, logical_id: str) -> list[tuple[str, str]]:

@@ -28,7 +28,18 @@ from pydantic.json_schema import SkipJsonSchema
 
 from poimen.admission import Admission, Admitted, RunView
 from poimen.config import Settings
-from poimen.contract import DispatchKey, JSONTooDeep, Problem, Run, RunRequest, TenantId, parse_json
+from poimen.contract import (
+    DispatchKey,
+    IdempotencyKeyMismatch,
+    InvalidIdempotencyKey,
+    JSONTooDeep,
+    Problem,
+    Run,
+    RunRequest,
+    TenantId,
+    dispatch_key_of,
+    parse_json,
+)
 from poimen.errors import (
     DispatchKeyReused,
     IdentityMissing,
@@ -42,6 +53,7 @@ from poimen.errors import (
 from poimen.observability import logger, metrics
 from poimen.store import Store
 from poimen.wire import (
+    IDEMPOTENCY_KEY_HEADER,
     MAX_BODY_BYTES,
     MAX_JSON_DEPTH,
     REPLAYED_HEADER,
@@ -166,6 +178,30 @@ _CREATE_RUN_UNAVAILABLE: OpenAPIResponse = {
 
 AdmissionService = Annotated[Admission, Depends(admission_service)]
 TenantHeader = Annotated[TenantId, Header(alias=TENANT_HEADER, description="Tenant the call acts for")]
+# Validated by create_run, not by the schema: a malformed key has its own problem type.
+IdempotencyKeyHeader = Annotated[
+    str | SkipJsonSchema[None],
+    Header(
+        alias=IDEMPOTENCY_KEY_HEADER,
+        description=(
+            'The dispatch_key as a header: an RFC 8941 string (`"k-1"`, with `\\"` and `\\\\` its only escapes) '
+            "or the key itself unquoted (`k-1`); 1-255 printable ASCII characters. With a dispatch_key in the "
+            "body too, both must name the same key. It need not be signed."
+        ),
+    ),
+]
+
+# POST /v1/runs's 400s, by problem type.
+_CREATE_RUN_BAD_REQUEST: OpenAPIResponse = {
+    "description": (
+        "`validation-error`: the body or a header breaks the schema; `errors` names each field. "
+        "`malformed-json`: the body is not strict JSON. `run-not-storable`: DynamoDB refused the item. "
+        "`idempotency-key-invalid`: the Idempotency-Key header is neither an RFC 8941 string nor a key of "
+        "1-255 printable ASCII characters. `idempotency-key-mismatch`: the Idempotency-Key header and the "
+        "body's dispatch_key name different keys. Nothing was written."
+    ),
+    "content": {PROBLEM_JSON: {"model": ValidationProblem}},
+}
 
 
 @app.post(
@@ -175,6 +211,12 @@ TenantHeader = Annotated[TenantId, Header(alias=TENANT_HEADER, description="Tena
         201: {"description": "A new run was admitted", "content": {"application/json": {"model": Run}}},
         200: {
             "description": "The dispatch_key already admitted this run (Idempotent-Replayed: true)",
+            "headers": {
+                REPLAYED_HEADER: {
+                    "description": "Always `true`: the answer is the first run's",
+                    "schema": {"type": "string"},
+                }
+            },
             "content": {"application/json": {"model": Run}},
         },
         **_problems(
@@ -183,11 +225,20 @@ TenantHeader = Annotated[TenantId, Header(alias=TENANT_HEADER, description="Tena
             HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
             HTTPStatus.UNPROCESSABLE_ENTITY,
         ),
+        400: _CREATE_RUN_BAD_REQUEST,
         503: _CREATE_RUN_UNAVAILABLE,
     },
 )
-def create_run(body: RunRequest, tenant_id: TenantHeader, admission: AdmissionService) -> Response[str]:
-    admitted = admission.admit_run(_caller(), tenant_id, body, traceparent=_traceparent())
+def create_run(
+    body: RunRequest,
+    tenant_id: TenantHeader,
+    admission: AdmissionService,
+    idempotency_key: IdempotencyKeyHeader = None,
+) -> Response[str]:
+    # The key however it came: a header key and a body key are one key, so one run (same run_id).
+    key = dispatch_key_of(idempotency_key, body.dispatch_key)
+    request = body if key == body.dispatch_key else body.model_copy(update={"dispatch_key": key})
+    admitted = admission.admit_run(_caller(), tenant_id, request, traceparent=_traceparent())
     # Written: from here on only the answer admission built before the write, and metrics and a log line.
     _record(admitted)
     run = admitted.run
@@ -225,9 +276,20 @@ def _run_answer(
     return Response(status_code=status, content_type="application/json", body=run.body, headers=headers)
 
 
+# The link is relative to infra/openapi.json, the document as committed.
+_API_DESCRIPTION = (
+    "Admits workflow runs exactly once: a repeated POST /v1/runs with the same dispatch_key (in the body, or "
+    "as the Idempotency-Key header) answers the first run. What a key is scoped to, what counts as the same "
+    "request, each answer and how long a key is remembered: the "
+    "[idempotency specification](../docs/architecture.md#idempotency-specification)."
+)
+
+
 @app.get("/openapi.json", include_in_schema=False)
 def openapi_document() -> dict[str, Any]:
-    schema: dict[str, Any] = json.loads(app.get_openapi_json_schema(title="Poimen admission", version="1"))
+    schema: dict[str, Any] = json.loads(
+        app.get_openapi_json_schema(title="Poimen admission", version="1", description=_API_DESCRIPTION)
+    )
     return schema
 
 
@@ -371,6 +433,16 @@ def _key_reused(error: DispatchKeyReused) -> Response[str]:
         "This dispatch_key already admitted a run with a different workflow_ref, input or goal_id.",
         run_id=error.run_id,
     )
+
+
+@app.exception_handler(InvalidIdempotencyKey)
+def _idempotency_key_invalid(error: InvalidIdempotencyKey) -> Response[str]:
+    return problem(HTTPStatus.BAD_REQUEST, "idempotency-key-invalid", str(error))
+
+
+@app.exception_handler(IdempotencyKeyMismatch)
+def _idempotency_key_mismatch(error: IdempotencyKeyMismatch) -> Response[str]:
+    return problem(HTTPStatus.BAD_REQUEST, "idempotency-key-mismatch", str(error))
 
 
 @app.exception_handler(RunTooLarge)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from poimen.principals import InvalidPrincipal, grant_principal
+from poimen.retention import InvalidRetention, run_retention_days
 
 N = TypeVar("N", int, float)
 
@@ -41,6 +42,9 @@ class Settings:
     dynamodb_timeout_seconds: float = 0.75
     # Pool size of the DynamoDB client: one Lambda serves one request at a time, the dev server many.
     dynamodb_max_connections: int = 10
+    # Days a run is kept (RUN_RETENTION_DAYS, template RunRetentionDays): its items carry the TTL attribute
+    # `expires_at`, and past it the run is gone (404) and its key admits anew. None: runs are kept forever.
+    run_retention_days: int | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -58,6 +62,7 @@ class Settings:
             dynamodb_max_attempts=_number(env, "DYNAMODB_MAX_ATTEMPTS", cls.dynamodb_max_attempts, int),
             dynamodb_timeout_seconds=_number(env, "DYNAMODB_TIMEOUT_SECONDS", cls.dynamodb_timeout_seconds, float),
             dynamodb_max_connections=_number(env, "DYNAMODB_MAX_CONNECTIONS", cls.dynamodb_max_connections, int),
+            run_retention_days=_retention(env),
         )
         if settings.grants_cache_seconds < 0 or settings.refusal_cache_seconds < 0:
             raise ConfigurationError("GRANTS_CACHE_SECONDS and REFUSAL_CACHE_SECONDS must not be negative")
@@ -80,6 +85,13 @@ def _relay_principal(env: Mapping[str, str]) -> str | None:
         return grant_principal(arn).arn
     except InvalidPrincipal as error:
         raise ConfigurationError(f"RELAY_PRINCIPAL: {error}") from error
+
+
+def _retention(env: Mapping[str, str]) -> int | None:
+    try:
+        return run_retention_days(env)
+    except InvalidRetention as error:
+        raise ConfigurationError(str(error)) from error
 
 
 def _region(env: Mapping[str, str]) -> str:
@@ -120,6 +132,8 @@ class RelaySettings:
     retry_cap_seconds: float = 5.0
     # Give up retrying this long before the function's deadline, so the raise reaches the event source.
     time_margin_seconds: float = 2.0
+    # RUN_RETENTION_DAYS, as admission reads it: None keeps runs forever.
+    run_retention_days: int | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RelaySettings:
@@ -143,6 +157,7 @@ class RelaySettings:
             time_margin_seconds=_number(env, "RELAY_TIME_MARGIN_SECONDS", cls.time_margin_seconds, float),
             retry_base_seconds=_number(env, "RELAY_RETRY_BASE_SECONDS", cls.retry_base_seconds, float),
             retry_cap_seconds=_number(env, "RELAY_RETRY_CAP_SECONDS", cls.retry_cap_seconds, float),
+            run_retention_days=_retention(env),
         )
         positive = (
             settings.max_concurrency,

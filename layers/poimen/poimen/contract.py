@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from poimen.wire import DISPATCH_KEY_PATTERN, MAX_JSON_DEPTH, TENANT_PATTERN
+from poimen.wire import DISPATCH_KEY_PATTERN, IDEMPOTENCY_KEY_HEADER, MAX_JSON_DEPTH, TENANT_PATTERN
 
 TenantId = Annotated[str, Field(pattern=TENANT_PATTERN, description="Tenant id; part of Kafka topic names")]
 DispatchKey = Annotated[
@@ -59,6 +59,63 @@ class Run(BaseModel):
     dispatch_key: str | None
     status: Literal["admitted"]
     created_at: str = Field(description="RFC 3339 UTC timestamp of the first admission")
+
+
+class InvalidIdempotencyKey(ValueError):
+    """An Idempotency-Key header value that names no dispatch_key; the message says what it must be."""
+
+
+class IdempotencyKeyMismatch(ValueError):
+    """The Idempotency-Key header and the body's dispatch_key name different keys."""
+
+
+def idempotency_key(value: str) -> str:
+    """The dispatch_key an Idempotency-Key header value names, or InvalidIdempotencyKey.
+
+    Quoted, the value is an RFC 8941 sf-string (section 3.3.3): printable ASCII between double quotes,
+    `\\"` and `\\\\` its only escapes, nothing after the closing quote (no parameters). Unquoted, it is the
+    key itself, as most clients send it. Whitespace around it is not part of it (RFC 9110 OWS). The key
+    keeps the dispatch_key rules (1-255 characters, no control characters) and, being a header, is
+    printable ASCII: other keys go in the body, as header bytes beyond ASCII have no agreed encoding.
+    """
+    text = value.strip(" \t")
+    if text.startswith('"'):
+        string = _SF_STRING.fullmatch(text)
+        if string is None:
+            raise InvalidIdempotencyKey(
+                f"{IDEMPOTENCY_KEY_HEADER} is quoted but not one RFC 8941 string: printable ASCII between double "
+                'quotes, with \\" and \\\\ the only escapes, and nothing after it.'
+            )
+        text = _SF_ESCAPE.sub(r"\1", string[1])
+    if _HEADER_KEY.fullmatch(text) is None:
+        raise InvalidIdempotencyKey(
+            f"{IDEMPOTENCY_KEY_HEADER} must name a key of 1 to 255 printable ASCII characters; "
+            "send other keys as the body's dispatch_key."
+        )
+    return text
+
+
+def dispatch_key_of(header: str | None, body_key: str | None) -> str | None:
+    """The request's dispatch_key: from its Idempotency-Key header, its body, or both when they are equal.
+
+    InvalidIdempotencyKey for a header that names no key; IdempotencyKeyMismatch when the two differ.
+    """
+    if header is None:
+        return body_key
+    key = idempotency_key(header)
+    if body_key is not None and body_key != key:
+        raise IdempotencyKeyMismatch(
+            f"The {IDEMPOTENCY_KEY_HEADER} header and the body's dispatch_key name different keys; "
+            "send the key in one of them, or the same key in both."
+        )
+    return key
+
+
+# RFC 8941 sf-string: DQUOTE *( unescaped / "\" ( DQUOTE / "\" ) ) DQUOTE, unescaped being %x20-21 / %x23-5B / %x5D-7E.
+_SF_STRING = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"')
+_SF_ESCAPE = re.compile(r'\\(["\\])')
+# A dispatch_key (DISPATCH_KEY_PATTERN) of printable ASCII only, which has no control characters.
+_HEADER_KEY = re.compile(r"[\x20-\x7e]{1,255}")
 
 
 class Problem(BaseModel):

@@ -1,4 +1,4 @@
-"""The outbox relay: each admitted run, inserted into the table, becomes one event on `poimen.<tenant>.events`.
+"""The outbox relay: each admitted run, written into the table, becomes one event on `poimen.<tenant>.events`.
 
 The table's stream (NEW_IMAGE) is its only input: it never imports admission or the store (a test enforces
 it) and its role cannot write the table. An event is the run as GET /v1/runs/{id} answers it, keyed by the
@@ -31,6 +31,9 @@ from poimen.observability import logger, metrics
 RUN_PREFIX = "RUN#"
 ADMITTED = "admitted"
 EVENT_TYPE = "poimen.run.admitted"
+# Stream records that admit a run: an INSERT, or a MODIFY when a run overwrote an expired one at its key
+# (run retention; runs are never modified otherwise). A REMOVE (a TTL deletion) admits nothing.
+ADMITTING_EVENTS = frozenset({"INSERT", "MODIFY"})
 CONTENT_TYPE = "application/json"
 # A run item's attributes that every run has (store.RunRecord's non-null ones; a test holds them equal),
 # and the optional ones the event carries: the outbox reads the stream's image itself rather than import
@@ -134,11 +137,15 @@ def _string(image: Mapping[str, Mapping[str, Any]], name: str) -> str | None:
 
 
 def events_of_batch(event: Mapping[str, Any], stack_name: str) -> list[RunEvent]:
-    """The events of a DynamoDB stream batch, in stream order: one per inserted admitted run."""
+    """The events of a DynamoDB stream batch, in stream order: one per admitted run written (ADMITTING_EVENTS)."""
     events = []
     for record in event.get("Records", []):
         image = record.get("dynamodb", {}).get("NewImage")
-        if record.get("eventName") != "INSERT" or not isinstance(image, Mapping) or not is_admitted_run(image):
+        if (
+            record.get("eventName") not in ADMITTING_EVENTS
+            or not isinstance(image, Mapping)
+            or not is_admitted_run(image)
+        ):
             logger.debug("stream record is no admitted run; nothing to publish", event_id=record.get("eventID"))
             continue
         events.append(run_event(image, stack_name))

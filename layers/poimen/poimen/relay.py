@@ -42,6 +42,7 @@ from botocore.awsrequest import AWSRequest
 from poimen.config import RelaySettings
 from poimen.kafka import tenant_of_dispatch_topic
 from poimen.observability import logger, metrics
+from poimen.retention import expired
 from poimen.wire import TENANT_HEADER
 
 RETRYABLE_STATUSES = frozenset({408, 429}) | frozenset(range(500, 600))
@@ -85,7 +86,8 @@ class _Aborted(BatchFailed):
 
 @dataclass(frozen=True)
 class DeadLetterReason:
-    kind: str  # invalid-topic | empty-value | undecodable | invalid-json | rejected | outcome-unknown | relay-error
+    # invalid-topic | empty-value | undecodable | invalid-json | expired | rejected | outcome-unknown | relay-error
+    kind: str
     detail: str
     status: int | None = None
     problem: Any = None
@@ -157,7 +159,13 @@ _T = TypeVar("_T")
 
 
 class Relay:
-    """Relays batches to one admission API; built once per execution environment."""
+    """Relays batches to one admission API; built once per execution environment.
+
+    With a run retention (RelaySettings.run_retention_days, RUN_RETENTION_DAYS), a record whose Kafka
+    timestamp is older than it is dead-lettered as `expired` instead of admitted: its run may have expired
+    already, and admitting the record again would be a second run. A record without a timestamp (-1) is
+    admitted as always.
+    """
 
     def __init__(
         self,
@@ -250,14 +258,24 @@ class Relay:
             self._dead_letter(record, DeadLetterReason("invalid-json", "value is not a JSON object"), batch)
             return
         dispatch_key = spawn.get("dispatch_key")
+        timestamp_ms = _timestamp_ms(record)
+        now_ms = time.time() * 1000
+        retention = self._settings.run_retention_days
+        if timestamp_ms is not None and expired(timestamp_ms, now_ms, retention):
+            detail = (
+                f"the record is {age_text(now_ms - timestamp_ms)} old, older than the run retention of "
+                f"{retention} days: its run may have expired, and admitting it again would be a "
+                "second run"
+            )
+            self._dead_letter(record, DeadLetterReason("expired", detail), batch, dispatch_key=dispatch_key)
+            return
         if dispatch_key is None:
             # Relayed, as the API admits keyless spawns; but a retry after a lost answer, or of the
             # batch, can then admit it twice. Publishers should always set a dispatch_key.
             logger.warning("dispatch without dispatch_key: delivered at least once", topic=record.topic)
         status, answer = self._post(tenant_id, body, _traceparent(record), batch, keyed=dispatch_key is not None)
         if status in (200, 201):
-            # A record without a timestamp (-1) has no lag to tell.
-            lag_ms = max(0.0, time.time() * 1000 - record.timestamp) if record.timestamp > 0 else None
+            lag_ms = None if timestamp_ms is None else max(0.0, time.time() * 1000 - timestamp_ms)
             batch.outcome.admitted(replayed=status == 200, lag_ms=lag_ms)
             logger.info(
                 "dispatch replayed" if status == 200 else "dispatch relayed",
@@ -445,6 +463,22 @@ def dead_letter_attributes(record: KafkaEventRecord) -> dict[str, dict[str, str]
         "partition": {"DataType": "Number", "StringValue": str(record.partition)},
         "offset": {"DataType": "Number", "StringValue": str(record.offset)},
     }
+
+
+def age_text(ms: float) -> str:
+    """An age in its largest units: `4 days 2 h`, `3 h 5 min`, `42 s`."""
+    seconds = max(0, int(ms // 1000))
+    days, hours, minutes = seconds // 86_400, seconds % 86_400 // 3600, seconds % 3600 // 60
+    if days:
+        return f"{days} day{'s' if days != 1 else ''}" + (f" {hours} h" if hours else "")
+    if hours:
+        return f"{hours} h" + (f" {minutes} min" if minutes else "")
+    return f"{minutes} min" if minutes else f"{seconds} s"
+
+
+def _timestamp_ms(record: KafkaEventRecord) -> int | None:
+    """The record's Kafka timestamp; None for a record without one (-1): no lag to tell, no age."""
+    return record.timestamp if record.timestamp > 0 else None
 
 
 def _attributes_size(attributes: dict[str, dict[str, str]]) -> int:

@@ -8,6 +8,12 @@ One table, one string hash key `pk`:
   `item_type`, and no fence has a `status`). Admission writes one when that run's write may have been
   sent but is not there, so that the write can no longer land late (`Store.fence_run`). Readers of the
   table (`get_run`, the outbox relay's stream filter) treat it as no run.
+
+With run retention (Settings.run_retention_days), runs and fences carry the Number attribute `expires_at`
+(epoch seconds), the table's TTL attribute. DynamoDB deletes an expired item lazily (days later, maybe):
+until then the store treats it as absent, so it is no run to a read, and its key admits a new run, which
+overwrites it (a MODIFY on the stream, that the outbox publishes as the admission it is). Items written
+without retention have no `expires_at` and are kept forever; without retention the store ignores it.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
@@ -33,11 +40,14 @@ from pynamodb.models import Model
 
 from poimen.config import Settings
 from poimen.errors import OutcomeUnknown, RunNotStorable, RunTooLarge, StoreUnavailable
+from poimen.retention import expires_at
 
 HASH_KEY = "pk"
 # The marker of an item that is not a run (see the module doc): its name, and a fence's value.
 ITEM_TYPE = "item_type"
 FENCE = "fence"
+# The TTL attribute of runs and fences under run retention (template.yaml: TimeToLiveSpecification).
+EXPIRES_AT = "expires_at"
 # DynamoDB's item limit is 400 KB of 1,024 bytes (409,600); the run write stops at the decimal reading,
 # under every stand-in's limit too (moto refuses past 405,000), so no emulator refuses first.
 MAX_ITEM_BYTES = 400_000
@@ -147,6 +157,7 @@ class Store:
         # own retries it must still end before the function's timeout.
         self._once = _bind(RunRecord, dataclasses.replace(settings, dynamodb_max_attempts=1))
         self._attempts = _WriteAttempts()
+        self.run_retention_days = settings.run_retention_days
 
     @property
     def client(self) -> Any:
@@ -176,7 +187,10 @@ class Store:
         Refused before the call: an item over MAX_ITEM_BYTES (RunTooLarge). DynamoDB's
         ValidationException is RunNotStorable: the request, not the service, is at fault.
         """
-        item = record.serialize()
+        item: dict[str, dict[str, str]] = record.serialize()
+        if self.run_retention_days is not None:
+            created_ms = datetime.fromisoformat(record.created_at).timestamp() * 1000
+            item[EXPIRES_AT] = {"N": str(expires_at(created_ms, self.run_retention_days))}
         size = item_size(item)
         if size > MAX_ITEM_BYTES:
             raise RunTooLarge(size, MAX_ITEM_BYTES)
@@ -189,9 +203,8 @@ class Store:
             client.put_item(
                 TableName=self.table_name,
                 Item=item,
-                ConditionExpression="attribute_not_exists(#pk)",
-                ExpressionAttributeNames={"#pk": HASH_KEY},
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                **self._absent_condition(),
             )
         except ClientError as error:
             details = error.response.get("Error", {})
@@ -215,6 +228,19 @@ class Store:
                 raise _unknown(record, f"{type(error).__name__}: {error}") from error
             raise
         return None
+
+    def _absent_condition(self) -> dict[str, Any]:
+        """The condition of a run's write: no item at its key, or (with retention) only an expired one.
+
+        An item without `expires_at` (a run admitted before retention was set) never counts as expired.
+        """
+        if self.run_retention_days is None:
+            return {"ConditionExpression": "attribute_not_exists(#pk)", "ExpressionAttributeNames": {"#pk": HASH_KEY}}
+        return {
+            "ConditionExpression": "attribute_not_exists(#pk) OR #expires_at < :now",
+            "ExpressionAttributeNames": {"#pk": HASH_KEY, "#expires_at": EXPIRES_AT},
+            "ExpressionAttributeValues": {":now": {"N": str(_now_seconds())}},
+        }
 
     def _note_attempt(self, exception: Exception | None = None, response_dict: Any = None, **_: Any) -> None:
         """botocore's hook after each PutItem attempt: note one that may have committed unanswered."""
@@ -246,6 +272,8 @@ class Store:
             "attempt_id": {"S": record.attempt_id},
             "fenced_at": {"S": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")},
         }
+        if self.run_retention_days is not None:  # a fence outlives its run's write by far, not forever
+            fence[EXPIRES_AT] = {"N": str(expires_at(time.time() * 1000, self.run_retention_days))}
         try:
             self.resolution_client.put_item(
                 TableName=self.table_name,
@@ -273,6 +301,7 @@ class Store:
             stored = self._item_once(record)
             if stored is None:
                 raise _unknown(record, "its key was taken, then empty when read")
+        # Never an expired run: keyless run ids are never reused, so nothing older is at this key.
         return None if _is_fence(stored) else self.runs.from_raw_data(stored)
 
     def _item_once(self, record: RunRecord) -> dict[str, Any] | None:
@@ -286,7 +315,7 @@ class Store:
         return item
 
     def get_run(self, tenant_id: str, run_id: str) -> RunRecord | None:
-        """The run, read strongly consistently; None if absent or fenced."""
+        """The run, read strongly consistently; None if absent, fenced or expired (not yet deleted)."""
         with _translated_errors():
             found = self.client.get_item(
                 TableName=self.table_name, Key={HASH_KEY: {"S": run_pk(tenant_id, run_id)}}, ConsistentRead=True
@@ -294,7 +323,14 @@ class Store:
         return self._run_or_none(found.get("Item"))
 
     def _run_or_none(self, item: dict[str, Any] | None) -> RunRecord | None:
-        return None if item is None or _is_fence(item) else self.runs.from_raw_data(item)
+        return None if item is None or _is_fence(item) or self._expired(item) else self.runs.from_raw_data(item)
+
+    def _expired(self, item: dict[str, Any]) -> bool:
+        """Whether, under retention, `item` is past its `expires_at` (as the write's condition tells it)."""
+        if self.run_retention_days is None:
+            return False
+        stamp: dict[str, str] = item.get(EXPIRES_AT, {})
+        return "N" in stamp and float(stamp["N"]) < _now_seconds()
 
     def granted_tenants(self, principal: str) -> frozenset[str]:
         with _translated_errors():
@@ -345,8 +381,16 @@ def _translated_errors() -> Iterator[None]:
 def item_size(item: dict[str, dict[str, str]]) -> int:
     """An item's size as DynamoDB counts it against its limit: for each attribute, the UTF-8 bytes of
     its name plus those of its value. Every run attribute is a string (DynamoDB Developer Guide, *Item
-    sizes and formats*: a string is its UTF-8 bytes)."""
-    return sum(len(name.encode()) + len(value["S"].encode()) for name, value in item.items())
+    sizes and formats*: a string is its UTF-8 bytes) but `expires_at`, a number: at most 21 bytes, counted
+    here as its digits plus one, more than DynamoDB's (digits / 2) + 1."""
+    return sum(
+        len(name.encode()) + (len(value["S"].encode()) if "S" in value else len(value["N"]) + 1)
+        for name, value in item.items()
+    )
+
+
+def _now_seconds() -> int:
+    return int(time.time())
 
 
 def _is_fence(item: dict[str, Any]) -> bool:

@@ -18,3 +18,5 @@ TRACEPARENT_PATTERN = r"^(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-
 
 TENANT_HEADER = "X-Poimen-Tenant"
 REPLAYED_HEADER = "Idempotent-Replayed"
+# The dispatch_key as a header (RFC 8941 string, or the key itself unquoted): poimen.contract.idempotency_key.
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"

@@ -22,6 +22,7 @@ from confluent_kafka import Consumer
 
 from poimen.kafka import events_topic
 from poimen.kafka_client import client_config, quiet_client_settings
+from poimen.wire import rfc3339
 from poimen_tools.arguments import (
     endpoint_url,
     kafka_connection_arguments,
@@ -89,7 +90,7 @@ def _backfill(args: argparse.Namespace) -> int:
 
     if not args.debug:
         logger.setLevel(logging.WARNING)  # the relay's per-batch log lines are for Lambda, not this terminal
-    until = args.until or _rfc3339(datetime.now(UTC))
+    until = args.until or rfc3339(datetime.now(UTC))
     window = f"[{args.since}, {until})"
     items = sorted(_runs_in_window(args, args.since, until), key=lambda item: item["created_at"]["S"])
     if args.dry_run:
@@ -224,8 +225,4 @@ def _timestamp(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r} is not an RFC 3339 time (2026-11-27T12:00:00Z)") from error
     if moment.tzinfo is None:
         raise argparse.ArgumentTypeError(f"{text!r} has no UTC offset: end it with Z or +HH:MM")
-    return _rfc3339(moment)
-
-
-def _rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return rfc3339(moment)

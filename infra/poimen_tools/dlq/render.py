@@ -7,10 +7,11 @@ import binascii
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from poimen.relay import DeadLetterReason
+from poimen.wire import rfc3339
 from poimen_tools.dlq.model import KINDS, DeadLetter, Dispatch, Parcel, sendable
 
 
@@ -235,7 +236,7 @@ def table(rows: Sequence[tuple[str, ...]], right: tuple[int, ...] = ()) -> str:
 
 
 def iso(at: datetime | None) -> str | None:
-    return None if at is None else at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return None if at is None else rfc3339(at)
 
 
 def _seconds(at: datetime | None, now: datetime) -> int | None:

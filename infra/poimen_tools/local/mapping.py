@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from poimen.wire import rfc3339
 from poimen_tools.local.devserver import LambdaHandler, LocalLambdaContext
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ def invocation_record(function_name: str, attempts: int) -> dict[str, Any]:
         },
         "responseContext": {"statusCode": 200, "executedVersion": "$LATEST", "functionError": "Unhandled"},
         "version": "1.0",
-        "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "timestamp": rfc3339(),
     }
 
 

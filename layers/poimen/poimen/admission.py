@@ -19,7 +19,6 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from poimen.contract import RunRequest, json_text, parse_json, run_json
 from poimen.errors import (
@@ -32,6 +31,7 @@ from poimen.errors import (
 )
 from poimen.ids import keyed_run_id, request_fingerprint, unkeyed_run_id
 from poimen.store import RunRecord, Store, run_pk
+from poimen.wire import rfc3339
 
 ALL_TENANTS = "*"
 _ASSUMED_ROLE = re.compile(r"^arn:(?P<partition>[^:]+):sts::(?P<account>\d+):assumed-role/(?P<role>[^/]+)/.+$")
@@ -178,7 +178,7 @@ def _grants(tenants: frozenset[str], tenant_id: str) -> bool:
 
 
 def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return rfc3339()
 
 
 def _as_run(record: RunRecord) -> RunView:

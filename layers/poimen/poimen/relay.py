@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, TypeVar
 
@@ -43,7 +42,7 @@ from poimen.config import RelaySettings
 from poimen.kafka import tenant_of_dispatch_topic
 from poimen.observability import logger, metrics
 from poimen.retention import expired
-from poimen.wire import TENANT_HEADER
+from poimen.wire import TENANT_HEADER, rfc3339
 
 RETRYABLE_STATUSES = frozenset({408, 429}) | frozenset(range(500, 600))
 # The answers that blame the record itself: dead-letter it and drain on. Any other refusal (401, 403,
@@ -419,7 +418,7 @@ def dead_letter_message(record: KafkaEventRecord, reason: DeadLetterReason) -> d
             "status": reason.status,
             "problem": reason.problem,
         },
-        "deadLetteredAt": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "deadLetteredAt": rfc3339(),
     }
 
 

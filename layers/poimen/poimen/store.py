@@ -23,7 +23,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar, cast
 
 from botocore.exceptions import (
@@ -41,6 +41,7 @@ from pynamodb.models import Model
 from poimen.config import Settings
 from poimen.errors import OutcomeUnknown, RunNotStorable, RunTooLarge, StoreUnavailable
 from poimen.retention import expires_at
+from poimen.wire import rfc3339
 
 HASH_KEY = "pk"
 # The marker of an item that is not a run (see the module doc): its name, and a fence's value.
@@ -270,7 +271,7 @@ class Store:
             HASH_KEY: {"S": record.pk},
             ITEM_TYPE: {"S": FENCE},
             "attempt_id": {"S": record.attempt_id},
-            "fenced_at": {"S": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")},
+            "fenced_at": {"S": rfc3339()},
         }
         if self.run_retention_days is not None:  # a fence outlives its run's write by far, not forever
             fence[EXPIRES_AT] = {"N": str(expires_at(time.time() * 1000, self.run_retention_days))}

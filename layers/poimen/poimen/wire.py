@@ -3,6 +3,10 @@ are `poimen.contract`), so the relay and Kafka naming import them without loadin
 the relay's cold start.
 """
 
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
 TENANT_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 # 1-255 characters, none of them a C0/C1 control character or DEL.
 DISPATCH_KEY_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]{1,255}$"
@@ -20,3 +24,8 @@ TENANT_HEADER = "X-Poimen-Tenant"
 REPLAYED_HEADER = "Idempotent-Replayed"
 # The dispatch_key as a header (RFC 8941 string, or the key itself unquoted): poimen.contract.idempotency_key.
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+
+
+def rfc3339(moment: datetime | None = None) -> str:
+    """`moment` (now if None) as the API writes times (`created_at`): RFC 3339, UTC, milliseconds, `Z`."""
+    return (moment or datetime.now(UTC)).astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -17,6 +17,14 @@ CHECKOV := .venv-checkov/bin/checkov
 CHECKOV_SCAN := CKV_SKIP_PACKAGE_UPDATE_CHECK=true $(CHECKOV) --framework cloudformation --skip-download --compact --quiet
 CHECKOV_PARAMETERS := Tenants=acme,globex SnapStart=PublishedVersions AdmissionReservedConcurrency=100 \
 	RelayReservedConcurrency=20 OutboxReservedConcurrency=10 KmsKeyArn=arn:aws:kms:us-east-1:111122223333:key/00000000-0000-0000-0000-000000000000
+# Multi-Region mode (docs/operations.md#multi-region), hardened as above: a home stack in us-east-1 with
+# replicas in us-east-2 and us-west-2 (a key each), and the us-east-2 replica stack.
+CHECKOV_HOME_PARAMETERS := $(CHECKOV_PARAMETERS) TableMode=global-home PeerRegion1=us-east-2 PeerRegion2=us-west-2 \
+	PeerRegion1KmsKeyArn=arn:aws:kms:us-east-2:111122223333:key/00000000-0000-0000-0000-000000000000 \
+	PeerRegion2KmsKeyArn=arn:aws:kms:us-west-2:111122223333:key/00000000-0000-0000-0000-000000000000 \
+	PeerClusterAlias1=east2 PeerClusterAlias2=west2
+CHECKOV_REPLICA_PARAMETERS := $(CHECKOV_PARAMETERS) TableMode=global-replica PeerRegion1=us-east-1 PeerRegion2=us-west-2 \
+	ReplicaStreamLabel=2026-12-01T10:00:00.000 PeerClusterAlias1=east1 PeerClusterAlias2=west2
 # template.yaml as the stack receives it, offline (Fn::ForEach expanded, SAM transformed, every intrinsic
 # it cannot resolve kept): infra/poimen_tools/sam_transform.py, run by the SAM CLI's interpreter.
 SAM_TRANSFORM := .venv-sam/bin/python infra/poimen_tools/sam_transform.py
@@ -51,6 +59,27 @@ KAFKA_BOOTSTRAP_SERVERS ?=
 OUTBOX_SUBNET_IDS ?=
 OUTBOX_SECURITY_GROUP_IDS ?=
 ALARM_EMAIL ?=
+# Multi-Region mode (docs/operations.md#multi-region): TABLE_MODE=global-home with PEER_REGION_1 and
+# PEER_REGION_2 (WITNESS_REGION: one of them, or empty for three replicas), then TABLE_MODE=global-replica in
+# each replica Region with the same three and REPLICA_STREAM_LABEL. PEER_CLUSTER_ALIAS_1/_2: the peer Kafka
+# clusters whose dispatch topics are replicated here (any mode); PEER_REGION_1_KMS_KEY_ARN/_2_: the replicas'
+# keys, home stack with a KmsKeyArn. Empty: not passed (the template's defaults: single Region, no alias).
+TABLE_MODE ?=
+PEER_REGION_1 ?=
+PEER_REGION_2 ?=
+WITNESS_REGION ?=
+REPLICA_STREAM_LABEL ?=
+PEER_CLUSTER_ALIAS_1 ?=
+PEER_CLUSTER_ALIAS_2 ?=
+PEER_REGION_1_KMS_KEY_ARN ?=
+PEER_REGION_2_KMS_KEY_ARN ?=
+MULTI_REGION_PARAMETERS = $(if $(TABLE_MODE),"TableMode=$(TABLE_MODE)") $(if $(PEER_REGION_1),"PeerRegion1=$(PEER_REGION_1)") \
+	$(if $(PEER_REGION_2),"PeerRegion2=$(PEER_REGION_2)") $(if $(WITNESS_REGION),"WitnessRegion=$(WITNESS_REGION)") \
+	$(if $(REPLICA_STREAM_LABEL),"ReplicaStreamLabel=$(REPLICA_STREAM_LABEL)") \
+	$(if $(PEER_CLUSTER_ALIAS_1),"PeerClusterAlias1=$(PEER_CLUSTER_ALIAS_1)") \
+	$(if $(PEER_CLUSTER_ALIAS_2),"PeerClusterAlias2=$(PEER_CLUSTER_ALIAS_2)") \
+	$(if $(PEER_REGION_1_KMS_KEY_ARN),"PeerRegion1KmsKeyArn=$(PEER_REGION_1_KMS_KEY_ARN)") \
+	$(if $(PEER_REGION_2_KMS_KEY_ARN),"PeerRegion2KmsKeyArn=$(PEER_REGION_2_KMS_KEY_ARN)")
 # --parameter-overrides on the command line replaces samconfig.toml's, so the deploy repeats the
 # environment's own overrides, read from that file (one source for them).
 STAGE_PARAMETERS = $(shell $(PYTHON) -c "import tomllib; \
@@ -120,6 +149,12 @@ lint: $(STAMP) $(SAM) $(CHECKOV)
 	@mkdir -p .cache/checkov
 	$(OFFLINE_AWS) $(SAM_TRANSFORM) template.yaml $(CHECKOV_PARAMETERS) > .cache/checkov/template.transformed.json
 	$(CHECKOV_SCAN) --file .cache/checkov/template.transformed.json
+	SAM_CLI_TELEMETRY=0 AWS_DEFAULT_REGION=us-east-1 $(SAM_TRANSFORM) template.yaml $(CHECKOV_HOME_PARAMETERS) \
+		> .cache/checkov/template.home.transformed.json
+	$(CHECKOV_SCAN) --file .cache/checkov/template.home.transformed.json
+	SAM_CLI_TELEMETRY=0 AWS_DEFAULT_REGION=us-east-2 $(SAM_TRANSFORM) template.yaml $(CHECKOV_REPLICA_PARAMETERS) \
+		> .cache/checkov/template.replica.transformed.json
+	$(CHECKOV_SCAN) --file .cache/checkov/template.replica.transformed.json
 
 # The deployable bundle, offline: the template as `sam deploy` will see it, the deploy workflow, and
 # `sam build` for two tenants (tests/integration/test_bundle.py inspects what it built).
@@ -141,10 +176,20 @@ deploy: build
 	@test -n "$(TENANTS)" -a -n "$(MSK_CLUSTER_ARN)" -a -n "$(KAFKA_BOOTSTRAP_SERVERS)" -a -n "$(OUTBOX_SUBNET_IDS)" \
 		-a -n "$(OUTBOX_SECURITY_GROUP_IDS)" || { echo "make deploy: set TENANTS=<ids>, MSK_CLUSTER_ARN=<arn>," \
 		"KAFKA_BOOTSTRAP_SERVERS=<brokers>, OUTBOX_SUBNET_IDS=<ids> and OUTBOX_SECURITY_GROUP_IDS=<ids> (README, Deploy)" >&2; exit 1; }
+	@case "$(TABLE_MODE)" in \
+		""|single) test -z "$(PEER_REGION_1)$(PEER_REGION_2)$(WITNESS_REGION)$(REPLICA_STREAM_LABEL)" || { echo "make deploy:" \
+			"PEER_REGION_1, PEER_REGION_2, WITNESS_REGION and REPLICA_STREAM_LABEL need TABLE_MODE=global-home or global-replica" >&2; exit 1; } ;; \
+		global-home) test -n "$(PEER_REGION_1)" -a -n "$(PEER_REGION_2)" -a -z "$(REPLICA_STREAM_LABEL)" || { echo "make deploy:" \
+			"TABLE_MODE=global-home needs PEER_REGION_1 and PEER_REGION_2 and no REPLICA_STREAM_LABEL (docs/operations.md, Multi-Region)" >&2; exit 1; } ;; \
+		global-replica) test -n "$(PEER_REGION_1)" -a -n "$(PEER_REGION_2)" -a -n "$(REPLICA_STREAM_LABEL)" || { echo "make deploy:" \
+			"TABLE_MODE=global-replica needs PEER_REGION_1, PEER_REGION_2 and REPLICA_STREAM_LABEL (docs/operations.md, Multi-Region)" >&2; exit 1; } ;; \
+		*) echo "make deploy: TABLE_MODE is single, global-home or global-replica, not '$(TABLE_MODE)'" >&2; exit 1 ;; \
+	esac
 	SAM_CLI_TELEMETRY=0 $(SAM) deploy --config-env $(CONFIG_ENV) --parameter-overrides $(STAGE_PARAMETERS) \
 		"MskClusterArn=$(MSK_CLUSTER_ARN)" "Tenants=$(TENANTS)" \
 		"KafkaBootstrapServers=$(KAFKA_BOOTSTRAP_SERVERS)" "OutboxSubnetIds=$(OUTBOX_SUBNET_IDS)" \
-		"OutboxSecurityGroupIds=$(OUTBOX_SECURITY_GROUP_IDS)" $(if $(ALARM_EMAIL),"AlarmEmail=$(ALARM_EMAIL)")
+		"OutboxSecurityGroupIds=$(OUTBOX_SECURITY_GROUP_IDS)" $(if $(ALARM_EMAIL),"AlarmEmail=$(ALARM_EMAIL)") \
+		$(MULTI_REGION_PARAMETERS)
 
 # The local Kafka broker's jars, from Maven Central into .cache/kafka (needs Java 17 and Maven).
 kafka-jars: $(STAMP)

@@ -224,6 +224,14 @@ def _add_dev(commands: Commands) -> None:
     dev.add_argument("--dlq-name", type=queue_name, default=defaults.dlq_name, help="(default: %(default)s)")
     dev.add_argument("--region", type=region, default=defaults.region, help="(default: %(default)s)")
     dev.add_argument(
+        "--table-region",
+        type=region,
+        metavar="REGION",
+        help="the Region whose table the functions use (TABLE_REGION), created there if absent: with another "
+        "poimen dev's --dynamodb-endpoint, one table shared by two Regions, as a global table's replicas "
+        "(default: --region)",
+    )
+    dev.add_argument(
         "--concurrency",
         type=whole_number(1, MAX_CONCURRENCY),
         default=defaults.concurrency,
@@ -335,6 +343,7 @@ def _dev_options(args: argparse.Namespace) -> DevOptions:
         principal=args.principal,
         principals_file=args.principals,
         region=args.region,
+        table_region=args.table_region,
         template_path=args.template,
         concurrency=args.concurrency,
         dlq_name=args.dlq_name,

@@ -5,6 +5,11 @@ stderr and an exit code. Calls are signed (SigV4, execute-api) with your AWS cre
 loopback URL (`poimen dev`) for which the SDK finds none, with poimen dev's documented dev key
 (`--dev-key` forces it). A spawn without --dispatch-key gets a key generated for it, so its retries
 never admit it twice.
+
+A multi-Region stack: give --base-url once per Region, in order of preference, as REGION=URL (the
+Region its calls are signed for) or a bare URL (Region as for a single one). A connection failure, a
+timeout, 408, 429 or 5xx moves the call to the next one, within --max-attempts; the same dispatch_key
+goes with it, so the move never admits a run twice.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from poimen.client import (
     Forbidden,
     InvalidRequest,
     NotFound,
+    RegionalEndpoint,
     Unavailable,
 )
 from poimen.contract import json_text
@@ -68,16 +74,19 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--base-url",
-        type=base_url,
-        default=DEFAULT_BASE_URL,
-        metavar="URL",
-        help="admission API base URL, e.g. the stack output AdmissionApiUrl (default: %(default)s, poimen dev)",
+        type=regional_base_url,
+        action="append",
+        metavar="[REGION=]URL",
+        help="admission API base URL, e.g. the stack output AdmissionApiUrl (default: "
+        f"{DEFAULT_BASE_URL}, poimen dev); repeat it for each Region of a multi-Region stack, in order of "
+        "preference, REGION= naming the Region its calls are signed for",
     )
     common.add_argument("--tenant", required=True, type=tenant, help="the tenant the call acts for (X-Poimen-Tenant)")
     common.add_argument(
         "--region",
         type=region,
-        help="SigV4 region (default: the execute-api host's, else the SDK's; us-east-1 on loopback)",
+        help="SigV4 region of each --base-url without REGION= (default: the execute-api host's, else the "
+        "SDK's; us-east-1 on loopback)",
     )
     common.add_argument(
         "--dev-key",
@@ -203,21 +212,36 @@ def _explain(error: Exception, args: argparse.Namespace) -> tuple[str, int]:
     return f"{error}: is --base-url the admission API (the stack output AdmissionApiUrl)?", EXIT_UNAVAILABLE
 
 
+def regional_base_url(value: str) -> tuple[str, str | None]:
+    """`--base-url`: URL or REGION=URL, as (URL, REGION or None). A URL's scheme comes before any `=` it
+    may hold, and a Region has no `:` or `/`, so the two forms cannot be mistaken for each other."""
+    named, equals, url = text(value).partition("=")
+    if not equals or ":" in named or "/" in named:
+        return base_url(value), None
+    try:
+        return base_url(url), region(named)
+    except argparse.ArgumentTypeError as error:
+        raise argparse.ArgumentTypeError(f"{value!r} is not REGION=URL: {error}") from error
+
+
 def _client(args: argparse.Namespace) -> AdmissionClient:
-    loopback = is_loopback(args.base_url)
+    given: list[tuple[str, str | None]] = args.base_url or [(DEFAULT_BASE_URL, None)]
+    urls = [url for url, _ in given]
     credentials = None
     if args.dev_key:
         credentials = Credentials(DEV_ACCESS_KEY, DEV_SECRET_KEY)
-    elif (dev_key := local_credentials(args.base_url)) is not None:
+    elif all(is_loopback(url) for url in urls) and (dev_key := local_credentials(urls[0])) is not None:
+        # Never with an endpoint elsewhere in the list: a real AWS call is signed only with real credentials.
         credentials = Credentials(*dev_key)
-    # poimen dev checks signatures for its own --region (us-east-1 unless told), whatever the SDK's says.
-    region = args.region or (LOCAL_REGION if loopback else None)
+    endpoints: list[str | RegionalEndpoint] = []
+    for url, named in given:
+        # poimen dev checks signatures for its own --region (us-east-1 unless told), whatever the SDK's says.
+        signed_for = named or args.region or (LOCAL_REGION if is_loopback(url) else None)
+        endpoints.append(url if signed_for is None else RegionalEndpoint(url, signed_for))
     try:
-        return AdmissionClient(
-            args.base_url, region=region, credentials=credentials, timeout=args.timeout, max_attempts=args.max_attempts
-        )
+        return AdmissionClient(endpoints, credentials=credentials, timeout=args.timeout, max_attempts=args.max_attempts)
     except ValueError as error:  # no credentials, or no region, found
-        fix = "configure them (AWS_PROFILE, aws sso login), pass --region, or --dev-key for poimen dev"
+        fix = "configure them (AWS_PROFILE, aws sso login), pass --region (or REGION=URL), or --dev-key for poimen dev"
         raise _Failure(f"{error}: {fix}", EXIT_UNAVAILABLE) from error
 
 

@@ -10,6 +10,7 @@ SAM CLI's own expansion resolves every Fn::Sub it meets to a string, even when a
 resource or a pseudo parameter it cannot know: `!Sub https://${AdmissionApi}.execute-api...` became that
 literal text, which CloudFormation would never produce. Here an Fn::Sub whose placeholders are not all
 resolved stays an Fn::Sub (what is known substituted into it), as CloudFormation's transform leaves it.
+A resource whose Condition the given parameters make false is left out, as the stack would not have it.
 """
 
 from __future__ import annotations
@@ -88,6 +89,15 @@ def expand(template: dict[str, Any], parameters: dict[str, str]) -> dict[str, An
         ]
     )
     expanded: dict[str, Any] = pipeline.process_template(context)
+    # As the Fn::If above, a resource's Condition is decided by the parameters given: a resource whose
+    # condition is false is not in the stack (the single-Region table in multi-Region mode, say).
+    absent = [
+        name
+        for name, resource in expanded["Resources"].items()
+        if "Condition" in resource and resolver.resolve_value({"Condition": resource["Condition"]}) is False
+    ]
+    for name in absent:
+        del expanded["Resources"][name]
     return expanded
 
 

@@ -69,6 +69,17 @@ def throttled(_: Callable[[], Any], request: Any) -> Any:
     return (response, parsed), None
 
 
+def replicated_write_conflict(_: Callable[[], Any], request: Any) -> Any:
+    """An MRSC global table's answer while another Region writes the same item: refused, nothing written."""
+    body = b'{"__type":"com.amazonaws.dynamodb.v20120810#ReplicatedWriteConflictException","message":"injected"}'
+    response = AWSResponse(request.url, 409, HTTPHeaders.from_dict({"x-amzn-requestid": "r"}), _Raw(body))
+    parsed = {
+        "Error": {"Code": "ReplicatedWriteConflictException", "Message": "injected"},
+        "ResponseMetadata": {"HTTPStatusCode": 409, "HTTPHeaders": {}},
+    }
+    return (response, parsed), None
+
+
 class _Raw:
     def __init__(self, body: bytes) -> None:
         self._body = body

@@ -7,7 +7,13 @@ import json
 from typing import Any
 
 from poimen.contract import json_text
-from poimen.kafka import dispatch_topic, events_topic, partition_key
+from poimen.kafka import (
+    CLUSTER_ALIAS_PATTERN,
+    dispatch_topic,
+    events_topic,
+    partition_key,
+    replicated_dispatch_topic,
+)
 from poimen.outbox import events_of_batch
 from tests.asyncapi_contract import document, record_errors
 from tests.conftest import REPO, load_event
@@ -25,6 +31,19 @@ def test_it_is_asyncapi_3_with_both_topics_at_their_addresses() -> None:
     assert doc["channels"]["dispatch"]["address"] == dispatch_topic("acme").replace("acme", "{tenant}")
     assert doc["channels"]["events"]["address"] == events_topic("acme").replace("acme", "{tenant}")
     assert {op["action"] for op in doc["operations"].values()} == {"send", "receive"}
+
+
+def test_the_replicated_dispatch_channel_carries_the_same_spawn_requests() -> None:
+    doc = document()
+    channel = doc["channels"]["replicatedDispatch"]
+
+    assert channel["address"] == replicated_dispatch_topic("west", "acme").replace("west", "{alias}").replace(
+        "acme", "{tenant}"
+    )
+    assert channel["messages"] == doc["channels"]["dispatch"]["messages"]
+    assert doc["components"]["parameters"]["alias"]["description"].endswith(CLUSTER_ALIAS_PATTERN)
+    (operation,) = [op for op in doc["operations"].values() if op["channel"]["$ref"] == "#/channels/replicatedDispatch"]
+    assert operation["action"] == "receive"
 
 
 def test_the_dispatch_message_has_the_api_limits() -> None:

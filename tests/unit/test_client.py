@@ -1,6 +1,6 @@
-"""poimen.client against a scripted HTTP peer on loopback: signing, retries and backoff, Retry-After, the
-keyless spawn's generated key, and the mapping of answers to typed errors. The backoff's sleep is
-injected and recorded: no test waits for it."""
+"""poimen.client against scripted HTTP peers on loopback: signing, retries and backoff, Retry-After, the
+keyless spawn's generated key, the mapping of answers to typed errors, and failover between regional
+endpoints (also through `poimen runs`). The backoff's sleep is injected and recorded: no test waits for it."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -30,12 +31,14 @@ from poimen.client import (
     InvalidRequest,
     NotFound,
     OutcomeUnknown,
+    RegionalEndpoint,
     Unavailable,
     UnexpectedAnswer,
     _retry_after_seconds,
 )
 from poimen.contract import parse_json
 from poimen.wire import DISPATCH_KEY_PATTERN
+from poimen_tools import cli, runs
 from poimen_tools.local.sigv4 import Principal, verify
 
 TENANT = "acme"
@@ -92,6 +95,19 @@ class Peer:
 
 @pytest.fixture
 def peer() -> Iterator[Peer]:
+    with serving() as api:
+        yield api
+
+
+@pytest.fixture
+def second_peer() -> Iterator[Peer]:
+    """Another Region's endpoint, for failover."""
+    with serving() as api:
+        yield api
+
+
+@contextmanager
+def serving() -> Iterator[Peer]:
     api = Peer()
     lock = threading.Lock()
 
@@ -546,3 +562,248 @@ def test_the_client_never_imports_the_store_admission_api_or_relay() -> None:
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
 
     assert json.loads(loaded.replace("'", '"')) == ["poimen", "poimen.client", "poimen.contract", "poimen.wire"]
+
+
+# --- failover between regional endpoints --------------------------------------------------------------
+
+EAST, WEST = "us-east-1", "us-west-2"
+
+
+def closed_url() -> str:
+    """A loopback URL nothing listens on: connecting is refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def regional(first: str, second: str, sleeps: Sleeps | None = None, **options: Any) -> AdmissionClient:
+    defaults: dict[str, Any] = {
+        "credentials": Credentials(KEY.access_key, KEY.secret_key),
+        "timeout": 2.0,
+        "sleep": sleeps or Sleeps(),
+        "rng": Ceiling(),
+    }
+    endpoints = [RegionalEndpoint(first, EAST), RegionalEndpoint(second, WEST)]
+    return AdmissionClient(endpoints, **{**defaults, **options})
+
+
+def signed_region(request: Received) -> str:
+    return (request.header("Authorization") or "").split("Credential=")[1].split("/")[2]
+
+
+def test_a_refused_connection_moves_to_the_next_endpoint_signed_for_its_region(peer: Peer) -> None:
+    # Given a first endpoint that refuses connections and a second in another Region
+    api = regional(closed_url(), peer.url)
+
+    # When the caller spawns
+    spawned = api.spawn(TENANT, "wf/a", {"n": 1}, dispatch_key="k-1")
+
+    # Then the second endpoint answered a request signed for its own Region, which it verifies
+    (request,) = peer.received
+    assert verify({KEY.access_key: KEY}, request.method, request.target, request.headers, request.body, region=WEST)
+    assert (spawned.attempts, spawned.endpoint) == (2, RegionalEndpoint(peer.url, WEST))
+    assert api.endpoint == spawned.endpoint  # sticky: the next call goes there first
+
+
+def test_a_5xx_moves_a_keyless_spawn_with_its_generated_key(peer: Peer, second_peer: Peer) -> None:
+    # Given a first endpoint whose Region is failing
+    peer.script.append(problem(503, "store-unavailable"))
+    api = regional(peer.url, second_peer.url)
+
+    # When a keyless spawn is made
+    spawned = api.spawn(TENANT, "wf/a", {"n": 1})
+
+    # Then the second attempt went to the second endpoint, signed for its Region, with the same key
+    (east,), (west,) = peer.received, second_peer.received
+    assert (signed_region(east), signed_region(west)) == (EAST, WEST)
+    assert verify({KEY.access_key: KEY}, west.method, west.target, west.headers, west.body, region=WEST)
+    assert east.body == west.body
+    assert east.json["dispatch_key"].startswith(GENERATED_KEY_PREFIX)
+    assert spawned.run.dispatch_key == east.json["dispatch_key"]
+    assert (spawned.attempts, spawned.replayed, spawned.endpoint.region) == (2, False, WEST)
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 502, 504])
+def test_every_retryable_status_moves(peer: Peer, second_peer: Peer, status: int) -> None:
+    peer.script.append((status, {}, {"message": "busy"}))
+
+    spawned = regional(peer.url, second_peer.url).spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    assert (len(peer.received), len(second_peer.received), spawned.endpoint.url) == (1, 1, second_peer.url)
+
+
+def test_a_timeout_moves(peer: Peer, second_peer: Peer) -> None:
+    peer.script.append(STALL)
+    second_peer.script.append((200, {}, run_body()))
+
+    run = regional(peer.url, second_peer.url, timeout=0.3).get(TENANT, RUN_ID)
+
+    assert run.run_id == RUN_ID
+    assert (len(peer.received), len(second_peer.received)) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        problem(400, "validation-error"),
+        problem(403, "forbidden"),
+        problem(404, "run-not-found"),
+        problem(422, "dispatch-key-reused", run_id=RUN_ID),
+    ],
+)
+def test_a_4xx_never_fails_over(peer: Peer, second_peer: Peer, answer: tuple[int, dict[str, str], Any]) -> None:
+    peer.script.append(answer)
+    api = regional(peer.url, second_peer.url)
+
+    with pytest.raises((InvalidRequest, Forbidden, NotFound, DispatchKeyReused)) as raised:
+        api.spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    assert (raised.value.status, len(peer.received), second_peer.received) == (answer[0], 1, [])
+    assert api.endpoint.url == peer.url
+
+
+def test_the_client_stays_on_the_endpoint_it_moved_to_and_moves_round_robin(peer: Peer, second_peer: Peer) -> None:
+    # Given a client that moved to the second endpoint after a 503 of the first
+    peer.script.append(problem(503, "internal-error"))
+    second_peer.script += [None, (200, {}, run_body()), (200, {}, run_body())]  # None: the spawn's echo
+    api = regional(peer.url, second_peer.url)
+    api.spawn(TENANT, "wf/a", {}, dispatch_key="k-1")
+
+    # When later calls are made, and then the second endpoint fails too
+    api.get(TENANT, RUN_ID)
+    api.find(TENANT, "k-1")
+    second_peer.script.append(DROP)
+    back = api.spawn(TENANT, "wf/a", {}, dispatch_key="k-2")
+
+    # Then they went to the second endpoint without trying the first, until it failed: then back to the first
+    assert [r.target for r in peer.received] == ["/v1/runs", "/v1/runs"]
+    moved = ["/v1/runs", f"/v1/runs/{RUN_ID}", "/v1/runs?dispatch_key=k-1", "/v1/runs"]
+    assert [r.target for r in second_peer.received] == moved
+    assert [r.json["dispatch_key"] for r in peer.received] == ["k-1", "k-2"]
+    assert (back.endpoint.url, back.attempts, signed_region(peer.received[1])) == (peer.url, 2, EAST)
+
+
+def test_threads_failing_on_one_endpoint_move_the_client_once(peer: Peer, second_peer: Peer) -> None:
+    api = regional(peer.url, second_peer.url)
+
+    # two calls that both failed on the first endpoint: the second to report it must not skip past the second
+    assert (api._fail_over(0), api._fail_over(0)) == (1, 1)
+    assert api.endpoint.url == second_peer.url
+
+
+def test_an_unknown_outcome_is_retried_on_the_next_endpoint_with_the_same_key(peer: Peer, second_peer: Peer) -> None:
+    # Given a Region that could not tell whether it admitted the run
+    peer.script.append(outcome_unknown())
+    # When a keyless spawn is made
+    spawned = regional(peer.url, second_peer.url).spawn(TENANT, "wf/a", {})
+    # Then the other Region was sent the same key, which can only admit or replay that run
+    assert peer.received[0].json["dispatch_key"] == second_peer.received[0].json["dispatch_key"]
+    assert (spawned.attempts, spawned.replayed, spawned.endpoint.url) == (2, False, second_peer.url)
+
+
+def test_a_long_retry_after_from_one_endpoint_does_not_hold_back_the_other(peer: Peer, second_peer: Peer) -> None:
+    peer.script.append((503, {"Retry-After": "3600"}, {"message": "busy"}))
+    sleeps = Sleeps()
+
+    spawned = regional(peer.url, second_peer.url, sleeps, rng=Floor()).spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    assert (spawned.endpoint.url, sleeps.delays) == (second_peer.url, [0.0])
+
+
+def test_unavailable_names_its_attempts_and_every_endpoint_tried() -> None:
+    first, second = closed_url(), closed_url()
+    sleeps = Sleeps()
+
+    with pytest.raises(Unavailable) as failure:
+        regional(first, second, sleeps, max_attempts=3).find(TENANT, "k")
+
+    error = failure.value
+    assert (error.attempts, error.status, len(sleeps.delays)) == (3, None, 2)
+    assert error.endpoints == (RegionalEndpoint(first, EAST), RegionalEndpoint(second, WEST))
+    assert f"after 3 attempts at {first} ({EAST}), {second} ({WEST}): NewConnectionError" in str(error)
+
+
+def test_endpoints_are_urls_or_regional_endpoints(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    credentials = Credentials("a", "b")
+
+    api = AdmissionClient(
+        [
+            "https://abc123.execute-api.us-east-2.amazonaws.com/prod/",
+            RegionalEndpoint("https://admission.example.com/", WEST),
+            "https://admission-eu.example.com",
+        ],
+        credentials=credentials,
+    )
+    single = AdmissionClient(RegionalEndpoint("https://admission.example.com", WEST), credentials=credentials)
+
+    assert api.endpoints == (
+        RegionalEndpoint("https://abc123.execute-api.us-east-2.amazonaws.com/prod", "us-east-2"),
+        RegionalEndpoint("https://admission.example.com", WEST),
+        RegionalEndpoint("https://admission-eu.example.com", "eu-west-1"),
+    )
+    assert (api.base_url, api.region, single.region) == (api.endpoints[0].url, "us-east-2", WEST)
+    with pytest.raises(ValueError, match="at least one endpoint"):
+        AdmissionClient([], credentials=credentials)
+    with pytest.raises(ValueError, match="base_url"):
+        AdmissionClient([RegionalEndpoint("ftp://host", WEST)], credentials=credentials)
+    with pytest.raises(ValueError, match=r"no region for https://x\.example\.com"):
+        AdmissionClient([RegionalEndpoint("https://x.example.com", "")], credentials=credentials)
+
+
+# --- poimen runs with several endpoints -----------------------------------------------------------------
+
+
+def test_poimen_runs_fails_over_to_the_next_base_url_signed_for_its_region(
+    peer: Peer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a first --base-url nothing answers and a second given as REGION=URL
+    argv = ["runs", "spawn", "--base-url", closed_url(), "--base-url", f"{WEST}={peer.url}", "--tenant", TENANT]
+    argv += ["--workflow-ref", "wf/a", "--input", '{"n": 1}', "--dispatch-key", "k-1"]
+
+    # When the spawn is run
+    code = cli.main(argv)
+
+    # Then the second answered, signed for its Region (tests/conftest.py's credentials: not the dev key)
+    out, err = capsys.readouterr()
+    (request,) = peer.received
+    assert (code, err, json.loads(out)["run"]["run_id"]) == (0, "", RUN_ID)
+    assert signed_region(request) == WEST
+    assert "Credential=testing/" in (request.header("Authorization") or "")
+    assert request.json["dispatch_key"] == "k-1"
+
+
+def test_poimen_runs_unavailable_names_every_base_url(capsys: pytest.CaptureFixture[str]) -> None:
+    first, second = closed_url(), closed_url()
+    argv = ["runs", "find", "--base-url", first, "--base-url", f"eu-west-1={second}", "--region", WEST]
+
+    code = cli.main([*argv, "--tenant", TENANT, "--max-attempts", "2", "k"])
+
+    (line,) = capsys.readouterr().err.splitlines()
+    assert code == runs.EXIT_UNAVAILABLE
+    assert f"after 2 attempts at {first} ({WEST}), {second} (eu-west-1)" in line
+
+
+@pytest.mark.parametrize(
+    ("value", "parsed"),
+    [
+        ("http://127.0.0.1:8080", ("http://127.0.0.1:8080", None)),
+        (f"{WEST}=http://127.0.0.1:8081/prod", ("http://127.0.0.1:8081/prod", WEST)),
+        ("https://api.example.com/a=b", ("https://api.example.com/a=b", None)),  # an = in the path is the URL's
+    ],
+)
+def test_a_base_url_is_a_url_or_region_equals_url(value: str, parsed: tuple[str, str | None]) -> None:
+    assert runs.regional_base_url(value) == parsed
+
+
+@pytest.mark.parametrize(
+    "value", [f"{WEST}=127.0.0.1:8081", "=http://127.0.0.1:8081", "bad!=http://127.0.0.1:8081", "us-west-2="]
+)
+def test_a_bad_regional_base_url_is_a_one_line_usage_error(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["runs", "get", "--base-url", "http://127.0.0.1:1", "--base-url", value, "--tenant", TENANT, "r"])
+
+    (line,) = capsys.readouterr().err.splitlines()
+    assert exited.value.code == runs.EXIT_USAGE
+    assert ": argument --base-url: " in line
+    assert "is not REGION=URL" in line

@@ -471,6 +471,21 @@ def test_a_keyless_record_redriven_is_a_new_run_and_is_gone_after(stack: Stack) 
     assert len(stack.runs()) == 1
 
 
+def test_a_keyless_replica_letter_is_listed_and_redriven_under_its_derived_key(stack: Stack) -> None:
+    # Given a keyless spawn replicated from the cluster `west`, which the relay dead-letters
+    record = stack.record(spawn(), 5, topic=f"west.poimen.{stack.tenant}.dispatch")
+    stack.harness.run([record])
+    # When the dead letters are listed, then redriven (its source Region lost the original)
+    listed = json.loads(stack.cli("list", "--json").out)
+    summary, _, _ = stack.redrive()
+    # Then it was listed as keyless-replica, sent once under the dispatch_key derived from the record, and is gone
+    assert {kind: entry["letters"] for kind, entry in listed["kinds"].items()} == {"keyless-replica": 1}
+    assert summary.redriven == 1
+    (run,) = stack.runs()
+    assert run["dispatch_key"]["S"] == dlq.model.derived_key(msk_record(record))
+    assert stack.messages() == []
+
+
 def test_a_keyless_record_whose_answer_was_lost_is_one_run_when_sent_again(stack: Stack) -> None:
     # Given a keyless record, dead-lettered and parked in a batch
     stack.dead_letter(stack.record(spawn(), 1), RELAY_ERROR)

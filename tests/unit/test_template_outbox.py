@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from poimen_tools.local.template import Template
-from tests.unit.test_template_posture import _transformed
+from tests.unit.test_template_posture import _in_single_region, _transformed
 
 TENANTS = ["acme", "beta-2"]
 TABLE_WRITES = {
@@ -42,7 +42,7 @@ def test_the_outbox_role_cannot_write_the_table(template: Template) -> None:
     assert not [a for a in actions if a.endswith("*")]
     assert {"dynamodb:GetRecords", "dynamodb:GetShardIterator", "dynamodb:DescribeStream"} <= actions
     (stream,) = [s for s in statements if s["Sid"] == "ReadTableStream"]
-    assert stream["Resource"] == {"Fn::GetAtt": ["AdmissionTable", "StreamArn"]}
+    assert _in_single_region(stream["Resource"]) == {"Fn::GetAtt": ["AdmissionTable", "StreamArn"]}
 
 
 def test_transformed_the_outbox_role_has_no_table_write_either() -> None:
@@ -80,7 +80,7 @@ def test_the_stream_event_source_filters_retries_and_keeps_what_it_gives_up_on(t
     (only,) = mapping["FilterCriteria"]["Filters"]
 
     assert mapping["FunctionName"] == {"Ref": "OutboxRelayFunction.Alias"}
-    assert mapping["EventSourceArn"] == {"Fn::GetAtt": ["AdmissionTable", "StreamArn"]}
+    assert _in_single_region(mapping["EventSourceArn"]) == {"Fn::GetAtt": ["AdmissionTable", "StreamArn"]}
     assert mapping["StartingPosition"] == "TRIM_HORIZON"
     assert json.loads(only["Pattern"]) == {
         "eventName": ["INSERT", "MODIFY"],

@@ -57,6 +57,14 @@ def _transformed(**parameters: str) -> dict[str, Any]:
     return transformed
 
 
+def _in_single_region(value: Any) -> Any:
+    """What the stack uses in single-Region mode (the default) where the template chooses by TableMode:
+    the IsSingleRegion branch (tests/unit/test_template_multiregion.py covers the other modes)."""
+    condition, when_single, _ = value["Fn::If"]
+    assert condition == "IsSingleRegion"
+    return when_single
+
+
 def _literal_placeholders(value: Any, *, inside_sub: bool = False) -> list[str]:
     """Every string outside an Fn::Sub that still holds a `${...}` placeholder: text CloudFormation would
     never substitute."""
@@ -296,7 +304,7 @@ def test_the_hardened_transformed_template_is_the_one_make_lint_scans() -> None:
 
 def _dashboard_body(template: Template) -> dict[str, Any]:
     """The DashboardBody Fn::Sub, each ${...} replaced by its own name (the JSON must parse either way)."""
-    text = template.properties("AdmissionDashboard")["DashboardBody"]["Fn::Sub"]
+    text, _ = template.properties("AdmissionDashboard")["DashboardBody"]["Fn::Sub"]
     body: dict[str, Any] = json.loads(re.sub(r"\$\{([^}]+)\}", r"<\1>", text))
     return body
 
@@ -405,10 +413,13 @@ def test_dashboard_covers_the_api_the_relay_lag_the_dlq_and_the_table(template: 
 
 
 def test_dashboard_names_only_this_stacks_resources(template: Template) -> None:
-    text = template.properties("AdmissionDashboard")["DashboardBody"]["Fn::Sub"]
+    text, variables = template.properties("AdmissionDashboard")["DashboardBody"]["Fn::Sub"]
     names = {ref.split(".")[0] for ref in re.findall(r"\$\{([^}]+)\}", text)}
 
-    assert names - {"AWS::Region"} <= set(template.resources)
+    assert names - {"AWS::Region"} - set(variables) <= set(template.resources)
+    # The table by name: this stack's own in single-Region mode (the global table's replica otherwise).
+    assert variables == {"AdmissionTableName": variables["AdmissionTableName"]}
+    assert _in_single_region(variables["AdmissionTableName"]) == {"Ref": "AdmissionTable"}
     assert all(widget["properties"]["region"] == "<AWS::Region>" for widget in _dashboard_body(template)["widgets"])
 
 

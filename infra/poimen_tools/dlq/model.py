@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from poimen.contract import RunRequest, parse_json
 from poimen.kafka import tenant_of_dispatch_topic
-from poimen.relay import TRACEPARENT, DeadLetterReason
+from poimen.relay import INVALID_TOPIC_DETAIL, TRACEPARENT, DeadLetterReason
 from poimen.retention import expired
 
 RELAY_KINDS = (
@@ -24,6 +24,7 @@ RELAY_KINDS = (
     "undecodable",
     "invalid-json",
     "expired",
+    "keyless-replica",  # a keyless spawn replicated from another Region: sent with its derived key
     "rejected",
     "outcome-unknown",
     "relay-error",
@@ -137,7 +138,7 @@ def dispatch_of(record: dict[str, Any]) -> Dispatch | DeadLetterReason:
     would refuse it, without sending it."""
     tenant = tenant_of_dispatch_topic(str(record.get("topic")))
     if tenant is None:
-        return DeadLetterReason("invalid-topic", "topic is not poimen.<tenant>.dispatch")
+        return DeadLetterReason("invalid-topic", INVALID_TOPIC_DETAIL)
     if record.get("value") is None:
         return DeadLetterReason("empty-value", "the record has no value")
     try:

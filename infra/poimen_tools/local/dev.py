@@ -71,6 +71,9 @@ class DevOptions:
     # More principals (access key → secret, ARN, tenants); the dev key of `principal` is always there.
     principals_file: Path | None = None
     region: str = "us-east-1"
+    # The Region of the table's replica the functions use (TABLE_REGION); None: `region`. Another Region
+    # stands a shared table of a local AWS in for a global table that two `poimen dev`s replicate.
+    table_region: str | None = None
     template_path: Path | None = None
     concurrency: int = 4
     dlq_name: str = "poimen-relay-dlq-local"
@@ -91,6 +94,11 @@ class DevOptions:
         days = self.run_retention_days
         return {RUN_RETENTION_PARAMETER: "" if days is None else str(days)}
 
+    @property
+    def table_home(self) -> str:
+        """The Region whose table the functions use."""
+        return self.table_region or self.region
+
 
 @dataclass(frozen=True)
 class Endpoints:
@@ -110,6 +118,7 @@ class DevStack:
     server: LocalApiServer
     endpoints: Endpoints
     table_name: str
+    table_region: str
     dlq_url: str
     kafka_bootstrap: str | None
     failed_batches_bucket: str | None
@@ -139,13 +148,15 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
         os.environ["AWS_ENDPOINT_URL_SQS"] = endpoints.sqs
         os.environ["AWS_ENDPOINT_URL_S3"] = endpoints.s3
         parameters = options.template_parameters
-        _prepare_table(template, options.table_name, principals.values(), parameters)
+        table_region = options.table_home
+        _prepare_table(template, options.table_name, principals.values(), parameters, region=table_region)
         queue = template.create_queue_request(RELAY_DLQ, options.dlq_name, parameters)
         dlq_url = boto3.client("sqs").create_queue(**queue)["QueueUrl"]
         # Admission's variables (RUN_RETENTION_DAYS included, which the relay here reads from them too).
         os.environ.update(
             template.function_environment(ADMISSION_FUNCTION, {ADMISSION_TABLE: options.table_name, **parameters})
         )
+        os.environ["TABLE_REGION"] = table_region
         environments = ExecutionEnvironments(str(template.path), ADMISSION_FUNCTION, options.concurrency)
         routes = [Route(method, path) for method, path in template.http_routes(ADMISSION_FUNCTION)]
         server = LocalApiServer(
@@ -169,7 +180,7 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
             outbox_bucket = None
             if bootstrap is not None and bucket is not None:
                 _start_event_source(template, bootstrap, server.url, dlq_url, bucket, cleanup)
-                outbox_bucket = options.outbox_failed_batches_bucket
+                outbox_bucket = _failed_batches_bucket(options.outbox_failed_batches_bucket)
                 start_local_outbox(
                     template,
                     bootstrap,
@@ -177,9 +188,13 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
                     options.table_name,
                     outbox_bucket,
                     cleanup,
+                    table_region=table_region,
+                    region=options.region,
                     keep_positions=options.dynamodb_endpoint is not None,  # the table outlives poimen dev
                 )
-            yield DevStack(server, endpoints, options.table_name, dlq_url, bootstrap, bucket, outbox_bucket)
+            yield DevStack(
+                server, endpoints, options.table_name, table_region, dlq_url, bootstrap, bucket, outbox_bucket
+            )
 
 
 def run_dev(options: DevOptions) -> int:
@@ -220,7 +235,8 @@ def _stop_on_signals() -> None:
 def _announce(stack: DevStack, options: DevOptions) -> None:
     url = stack.server.url
     print(f"Admission API: {url}", flush=True)
-    print(f"{stack.endpoints.describe()}  table: {stack.table_name}", flush=True)
+    table = stack.table_name if stack.table_region == options.region else f"{stack.table_name} ({stack.table_region})"
+    print(f"{stack.endpoints.describe()}  table: {table}", flush=True)
     print(f"Relay dead-letter queue: {stack.dlq_url}", flush=True)
     if stack.kafka_bootstrap:
         print(f"Kafka bootstrap: {stack.kafka_bootstrap}  (relay consuming poimen.<tenant>.dispatch)", flush=True)
@@ -260,10 +276,14 @@ def _announce(stack: DevStack, options: DevOptions) -> None:
 
 
 def _failed_batches_bucket(name: str) -> str:
+    """The bucket `name` in this process's Region, created unless it exists (S3 outside us-east-1 wants the
+    Region named); another `poimen dev` on the same local AWS, in another Region, may have created it."""
     s3 = boto3.client("s3")
+    region = s3.meta.region_name
+    where = {} if region == "us-east-1" else {"CreateBucketConfiguration": {"LocationConstraint": region}}
     # A restart against the same local AWS keeps what earlier runs parked.
     with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
-        s3.create_bucket(Bucket=name)
+        s3.create_bucket(Bucket=name, **where)
     return name
 
 
@@ -352,13 +372,21 @@ def _principals(options: DevOptions) -> dict[str, Principal]:
 
 
 def _prepare_table(
-    template: Template, table_name: str, principals: Iterable[Principal], parameters: Mapping[str, str]
+    template: Template,
+    table_name: str,
+    principals: Iterable[Principal],
+    parameters: Mapping[str, str],
+    *,
+    region: str | None = None,
 ) -> None:
-    """Create the table as template.yaml declares it (if absent), with its TTL if `parameters` enable it, and
-    grant each principal its tenants."""
-    client = boto3.client("dynamodb")
+    """Create the table in `region` (None: this process's) as template.yaml declares it (if absent), with its
+    TTL if `parameters` enable it, and grant each principal its tenants."""
+    client = boto3.client("dynamodb", region_name=region)
+    region = client.meta.region_name
     if table_name not in client.list_tables()["TableNames"]:
-        client.create_table(**template.create_table_request(ADMISSION_TABLE, table_name))
+        # Another `poimen dev` sharing the table (another Region's) may be creating it at the same moment.
+        with contextlib.suppress(client.exceptions.ResourceInUseException):
+            client.create_table(**template.create_table_request(ADMISSION_TABLE, table_name))
         # Emulators other than moto (dynalite, DynamoDB Local) take a moment to make the table ACTIVE.
         client.get_waiter("table_exists").wait(TableName=table_name, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
     time_to_live = template.time_to_live_request(ADMISSION_TABLE, table_name, parameters)
@@ -368,7 +396,7 @@ def _prepare_table(
         described = client.describe_time_to_live(TableName=table_name)["TimeToLiveDescription"]
         if described.get("TimeToLiveStatus") not in ("ENABLED", "ENABLING"):
             client.update_time_to_live(**time_to_live)
-    settings = Settings.from_env({"TABLE_NAME": table_name, "AWS_REGION": client.meta.region_name})
+    settings = Settings.from_env({"TABLE_NAME": table_name, "AWS_REGION": region, "TABLE_REGION": region})
     store = Store(settings)
     for principal in principals:
         for tenant in principal.tenants:

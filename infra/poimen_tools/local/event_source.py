@@ -1,6 +1,7 @@
 """The local stand-in for Lambda's MSK event source mapping: consume, build the MSK event, invoke.
 
-It consumes `poimen.<tenant>.dispatch` topics with a consumer group, builds events in the `aws:kafka`
+It consumes `poimen.<tenant>.dispatch` topics and their replicas from other Regions
+(`<alias>.poimen.<tenant>.dispatch`) with a consumer group, builds events in the `aws:kafka`
 shape (poimen_tools.local.msk), one topic per event as a mapping per tenant topic would, invokes the
 *same* relay handler in-process, and commits a batch's offsets only once it is handled: the handler
 returned, or, after `max_attempts` failures, it went to the on-failure destination in the record
@@ -57,7 +58,8 @@ class LocalMskEventSource(LocalMapping):
         self.group_id = group_id
         self._batch_size = batch_size
         self._window = batching_window_seconds
-        # Names, or ^patterns (librdkafka): every tenant's dispatch topic unless told otherwise.
+        # Names, or ^patterns (librdkafka): every tenant's dispatch topic, local or replicated, unless told
+        # otherwise.
         self._topics = topics or [DISPATCH_TOPIC_PATTERN]
 
     def _run(self) -> None:

@@ -1,13 +1,15 @@
 """A real single-node Apache Kafka broker (KRaft: broker and controller) on 127.0.0.1, without Docker.
 
-The jars come from Maven Central (infra/kafka/pom.xml) into a cache folder git ignores; Java 17 runs
-`kafka.tools.StorageTool format` once per data folder, then `kafka.Kafka`. Data survives restarts.
+The jars come from Maven Central (infra/kafka/pom.xml: the broker's and MirrorMaker 2's) into a cache folder
+git ignores; Java 17 runs `kafka.tools.StorageTool format` once per data folder, then `kafka.Kafka`. Data
+survives restarts.
 """
 
 from __future__ import annotations
 
 import base64
 import ctypes
+import hashlib
 import os
 import re
 import shutil
@@ -38,14 +40,41 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def kafka_jars(cache: Path = DEFAULT_CACHE) -> Path:
-    """The folder of broker jars, fetched by Maven on first use (needs `mvn` and Maven Central)."""
+    """The folder of the jars infra/kafka/pom.xml names, fetched by Maven on first use and again whenever the
+    pom changed since (needs `mvn` and Maven Central).
+
+    The folder is complete for the pom whose digest its `.complete` marker holds (an empty marker, from before
+    the pom named MirrorMaker 2, is no pom's). A fetch goes to a folder of its own, then each jar is moved
+    in, and jars the pom no longer names are removed: a broker starting meanwhile finds whole jars only.
+    """
     lib = cache / KAFKA_VERSION / "lib"
     done = lib / ".complete"
-    if done.exists():
+    wanted = hashlib.sha256(POM.read_bytes()).hexdigest()
+    if done.is_file() and done.read_text().strip() == wanted:
         return lib
     if shutil.which("mvn") is None:
         raise BrokerError("Maven (mvn) is needed to fetch the Kafka broker jars")
     lib.mkdir(parents=True, exist_ok=True)
+    staging = lib.with_name(f"lib.{uuid.uuid4().hex}.part")
+    staging.mkdir()
+    try:
+        _fetch(staging)
+        jars = {jar.name for jar in staging.glob("*.jar")}
+        for name in jars:
+            os.replace(staging / name, lib / name)
+        for stale in lib.glob("*.jar"):
+            if stale.name not in jars:
+                stale.unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    marked = done.with_name(f".complete.{uuid.uuid4().hex}")
+    marked.write_text(wanted + "\n")
+    os.replace(marked, done)
+    return lib
+
+
+def _fetch(lib: Path) -> None:
+    """`mvn dependency:copy-dependencies` of infra/kafka/pom.xml into `lib`; BrokerError with Maven's reason."""
     fetched = subprocess.run(
         [
             "mvn",
@@ -69,8 +98,6 @@ def kafka_jars(cache: Path = DEFAULT_CACHE) -> Path:
         raise BrokerError(
             f"Maven could not fetch the Kafka broker jars (exit {fetched.returncode}):\n" + "\n".join(said)
         )
-    done.touch()
-    return lib
 
 
 def free_port() -> int:
@@ -182,7 +209,7 @@ class KafkaBroker:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_terminate_with_parent(),
+                preexec_fn=terminate_with_parent(),
             )
         try:
             self.wait_ready(timeout, cluster_id)
@@ -223,6 +250,13 @@ class KafkaBroker:
             process.kill()
             process.wait()
 
+    def kill(self) -> None:
+        """SIGKILL, as a Region's outage ends it: no clean shutdown (a later start recovers its logs)."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+
     def __enter__(self) -> KafkaBroker:
         self.start()
         return self
@@ -236,8 +270,9 @@ class KafkaBroker:
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def _terminate_with_parent() -> Callable[[], None] | None:
-    """A preexec_fn: the broker gets SIGTERM (a clean shutdown) when this process dies, SIGKILL included.
+def terminate_with_parent() -> Callable[[], None] | None:
+    """A preexec_fn: the child (a broker, MirrorMaker) gets SIGTERM (a clean shutdown) when this process
+    dies, SIGKILL included.
 
     Linux only (PR_SET_PDEATHSIG), and only from the main thread: the signal fires when the thread that
     started the child ends, and another thread may end long before this process does.

@@ -134,6 +134,7 @@ class LocalStreamEventSource(LocalMapping):
         retry_base_seconds: float = 0.5,
         function_timeout_seconds: float = 60.0,
         positions: Path | None = None,
+        region: str | None = None,
     ) -> None:
         super().__init__(
             handler,
@@ -143,8 +144,9 @@ class LocalStreamEventSource(LocalMapping):
             retry_base_seconds=retry_base_seconds,
             function_timeout_seconds=function_timeout_seconds,
         )
-        self._streams = boto3.client("dynamodbstreams", endpoint_url=endpoint_url)
-        self._dynamodb = boto3.client("dynamodb", endpoint_url=endpoint_url)
+        # `region`: the table's (None: this process's).
+        self._streams = boto3.client("dynamodbstreams", endpoint_url=endpoint_url, region_name=region)
+        self._dynamodb = boto3.client("dynamodb", endpoint_url=endpoint_url, region_name=region)
         self._table_name = table_name
         self._filters = list(filters)
         self._batch_size = batch_size
@@ -245,9 +247,15 @@ OUTBOX_FUNCTION = "OutboxRelayFunction"
 OUTBOX_SOURCE = "OutboxRelaySource"
 
 
-def positions_file(dynamodb_endpoint: str, table_name: str) -> Path:
-    """Where `poimen dev` keeps the stream checkpoints of one table at one endpoint."""
-    name = hashlib.sha256(f"{dynamodb_endpoint} {table_name}".encode()).hexdigest()[:16]
+def positions_file(
+    dynamodb_endpoint: str, table_name: str, *, table_region: str = "us-east-1", region: str = "us-east-1"
+) -> Path:
+    """Where the outbox of `poimen dev` in `region` keeps its stream checkpoints of one table (in
+    `table_region`) at one endpoint. One file per reading Region: the outboxes of two Regions sharing one
+    table (each replica of a global table has its own stream and mapping) each publish every run to their
+    own broker, so neither may move the other's position."""
+    where = f"{dynamodb_endpoint} {table_region} {table_name} {region}"
+    name = hashlib.sha256(where.encode()).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / "poimen-dev" / f"stream-positions-{name}.json"
 
 
@@ -259,15 +267,19 @@ def start_local_outbox(
     bucket: str,
     cleanup: contextlib.ExitStack,
     *,
+    table_region: str,
+    region: str,
     keep_positions: bool = False,
 ) -> LocalStreamEventSource:
-    """`poimen dev`'s outbox relay: the table's stream feeding the outbox handler of template.yaml, which
-    produces to the local broker; failed batches parked in `bucket` (S3) as Lambda parks them.
+    """`poimen dev`'s outbox relay in `region`: the stream of the table (in `table_region`) feeding the outbox
+    handler of template.yaml, which produces to the local broker; failed batches parked in `bucket` (S3, an
+    existing bucket) as Lambda parks them.
 
     The handler is wrapped in what a deploy does beforehand: `poimen topics ensure` for each tenant whose
     runs reach it (once per tenant), as no tenant is known before its first run. With `keep_positions` (a
     table that outlives `poimen dev`) the shards' checkpoints are kept in a file of the temporary
-    directory named for the endpoint and table, so a restart resumes after the last handled batch.
+    directory named for the endpoint, the table and the Regions (positions_file), so a restart resumes after
+    the last handled batch.
     """
     function = template.function_environment(OUTBOX_FUNCTION, {})
     # The outbox's variables, for the local broker: plaintext, and a stack named "local". Its service name
@@ -288,8 +300,6 @@ def start_local_outbox(
         return handler(event, context)
 
     s3 = boto3.client("s3")
-    with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
-        s3.create_bucket(Bucket=bucket)
     mapping_id = str(uuid.uuid4())
     source = LocalStreamEventSource(
         dynamodb_endpoint,
@@ -298,7 +308,12 @@ def start_local_outbox(
         park_in_s3(s3, bucket, lambda record: failed_batch_key(record, mapping_id)),
         filters=template.properties(OUTBOX_SOURCE).get("FilterCriteria", {}).get("Filters", []),
         function_timeout_seconds=float(template.properties(OUTBOX_FUNCTION).get("Timeout", 60)),
-        positions=positions_file(dynamodb_endpoint, table_name) if keep_positions else None,
+        positions=(
+            positions_file(dynamodb_endpoint, table_name, table_region=table_region, region=region)
+            if keep_positions
+            else None
+        ),
+        region=table_region,
     )
     source.start()
     cleanup.callback(source.stop)

@@ -78,9 +78,13 @@ class Template:
         return self.resources[logical_id].get("Properties", {})  # type: ignore[no-any-return]
 
     def resolve(self, value: Any, refs: Mapping[str, str]) -> str | None:
-        """A plain string for literals, `Ref`s named in `refs` and parameter defaults; else None."""
+        """A plain string for literals, `Ref`s named in `refs` and parameter defaults, and the branch of an
+        Fn::If its condition chooses (parameters from `refs`, else their defaults); else None."""
         if isinstance(value, str | int | float):
             return str(value)
+        if isinstance(value, dict) and set(value) == {"Fn::If"}:
+            condition, when_true, when_false = value["Fn::If"]
+            return self.resolve(when_true if self.condition(condition, refs) else when_false, refs)
         if isinstance(value, dict) and set(value) == {"Ref"}:
             name = value["Ref"]
             if name in refs:

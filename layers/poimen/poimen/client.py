@@ -1,4 +1,5 @@
-"""A typed Python client of the admission API: SigV4-signed HTTP, retries that never admit a run twice.
+"""A typed Python client of the admission API: SigV4-signed HTTP, retries that never admit a run twice,
+and failover between the API's regional endpoints (a multi-Region stack).
 
 It knows only the HTTP contract (`poimen.contract`), as the relay does, and shares no path with it to
 the store: it never imports the store, admission or the API module (a test enforces it). Nothing in the
@@ -6,17 +7,21 @@ Lambda functions imports it. See docs/client.md.
 
 Every spawn carries a dispatch_key. A spawn without one gets a key generated for that call
 (`poimen-client/<uuid4>`), reused only by that call's own retries: a retry after a lost answer replays
-the run the first attempt admitted, and two calls are still two runs, as two keyless POSTs are.
+the run the first attempt admitted, and two calls are still two runs, as two keyless POSTs are. A retry
+may go to another Region's endpoint with the same key: the table is one global table (MRSC), whose
+conditional write is checked against every Region, so the move cannot admit the run twice either.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import re
+import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -43,6 +48,7 @@ __all__ = [
     "InvalidRequest",
     "NotFound",
     "OutcomeUnknown",
+    "RegionalEndpoint",
     "Spawned",
     "Unavailable",
     "UnexpectedAnswer",
@@ -100,14 +106,16 @@ class DispatchKeyReused(AdmissionError):
 
 
 class Unavailable(AdmissionError):
-    """No answer, or only 408, 429 and 5xx, after every attempt; or the API asked to wait longer than
-    `max_retry_after`. `retry_after` is what the last answer asked for, in seconds (None if nothing)."""
+    """No answer, or only 408, 429 and 5xx, after every attempt; or the only endpoint asked to wait longer
+    than `max_retry_after`. `retry_after` is what the last answer asked for, in seconds (None if nothing);
+    `endpoints` the endpoints the attempts went to, in the order first tried."""
 
     def __init__(
         self,
         message: str,
         *,
         attempts: int,
+        endpoints: tuple[RegionalEndpoint, ...] = (),
         retry_after: float | None = None,
         status: int | None = None,
         problem: Problem | None = None,
@@ -115,6 +123,7 @@ class Unavailable(AdmissionError):
     ) -> None:
         super().__init__(message, status=status, problem=problem, body=body)
         self.attempts = attempts
+        self.endpoints = endpoints
         self.retry_after = retry_after
 
 
@@ -138,6 +147,18 @@ class UnexpectedAnswer(AdmissionError):
 
 
 @dataclass(frozen=True)
+class RegionalEndpoint:
+    """One Region's admission API: its base URL (the stack output AdmissionApiUrl of that Region's stack)
+    and the Region its calls are signed for (the SigV4 credential scope API Gateway checks)."""
+
+    url: str
+    region: str
+
+    def __str__(self) -> str:
+        return f"{self.url} ({self.region})"
+
+
+@dataclass(frozen=True)
 class Spawned:
     """The answer to a spawn.
 
@@ -145,11 +166,13 @@ class Spawned:
     before. With a key of the caller's, that may have been an earlier spawn or an earlier attempt of this
     same call whose answer was lost (`attempts` > 1); with a generated key it can only be the latter, so
     it is always False: the call admitted the run. `run.dispatch_key` is the key sent, generated or not.
+    `endpoint` is the endpoint that answered (after a failover, not the first one tried).
     """
 
     run: Run
     replayed: bool
     attempts: int
+    endpoint: RegionalEndpoint
 
     @property
     def run_id(self) -> str:
@@ -167,26 +190,32 @@ class _Answer:
     headers: Mapping[str, str]
     data: bytes
     attempts: int
+    endpoint: RegionalEndpoint
 
 
 class AdmissionClient:
-    """The admission API at `base_url` (the stack output AdmissionApiUrl, or `poimen dev`'s URL).
+    """The admission API at `base_url` (the stack output AdmissionApiUrl, or `poimen dev`'s URL), or at
+    several regional endpoints of one multi-Region stack, in order of preference.
 
-    Calls are signed with SigV4 for execute-api, as IAM authorization requires: with `credentials`, else
-    the standard botocore chain (environment, profile, SSO, container or instance role), resolved once
-    and refreshed by botocore as they expire. `region` defaults to the one in an execute-api host name,
-    else the SDK's configured region.
+    `base_url` is a URL, a RegionalEndpoint, or a sequence of them. A URL's Region is `region` if given,
+    else the one in an execute-api host name, else the SDK's configured region; a RegionalEndpoint names
+    its own. Calls are signed with SigV4 for execute-api and the Region of the endpoint they go to, as IAM
+    authorization requires: with `credentials`, else the standard botocore chain (environment, profile,
+    SSO, container or instance role), resolved once and refreshed by botocore as they expire.
 
     Each attempt is re-signed and bounded by `timeout` seconds (connect, and each read). Connection
     errors, timeouts, 408, 429 and 5xx are retried up to `max_attempts` attempts in all, after a
-    full-jitter exponential backoff (uniform in [0, min(backoff_cap, backoff_base * 2^n)]) and never
-    sooner than a `Retry-After` asks; one asking for more than `max_retry_after` seconds ends the call
-    with Unavailable at once. `sleep` and `rng` are there for tests. Safe to share between threads.
+    full-jitter exponential backoff (uniform in [0, min(backoff_cap, backoff_base * 2^n)]). Each of those
+    failures also moves the client to the next endpoint (round robin), where the next attempt goes, and
+    every later call: it stays there until that one fails in turn. A `Retry-After` holds back a retry to
+    the endpoint that sent it; one asking for more than `max_retry_after` seconds ends the call with
+    Unavailable at once when there is no other endpoint to try. Other answers (4xx) are final, wherever
+    they come from. `sleep` and `rng` are there for tests. Safe to share between threads.
     """
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | RegionalEndpoint | Sequence[str | RegionalEndpoint],
         *,
         region: str | None = None,
         credentials: botocore.credentials.Credentials | None = None,
@@ -199,24 +228,20 @@ class AdmissionClient:
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
     ) -> None:
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-            raise ValueError(f"base_url must be an http(s) URL without query or fragment: {base_url!r}")
+        given = [base_url] if isinstance(base_url, str | RegionalEndpoint) else list(base_url)
+        if not given:
+            raise ValueError("base_url must name at least one endpoint")
         if max_attempts < 1 or timeout <= 0:
             raise ValueError("max_attempts must be at least 1 and timeout positive")
-        self.base_url = base_url.rstrip("/")
-        session = None
-        if region is None:
-            found = _EXECUTE_API_HOST.fullmatch(parts.hostname)
-            session = botocore.session.get_session()
-            region = found["region"] if found else session.get_config_variable("region")
-            if not region:
-                raise ValueError("no region: pass region=, or configure one (AWS_DEFAULT_REGION, a profile)")
+        # The SDK's configuration is read only when something is left to it: a URL's region, the credentials.
+        session = functools.cache(botocore.session.get_session)
+        self.endpoints: tuple[RegionalEndpoint, ...] = tuple(_endpoint(entry, region, session) for entry in given)
+        self._current = 0  # the index of the endpoint calls go to; moved by _fail_over
+        self._moving = threading.Lock()
         if credentials is None:
-            credentials = (session or botocore.session.get_session()).get_credentials()
+            credentials = session().get_credentials()
             if credentials is None:
                 raise ValueError("no AWS credentials found to sign admission API calls with")
-        self.region: str = region
         self._credentials = credentials
         self._timeout = urllib3.Timeout(connect=timeout, read=timeout)
         self._max_attempts = max_attempts
@@ -227,6 +252,19 @@ class AdmissionClient:
         self._sleep = sleep
         # Backoff jitter spreads retries; it is not security-relevant randomness.
         self._rng = rng or random.Random()  # noqa: S311
+
+    @property
+    def endpoint(self) -> RegionalEndpoint:
+        """The endpoint the next call goes to: the first, until a failure moved the client on."""
+        return self.endpoints[self._current]
+
+    @property
+    def base_url(self) -> str:
+        return self.endpoint.url
+
+    @property
+    def region(self) -> str:
+        return self.endpoint.region
 
     def __enter__(self) -> AdmissionClient:
         return self
@@ -268,7 +306,9 @@ class AdmissionClient:
         if answer.status not in (200, 201):
             raise _refusal(answer)
         replayed = answer.status == 200 and answer.headers.get(REPLAYED_HEADER, "").lower() == "true"
-        return Spawned(_run(answer), replayed=replayed and not generated, attempts=answer.attempts)
+        return Spawned(
+            _run(answer), replayed=replayed and not generated, attempts=answer.attempts, endpoint=answer.endpoint
+        )
 
     def get(self, tenant: str, run_id: str) -> Run:
         """GET /v1/runs/{run_id}. Raises NotFound (no such run for this tenant), Forbidden, ..."""
@@ -290,20 +330,26 @@ class AdmissionClient:
             return None
         raise refusal
 
-    # --- one call: sign, send, retry ------------------------------------------------------------------
+    # --- one call: sign, send, retry, fail over ---------------------------------------------------------
 
     def _call(self, method: str, path: str, tenant: str, *, body: bytes = b"", query: str = "") -> _Answer:
         if not _TENANT.fullmatch(tenant):
             raise InvalidRequest(f"tenant {tenant!r} does not match {TENANT_PATTERN}")
         # Encoded here as SigV4 canonicalises a query (unreserved characters bare, upper-case hex), so the
         # URL sent is the one signed: botocore signs a query as it finds it.
-        url = f"{self.base_url}{path}" + (f"?{query}" if query else "")
+        target = path + (f"?{query}" if query else "")
         headers = {TENANT_HEADER: tenant}
         if method == "POST":
             headers["Content-Type"] = "application/json"
         attempt = 0
+        tried: list[RegionalEndpoint] = []
         while True:
             attempt += 1
+            index = self._current
+            endpoint = self.endpoints[index]
+            if endpoint not in tried:
+                tried.append(endpoint)
+            url = f"{endpoint.url}{target}"
             retry_after: float | None = None
             last: _Answer | None = None
             try:
@@ -311,7 +357,7 @@ class AdmissionClient:
                     method,
                     url,
                     body=body if method == "POST" else None,
-                    headers=self._signed(method, url, headers, body),
+                    headers=self._signed(method, url, headers, body, endpoint.region),
                     timeout=self._timeout,
                     redirect=False,
                 )
@@ -319,30 +365,61 @@ class AdmissionClient:
                 failure = f"{type(error).__name__}: {error}"
             else:
                 if response.status not in RETRYABLE_STATUSES:
-                    return _Answer(response.status, response.headers, response.data, attempt)
-                last = _Answer(response.status, response.headers, response.data, attempt)
+                    return _Answer(response.status, response.headers, response.data, attempt, endpoint)
+                last = _Answer(response.status, response.headers, response.data, attempt, endpoint)
                 failure = f"HTTP {response.status}"
                 retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
-            if retry_after is not None and retry_after > self._max_retry_after:
-                raise _unavailable(f"the API asks to retry after {retry_after:.0f} s", attempt, retry_after, last)
+            # A Retry-After speaks for the endpoint that sent it, not for another Region's.
+            same_endpoint = self._fail_over(index) == index
+            waited = retry_after if same_endpoint else None
+            if waited is not None and waited > self._max_retry_after:
+                message = f"the API at {endpoint} asks to retry after {waited:.0f} s"
+                raise _unavailable(message, attempt, tuple(tried), retry_after, last)
             if attempt >= self._max_attempts:
                 tries = f"{attempt} attempt" + ("s" if attempt > 1 else "")
-                raise _unavailable(f"unavailable after {tries}: {failure}", attempt, retry_after, last)
-            self._sleep(max(retry_after or 0.0, self._backoff(attempt - 1)))
+                where = ", ".join(str(each) for each in tried)
+                message = f"unavailable after {tries} at {where}: {failure}"
+                raise _unavailable(message, attempt, tuple(tried), retry_after, last)
+            self._sleep(max(waited or 0.0, self._backoff(attempt - 1)))
+
+    def _fail_over(self, failed: int) -> int:
+        """Moves the client past the endpoint at index `failed`, unless another thread already has; the index
+        of the endpoint the next attempt goes to (`failed` itself when it is the only one)."""
+        with self._moving:
+            if self._current == failed:
+                self._current = (failed + 1) % len(self.endpoints)
+            return self._current
 
     def _backoff(self, retry: int) -> float:
         ceiling = min(self._backoff_cap, self._backoff_base * 2 ** min(retry, 30))
         return self._rng.uniform(0, ceiling)
 
-    def _signed(self, method: str, url: str, headers: dict[str, str], body: bytes) -> dict[str, str]:
-        """SigV4 (execute-api): a new signature, and date, for every attempt."""
+    def _signed(self, method: str, url: str, headers: dict[str, str], body: bytes, region: str) -> dict[str, str]:
+        """SigV4 (execute-api, `region`): a new signature, and date, for every attempt."""
         request = AWSRequest(method=method, url=url, data=body, headers=headers)
         try:
             credentials = self._credentials.get_frozen_credentials()
         except botocore.exceptions.BotoCoreError as error:
             raise Forbidden(f"cannot sign the call: no usable AWS credentials ({error})") from error
-        SigV4Auth(credentials, SERVICE, self.region).add_auth(request)
+        SigV4Auth(credentials, SERVICE, region).add_auth(request)
         return dict(request.headers.items())
+
+
+def _endpoint(
+    entry: str | RegionalEndpoint, region: str | None, session: Callable[[], botocore.session.Session]
+) -> RegionalEndpoint:
+    """`entry` checked, its URL without a trailing slash, and with its Region (see AdmissionClient)."""
+    url, named = (entry.url, entry.region) if isinstance(entry, RegionalEndpoint) else (entry, region)
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ValueError(f"base_url must be an http(s) URL without query or fragment: {url!r}")
+    if named is None:
+        found = _EXECUTE_API_HOST.fullmatch(parts.hostname)
+        named = found["region"] if found else session().get_config_variable("region")
+    if not named:
+        fix = "pass region= (or a RegionalEndpoint), or configure one (AWS_DEFAULT_REGION, a profile)"
+        raise ValueError(f"no region for {url}: {fix}")
+    return RegionalEndpoint(url.rstrip("/"), named)
 
 
 def _run(answer: _Answer) -> Run:
@@ -377,13 +454,25 @@ def _refusal(answer: _Answer) -> AdmissionError:
     return kind(message, status=answer.status, problem=problem, body=body)
 
 
-def _unavailable(message: str, attempts: int, retry_after: float | None, last: _Answer | None) -> Unavailable:
+def _unavailable(
+    message: str,
+    attempts: int,
+    endpoints: tuple[RegionalEndpoint, ...],
+    retry_after: float | None,
+    last: _Answer | None,
+) -> Unavailable:
     if last is None:
-        return Unavailable(message, attempts=attempts, retry_after=retry_after)
+        return Unavailable(message, attempts=attempts, endpoints=endpoints, retry_after=retry_after)
     body = _json_or_text(last.data)
     problem = _problem(body)
     message = f"{message} ({_summary(problem, body)})"
-    answer: dict[str, Any] = {"retry_after": retry_after, "status": last.status, "problem": problem, "body": body}
+    answer: dict[str, Any] = {
+        "endpoints": endpoints,
+        "retry_after": retry_after,
+        "status": last.status,
+        "problem": problem,
+        "body": body,
+    }
     if problem is not None and problem.type == OUTCOME_UNKNOWN:
         run_id = str((problem.model_extra or {}).get("run_id", ""))
         return OutcomeUnknown(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
@@ -11,6 +12,10 @@ from poimen.principals import InvalidPrincipal, grant_principal
 from poimen.retention import InvalidRetention, run_retention_days
 
 N = TypeVar("N", int, float)
+
+# An AWS Region name as SDKs accept one (as `poimen_tools.arguments.region`): letters, digits and inner
+# hyphens, not all digits.
+_REGION_NAME = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)")
 
 # API Gateway HTTP APIs give up on an integration after at most 30 s (and answer 504).
 API_GATEWAY_MAX_INTEGRATION_SECONDS = 30.0
@@ -45,6 +50,10 @@ class Settings:
     # Days a run is kept (RUN_RETENTION_DAYS, template RunRetentionDays): its items carry the TTL attribute
     # `expires_at`, and past it the run is gone (404) and its key admits anew. None: runs are kept forever.
     run_retention_days: int | None = None
+    # The Region of the table's replica the store calls (TABLE_REGION); None: the function's own `region`.
+    # On AWS a global table has a replica in every Region of its stacks, so only `poimen dev
+    # --table-region` sets it, to stand one table in for a global table's replicas.
+    table_region: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -63,6 +72,7 @@ class Settings:
             dynamodb_timeout_seconds=_number(env, "DYNAMODB_TIMEOUT_SECONDS", cls.dynamodb_timeout_seconds, float),
             dynamodb_max_connections=_number(env, "DYNAMODB_MAX_CONNECTIONS", cls.dynamodb_max_connections, int),
             run_retention_days=_retention(env),
+            table_region=_table_region(env),
         )
         if settings.grants_cache_seconds < 0 or settings.refusal_cache_seconds < 0:
             raise ConfigurationError("GRANTS_CACHE_SECONDS and REFUSAL_CACHE_SECONDS must not be negative")
@@ -98,6 +108,15 @@ def _region(env: Mapping[str, str]) -> str:
     region = (env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "").strip()
     if not region:
         raise ConfigurationError("AWS_REGION (or AWS_DEFAULT_REGION) must be set")
+    return region
+
+
+def _table_region(env: Mapping[str, str]) -> str | None:
+    region = env.get("TABLE_REGION", "").strip()
+    if not region:
+        return None
+    if not _REGION_NAME.fullmatch(region):
+        raise ConfigurationError(f"TABLE_REGION must be an AWS Region name (like us-west-2), got {region!r}")
     return region
 
 

@@ -2,6 +2,11 @@
 
 A tenant id is what `poimen.wire.TENANT_PATTERN` allows, the one rule the API (its header), topic names
 (so the relay's subscription), publishers and the CLI all apply: `is_tenant_id` here.
+
+A tenant's dispatch topic is `poimen.<tenant>.dispatch`, or in a multi-Region deployment also its replica
+from another Region's cluster, `<alias>.poimen.<tenant>.dispatch` (MirrorMaker 2's default replication
+policy prefixes the source cluster's alias). One hop only: an alias has no dot, so a name with two
+prefixes (a topic replicated back and forth) is no dispatch topic.
 """
 
 from __future__ import annotations
@@ -12,9 +17,14 @@ from poimen.wire import TENANT_PATTERN
 
 _TENANT = TENANT_PATTERN.strip("^$")
 _TENANT_ID = re.compile(_TENANT)
-_DISPATCH_TOPIC = re.compile(rf"poimen\.(?P<tenant>{_TENANT})\.dispatch")
-# Every tenant's dispatch topic, as a librdkafka subscription pattern (a leading ^ marks a regex).
-DISPATCH_TOPIC_PATTERN = rf"^poimen\.{_TENANT}\.dispatch$"
+# A source cluster's alias in replicated topic names (MirrorMaker 2 `clusters`, MSK Replicator's prefix).
+CLUSTER_ALIAS_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+_ALIAS = CLUSTER_ALIAS_PATTERN.strip("^$")
+_CLUSTER_ALIAS = re.compile(_ALIAS)
+_DISPATCH_TOPIC = re.compile(rf"(?:(?P<alias>{_ALIAS})\.)?poimen\.(?P<tenant>{_TENANT})\.dispatch")
+# Every tenant's dispatch topic, local or replicated, as a librdkafka subscription pattern (a leading ^
+# marks a regex). A plain group, no `(?:`: librdkafka may compile it as a POSIX extended regex.
+DISPATCH_TOPIC_PATTERN = rf"^({_ALIAS}\.)?poimen\.{_TENANT}\.dispatch$"
 
 
 class InvalidTenant(ValueError):
@@ -23,6 +33,14 @@ class InvalidTenant(ValueError):
     def __init__(self, tenant_id: str) -> None:
         super().__init__(f"{tenant_id!r} is not a tenant id ({TENANT_PATTERN})")
         self.tenant_id = tenant_id
+
+
+class InvalidClusterAlias(ValueError):
+    """Not a cluster alias: no replicated topic is named for it."""
+
+    def __init__(self, alias: str) -> None:
+        super().__init__(f"{alias!r} is not a cluster alias ({CLUSTER_ALIAS_PATTERN})")
+        self.alias = alias
 
 
 def is_tenant_id(value: str) -> bool:
@@ -40,10 +58,26 @@ def events_topic(tenant_id: str) -> str:
     return f"poimen.{_checked(tenant_id)}.events"
 
 
+def replicated_dispatch_topic(alias: str, tenant_id: str) -> str:
+    """`<alias>.poimen.<tenant>.dispatch`, the replica of a tenant's dispatch topic from the cluster `alias`;
+    InvalidClusterAlias or InvalidTenant for what is not one."""
+    if _CLUSTER_ALIAS.fullmatch(alias) is None:
+        raise InvalidClusterAlias(alias)
+    return f"{alias}.{dispatch_topic(tenant_id)}"
+
+
 def tenant_of_dispatch_topic(topic: str) -> str | None:
-    """The tenant a `poimen.<tenant>.dispatch` topic belongs to; None for any other name."""
+    """The tenant a dispatch topic (`poimen.<tenant>.dispatch` or `<alias>.poimen.<tenant>.dispatch`)
+    belongs to; None for any other name."""
     match = _DISPATCH_TOPIC.fullmatch(topic)
     return None if match is None else match["tenant"]
+
+
+def source_alias_of_dispatch_topic(topic: str) -> str | None:
+    """The alias of the cluster a replicated dispatch topic comes from; None for a local dispatch topic
+    (and for any name that is no dispatch topic: see tenant_of_dispatch_topic)."""
+    match = _DISPATCH_TOPIC.fullmatch(topic)
+    return None if match is None else match["alias"]
 
 
 def partition_key(tenant_id: str, run_id: str) -> bytes:

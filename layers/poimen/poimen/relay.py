@@ -39,7 +39,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 
 from poimen.config import RelaySettings
-from poimen.kafka import tenant_of_dispatch_topic
+from poimen.kafka import source_alias_of_dispatch_topic, tenant_of_dispatch_topic
 from poimen.observability import logger, metrics
 from poimen.retention import expired
 from poimen.wire import TENANT_HEADER, rfc3339
@@ -59,6 +59,7 @@ OUTCOME_UNKNOWN = "urn:poimen:problem:outcome-unknown"
 MAX_DEAD_LETTER_BYTES = 1024 * 1024
 KEPT_IN_ORDER = (("record", "value"), ("record", "key"), ("record", "headers"), ("reason", "problem"))
 MAX_DETAIL_CHARS = 1000
+INVALID_TOPIC_DETAIL = "topic is neither poimen.<tenant>.dispatch nor <alias>.poimen.<tenant>.dispatch"
 # W3C Trace Context: version-traceid-parentid-flags in lowercase hex; version ff and all-zero ids are invalid.
 TRACEPARENT = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
 
@@ -85,7 +86,8 @@ class _Aborted(BatchFailed):
 
 @dataclass(frozen=True)
 class DeadLetterReason:
-    # invalid-topic | empty-value | undecodable | invalid-json | expired | rejected | outcome-unknown | relay-error
+    # invalid-topic | empty-value | undecodable | invalid-json | expired | keyless-replica | rejected |
+    # outcome-unknown | relay-error
     kind: str
     detail: str
     status: int | None = None
@@ -236,7 +238,7 @@ class Relay:
     def _relay_record(self, record: KafkaEventRecord, batch: _Batch) -> None:
         tenant_id = tenant_of_dispatch_topic(record.topic)
         if tenant_id is None:
-            self._dead_letter(record, DeadLetterReason("invalid-topic", "topic is not poimen.<tenant>.dispatch"), batch)
+            self._dead_letter(record, DeadLetterReason("invalid-topic", INVALID_TOPIC_DETAIL), batch)
             return
         if record.get("value") is None:  # a tombstone: Kafka's null value
             self._dead_letter(record, DeadLetterReason("empty-value", "the record has no value"), batch)
@@ -267,6 +269,16 @@ class Relay:
                 "second run"
             )
             self._dead_letter(record, DeadLetterReason("expired", detail), batch, dispatch_key=dispatch_key)
+            return
+        source_alias = source_alias_of_dispatch_topic(record.topic)
+        if dispatch_key is None and source_alias is not None:
+            # Its original, on the source Region's own topic, is relayed there; relayed here too, it would
+            # be a second run (nothing ties a keyless spawn's two relays to one run id).
+            detail = (
+                f"a spawn without dispatch_key replicated from cluster {source_alias}: relayed only in its "
+                "source Region, from its original topic; redrive it only if that Region lost the original"
+            )
+            self._dead_letter(record, DeadLetterReason("keyless-replica", detail), batch, tenant_id=tenant_id)
             return
         if dispatch_key is None:
             # Relayed, as the API admits keyless spawns; but a retry after a lost answer, or of the

@@ -53,9 +53,12 @@ EXPIRES_AT = "expires_at"
 # under every stand-in's limit too (moto refuses past 405,000), so no emulator refuses first.
 MAX_ITEM_BYTES = 400_000
 # Error codes DynamoDB answers when retrying later can succeed; botocore has already retried them.
+# ReplicatedWriteConflictException (a multi-Region strongly consistent table: another Region was writing the
+# same item) is a refusal like a throttle: answered, so known not written, never an unknown outcome.
 _TRANSIENT_CODES = frozenset(
     {
         "ThrottlingException",
+        "ReplicatedWriteConflictException",
         "ProvisionedThroughputExceededException",
         "RequestLimitExceeded",
         "InternalServerError",
@@ -129,7 +132,7 @@ def _bind(model: type[M], settings: Settings) -> type[M]:
         (),
         {
             "table_name": settings.table_name,
-            "region": settings.region,
+            "region": settings.table_region or settings.region,
             # pynamodb hands botocore total_max_attempts = 1 + this, in botocore's "standard" mode
             # (exponential backoff with full jitter, throttling-aware).
             "max_retry_attempts": settings.dynamodb_max_attempts - 1,
@@ -183,7 +186,9 @@ class Store:
         write, which the caller tells by `attempt_id`. If any attempt was sent and not answered (a read
         timeout, a dropped connection, a 5xx), the write may have committed whatever the last attempt
         said: OutcomeUnknown, for the caller to resolve. Only when no attempt left (connect refused or
-        timed out) or DynamoDB refused each (throttled) is it StoreUnavailable: nothing was written.
+        timed out) or DynamoDB refused each (throttled, or in conflict with another Region's write of the
+        item: ReplicatedWriteConflictException) is it StoreUnavailable: nothing was written. An attempt
+        after such a conflict is evaluated against the other Region's write: its run is the stored one.
 
         Refused before the call: an item over MAX_ITEM_BYTES (RunTooLarge). DynamoDB's
         ValidationException is RunNotStorable: the request, not the service, is at fault.

@@ -33,7 +33,7 @@ import json, sys
 from samcli.lib.cfn_language_extensions.sam_integration import expand_language_extensions
 from samcli.yamlhelper import yaml_parse
 template = yaml_parse(open(sys.argv[1]).read())
-result = expand_language_extensions(template, {"Tenants": sys.argv[2]}, enabled=True)
+result = expand_language_extensions(template, json.loads(sys.argv[2]), enabled=True)
 print(json.dumps(result.expanded_template))
 """
 
@@ -141,22 +141,39 @@ def test_the_arm64_build_holds_the_files_of_the_x86_64_build_the_rie_tests_run(b
 
 def test_built_template_declares_one_mapping_per_tenant(built: Path, commands: list[str]) -> None:
     tenants = _make_variables(commands[0])["TENANTS"].split(",")
+    aliases = {"PeerClusterAlias1": "east2", "PeerClusterAlias2": "west2"}
+    parameters = {"Tenants": ",".join(tenants), **aliases}
     result = subprocess.run(
-        [str(SAM_PYTHON), "-c", EXPAND, str(built / "template.yaml"), ",".join(tenants)],
+        [str(SAM_PYTHON), "-c", EXPAND, str(built / "template.yaml"), json.dumps(parameters)],
         capture_output=True,
         text=True,
         check=True,
     )
     resources: dict[str, Any] = json.loads(result.stdout)["Resources"]
-    mappings = {
-        name: res["Properties"]
+    relay_sources = {
+        name: res
         for name, res in resources.items()
         if res["Type"] == "AWS::Lambda::EventSourceMapping" and name != "OutboxRelaySource"
     }
+    mappings = {name: res["Properties"] for name, res in relay_sources.items() if "Condition" not in res}
+    peers = {name: res for name, res in relay_sources.items() if "Condition" in res}
 
     assert len(tenants) == 2
     assert "OutboxRelaySource" in resources  # the outbox's one stream mapping, whatever the tenants
     assert sorted(mappings) == sorted(f"RelaySource{tenant.replace('-', '')}" for tenant in tenants)
+    # And one more per tenant and peer cluster alias, on its replicated topic, only when the alias is given
+    assert sorted(peers) == sorted(f"RelayPeer{n}Source{tenant.replace('-', '')}" for n in (1, 2) for tenant in tenants)
+    for n in (1, 2):
+        for tenant in tenants:
+            peer = peers[f"RelayPeer{n}Source{tenant.replace('-', '')}"]
+            assert peer["Condition"] == f"HasPeerClusterAlias{n}"
+            alias = aliases[f"PeerClusterAlias{n}"]
+            assert [_substituted(topic) for topic in peer["Properties"]["Topics"]] == [
+                f"{alias}.poimen.{tenant}.dispatch"
+            ]
+            group = peer["Properties"]["AmazonManagedKafkaEventSourceConfig"]["ConsumerGroupId"]
+            assert _substituted(group) == f"poimen-relay-{tenant}.{alias}"
+            assert peer["Properties"]["FunctionName"] == {"Ref": "InboxRelayFunction.Alias"}
     for tenant in tenants:
         mapping = mappings[f"RelaySource{tenant.replace('-', '')}"]
         assert [_substituted(topic) for topic in mapping["Topics"]] == [f"poimen.{tenant}.dispatch"]
@@ -202,23 +219,35 @@ def test_the_offline_transform_keeps_the_references_sam_build_hands_cloudformati
     # Given sam build's template (what sam package and deploy hand CloudFormation) and the transform's
     document = Template(built / "template.yaml").document
     parameters = set(document["Parameters"]) | {"TenantId"}  # parameters, and the Fn::ForEach identifier
-    # Every condition true, so that every resource is one CloudFormation creates (those of a false condition
-    # may lose their references in the expansion: CloudFormation never reads them).
+    # Every condition true in one of two stacks (single-Region, and a multi-Region home stack: their tables
+    # exclude each other), so that every resource is one CloudFormation creates (those of a false condition
+    # are left out of the transform's output: CloudFormation never reads them).
     hardened = [
         "Tenants=acme",
         "KmsKeyArn=arn:aws:kms:us-east-1:111122223333:key/00000000-0000-0000-0000-000000000000",
         "AlarmEmail=ops@example.com",
         "AdmissionReservedConcurrency=10",
         "RelayReservedConcurrency=5",
+        "PeerClusterAlias1=east2",
+        "PeerClusterAlias2=west2",
     ]
-    transformed = subprocess.run(
-        [str(SAM_PYTHON), str(REPO / "infra/poimen_tools/sam_transform.py"), str(REPO / "template.yaml"), *hardened],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PATH": "/usr/bin:/bin", "AWS_DEFAULT_REGION": "us-east-1", "SAM_CLI_TELEMETRY": "0"},
-    )
-    kept = _references(json.loads(transformed.stdout)["Resources"], parameters)
+    home = [
+        "TableMode=global-home",
+        "PeerRegion1=us-east-2",
+        "PeerRegion2=us-west-2",
+        "PeerRegion1KmsKeyArn=arn:aws:kms:us-east-2:111122223333:key/00000000-0000-0000-0000-000000000000",
+        "PeerRegion2KmsKeyArn=arn:aws:kms:us-west-2:111122223333:key/00000000-0000-0000-0000-000000000000",
+    ]
+    kept: set[tuple[str, str]] = set()
+    for stack in (hardened, hardened + home):
+        transformed = subprocess.run(
+            [str(SAM_PYTHON), str(REPO / "infra/poimen_tools/sam_transform.py"), str(REPO / "template.yaml"), *stack],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PATH": "/usr/bin:/bin", "AWS_DEFAULT_REGION": "us-east-1", "SAM_CLI_TELEMETRY": "0"},
+        )
+        kept |= _references(json.loads(transformed.stdout)["Resources"], parameters)
 
     # Then every reference to a resource or a pseudo parameter is still there (SAM names a function's alias
     # <Function>Aliaslive and a layer version <Layer><hash>)

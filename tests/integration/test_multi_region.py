@@ -22,7 +22,6 @@ import botocore.credentials
 import pytest
 import requests
 from confluent_kafka import Consumer, TopicPartition
-from moto.server import ThreadedMotoServer
 
 from poimen.client import GENERATED_KEY_PREFIX, AdmissionClient, RegionalEndpoint
 from poimen.contract import RunRequest
@@ -31,7 +30,7 @@ from poimen.ids import keyed_run_id
 from poimen.kafka import dispatch_topic, events_topic, replicated_dispatch_topic
 from poimen_tools.local.kafka_broker import KafkaBroker
 from poimen_tools.local.mirror import MirrorMaker
-from poimen_tools.local.moto import serialise_dynamodb_writes
+from poimen_tools.local.moto import EmbeddedMoto
 from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY, signed_headers
 from poimen_tools.local.stream_source import positions_file
 from poimen_tools.topics import ensure_topics
@@ -50,12 +49,8 @@ DEV_CREDENTIALS = botocore.credentials.Credentials(DEV_ACCESS_KEY, DEV_SECRET_KE
 def aws() -> Iterator[str]:
     """The local AWS both Regions share (moto keeps each Region's tables, queues apart), outliving any
     `poimen dev` a test kills."""
-    serialise_dynamodb_writes()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with EmbeddedMoto() as moto:
+        yield moto.endpoint
 
 
 def start_region(

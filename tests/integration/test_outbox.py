@@ -17,7 +17,6 @@ from typing import Any
 import boto3
 import pytest
 from confluent_kafka import Consumer
-from moto.server import ThreadedMotoServer
 
 from poimen.contract import RunRequest
 from poimen.dispatch import DispatchPublisher
@@ -26,7 +25,7 @@ from poimen.kafka import events_topic, partition_key
 from poimen.outbox import OutboxBatchFailed, outbox_service
 from poimen_tools.local.devserver import LocalLambdaContext
 from poimen_tools.local.kafka_broker import KafkaBroker
-from poimen_tools.local.moto import serialise_dynamodb_writes
+from poimen_tools.local.moto import EmbeddedMoto
 from poimen_tools.local.stream_source import LocalStreamEventSource, positions_file
 from poimen_tools.local.template import Template
 from poimen_tools.topics import ensure_topics
@@ -38,12 +37,8 @@ from tests.integration.conftest import POIMEN, DevServer, free_port, signed_sess
 @pytest.fixture
 def moto_server() -> Iterator[str]:
     """A moto server of this test's own, outliving any `poimen dev` the test kills."""
-    serialise_dynamodb_writes()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with EmbeddedMoto() as moto:
+        yield moto.endpoint
 
 
 def events(

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import stat
+import uuid
 from pathlib import Path
 
 import pytest
 
-from poimen_tools.local.kafka_broker import BrokerError, kafka_jars
+from poimen_tools.local.kafka_broker import BrokerError, kafka_jars, new_cluster_id
 
 
 def _fake_mvn(folder: Path, script: str) -> None:
@@ -46,3 +47,13 @@ def test_a_successful_fetch_prints_nothing(
     # Then the cache is marked complete and no escape code reached the terminal
     assert (lib / ".complete").exists()
     assert capfd.readouterr() == ("", "")
+
+
+def test_a_cluster_id_never_starts_with_a_hyphen(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given UUIDs of which the first encodes to "-…" in URL-safe base64 (its first six bits are 62)
+    drawn = iter([uuid.UUID(bytes=b"\xf8" + bytes(15)), uuid.UUID(bytes=b"\x01" + bytes(15))])
+    monkeypatch.setattr(uuid, "uuid4", lambda: next(drawn))
+    # When a cluster id is made
+    cluster_id = new_cluster_id()
+    # Then it is drawn again: `StorageTool format -t -…` would take the id for an option and refuse it
+    assert cluster_id == "AQAAAAAAAAAAAAAAAAAAAA"

@@ -477,6 +477,27 @@ def test_an_unreachable_dlq_fails_the_batch_before_the_deadline(
     assert time.monotonic() - started < 3
 
 
+def test_a_dlq_backoff_never_waits_past_the_last_attempt_that_fits(
+    template: Template,
+    handler: Callable[[dict[str, Any], Any], dict[str, Any]],
+    store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given an unreachable dead-letter queue, 5 s left (3 s to the batch's deadline, an attempt 2 s), and
+    # every backoff drawing the cap, RELAY_RETRY_CAP_SECONDS (5 s: longer than the time left)
+    monkeypatch.setattr(Relay, "_jitter", lambda self, _attempt: self._settings.retry_cap_seconds)
+    queue = UnreachableQueue(EndpointConnectionError(endpoint_url="https://sqs.invalid"))
+    harness = RelayHarness.start(template, handler, store, sqs=queue)
+    started = time.monotonic()
+    # When a record must be dead-lettered
+    with pytest.raises(DeadLetterQueueUnavailable, match="EndpointConnectionError"):
+        harness.run([harness.record(b"{not json", 0)], seconds=5)
+    # Then the batch failed at once, before its deadline: a wait that leaves no time for another attempt is
+    # not waited
+    assert queue.attempts == 1
+    assert time.monotonic() - started < 3
+
+
 def test_a_dlq_refusing_the_relay_fails_the_batch_at_once(
     template: Template, handler: Callable[[dict[str, Any], Any], dict[str, Any]], store: Store
 ) -> None:

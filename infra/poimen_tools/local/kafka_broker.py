@@ -190,7 +190,7 @@ class KafkaBroker:
             raise BrokerError("the broker is already running")
         meta = self.data_dir / "logs" / "meta.properties"
         if not meta.exists():
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster_id = new_cluster_id()
             formatted = subprocess.run(
                 self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)),
                 capture_output=True,
@@ -201,16 +201,7 @@ class KafkaBroker:
         cluster_id = next(
             line.split("=", 1)[1] for line in meta.read_text().splitlines() if line.startswith("cluster.id=")
         )
-        with self.output_file.open("ab") as out:
-            # Its own session: a Ctrl-C meant for `poimen dev` must not kill the broker under it (its
-            # owner stops it cleanly). But it must not outlive its owner either, SIGKILL included.
-            self._process = subprocess.Popen(
-                self._java("kafka.Kafka", str(config)),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=terminate_with_parent(),
-            )
+        self._process = launch_jvm(self._java("kafka.Kafka", str(config)), self.output_file)
         try:
             self.wait_ready(timeout, cluster_id)
         except BaseException:
@@ -241,14 +232,7 @@ class KafkaBroker:
     def stop(self, timeout: float = 30.0) -> None:
         """A clean shutdown (SIGTERM), so a later start keeps every committed record."""
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, timeout)
 
     def kill(self) -> None:
         """SIGKILL, as a Region's outage ends it: no clean shutdown (a later start recovers its logs)."""
@@ -270,7 +254,43 @@ class KafkaBroker:
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def terminate_with_parent() -> Callable[[], None] | None:
+def new_cluster_id() -> str:
+    """A random KRaft cluster id: a UUID in URL-safe base64, as Kafka's own `Uuid.randomUuid()`, which also
+    draws again for one starting with "-": StorageTool would read `-t -…` as an option, not its value."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
+def launch_jvm(command: list[str], output_file: Path) -> subprocess.Popen[bytes]:
+    """Start a JVM with its stdout and stderr appended to `output_file`, in its own session: a Ctrl-C meant
+    for `poimen dev` must not kill it (its owner stops it cleanly). But it must not outlive its owner
+    either, SIGKILL included (_terminate_with_parent)."""
+    with output_file.open("ab") as out:
+        return subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_terminate_with_parent(),
+        )
+
+
+def stop_process(process: subprocess.Popen[bytes] | None, timeout: float) -> None:
+    """SIGTERM to a JVM this module started (its clean shutdown), then SIGKILL if it has not ended within
+    `timeout` seconds; nothing if it is None or has ended."""
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _terminate_with_parent() -> Callable[[], None] | None:
     """A preexec_fn: the child (a broker, MirrorMaker) gets SIGTERM (a clean shutdown) when this process
     dies, SIGKILL included.
 

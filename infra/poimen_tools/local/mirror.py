@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterable, Mapping
@@ -21,7 +20,7 @@ from types import TracebackType
 from confluent_kafka.admin import AdminClient
 
 from poimen.kafka import CLUSTER_ALIAS_PATTERN
-from poimen_tools.local.kafka_broker import kafka_jars, terminate_with_parent
+from poimen_tools.local.kafka_broker import kafka_jars, launch_jvm, stop_process
 
 MIRROR_MAKER = "org.apache.kafka.connect.mirror.MirrorMaker"
 # MirrorMaker's topic filter, a Java regular expression that must match the whole name: `poimen.<tenant>.dispatch`
@@ -120,15 +119,7 @@ class MirrorMaker:
             MIRROR_MAKER,
             str(config),
         ]
-        with self.output_file.open("ab") as out:
-            # Its own session, and SIGTERM when this process dies (see KafkaBroker.start).
-            self._process = subprocess.Popen(
-                command,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=terminate_with_parent(),
-            )
+        self._process = launch_jvm(command, self.output_file)
         try:
             self.wait_replicated(self.ready_topics, timeout)
         except BaseException:
@@ -177,14 +168,7 @@ class MirrorMaker:
         """SIGTERM (MirrorMaker's clean shutdown: a few seconds), then SIGKILL if it has not ended within
         `timeout` (with a cluster gone, its flows keep it shutting down for about a minute)."""
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, timeout)
 
     def __enter__(self) -> MirrorMaker:
         self.start()

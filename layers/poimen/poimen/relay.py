@@ -405,8 +405,11 @@ class Relay:
                 failure = str(error)
             except Exception as error:
                 raise DeadLetterQueueUnavailable(f"a dead letter could not be sent: {error!r}") from error
+            delay = self._jitter(attempts - 1)
+            if time.monotonic() + delay + attempt_seconds > batch.deadline:
+                break  # no attempt would fit after the wait: fail the batch now, not past its deadline
             logger.warning("dead-letter queue call failed; retrying", failure=failure)
-            if batch.abort.wait(self._jitter(attempts - 1)):
+            if batch.abort.wait(delay):
                 raise _Aborted("another record failed the batch")
         raise DeadLetterQueueUnavailable(f"dead-letter queue unavailable after {attempts} attempts: {failure}")
 

@@ -323,6 +323,13 @@ def _add_grants(commands: Commands) -> None:
 
 
 def _dev(args: argparse.Namespace) -> int:
+    if args.run_retention_days is not None and args.table_region not in (None, args.region):
+        # As the template's Rule MultiRegionHasNoRunRetention refuses it: the local stack refuses what AWS does.
+        raise ConfigurationError(
+            "--run-retention-days needs the table in poimen dev's own --region: a table shared by Regions stands "
+            "in for a multi-Region strongly consistent (MRSC) global table, which has no TTL "
+            "(docs/operations.md#multi-region)"
+        )
     # Checked first, so a taken port is said at once rather than after moto and the broker have started;
     # a port taken in between still ends as PortInUse (see explain).
     busy = _busy_port(args)

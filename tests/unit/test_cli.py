@@ -417,3 +417,19 @@ def test_topics_ensure_refuses_a_dispatch_retention_longer_than_the_run_retentio
 @pytest.mark.parametrize(("retention_ms", "days"), [(86_400_000, 1), (3_600_000, 1), (604_800_000, None), (-1, None)])
 def test_a_dispatch_retention_within_the_run_retention_is_accepted(retention_ms: int, days: int | None) -> None:
     topics.check_dispatch_retention(retention_ms, days)
+
+
+def test_dev_refuses_run_retention_on_a_table_shared_by_regions(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given poimen dev would start nothing (the refusal must come first)
+    monkeypatch.setattr(cli, "run_dev", lambda _options: pytest.fail("poimen dev started"))
+    # When a table of another Region (the MRSC stand-in) is asked for with a run retention
+    code = main(["dev", "--region", "us-west-2", "--table-region", "us-east-1", "--run-retention-days", "7"])
+    # Then it is one usage line: an MRSC global table has no TTL, as the template's Rule says
+    assert code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "poimen dev: --run-retention-days needs the table in poimen dev's own --region: a table shared by "
+        "Regions stands in for a multi-Region strongly consistent (MRSC) global table, which has no TTL "
+        "(docs/operations.md#multi-region)"
+    ]

@@ -14,14 +14,13 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+from poimen.config import is_region_name
 from poimen.contract import parse_json
 from poimen.kafka import is_tenant_id
 from poimen.principals import InvalidPrincipal, grant_principal
 from poimen.retention import InvalidRetention, parse_run_retention_days
 from poimen.wire import TENANT_PATTERN
 
-# botocore's own rule for a region name (botocore.utils.validate_region_name): a host label.
-_REGION = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)")
 # DynamoDB's and SQS's naming rules (CreateTable TableName; CreateQueue QueueName, standard queues).
 _TABLE_NAME = re.compile(r"[a-zA-Z0-9_.-]{3,255}")
 _QUEUE_NAME = re.compile(r"[a-zA-Z0-9_-]{1,80}")
@@ -112,7 +111,7 @@ def listen_host(value: str) -> str:
 
 
 def region(value: str) -> str:
-    if not _REGION.fullmatch(text(value)):
+    if not is_region_name(text(value)):
         raise argparse.ArgumentTypeError(f"{value!r} is not an AWS region (like us-east-1)")
     return value
 

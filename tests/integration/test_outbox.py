@@ -41,6 +41,15 @@ def moto_server() -> Iterator[str]:
         yield moto.endpoint
 
 
+def table_with_stream(template: Template, endpoint: str) -> tuple[Any, str, dict[str, Any]]:
+    """A new table as template.yaml declares it (with its stream) at `endpoint`: its client, its name, and
+    the item of an admitted run (tests/events/dynamodb_stream_insert.json) to put into it."""
+    dynamodb = boto3.client("dynamodb", endpoint_url=endpoint)
+    table = f"t-{uuid.uuid4().hex[:8]}"
+    dynamodb.create_table(**template.create_table_request("AdmissionTable", table))
+    return dynamodb, table, load_event("dynamodb_stream_insert.json")["Records"][0]["dynamodb"]["NewImage"]
+
+
 def events(
     bootstrap: str, tenant: str, expected: int, timeout: float = 60, last: str | None = None
 ) -> list[dict[str, Any]]:
@@ -235,10 +244,7 @@ def test_a_failing_batch_is_never_skipped_and_is_parked_after_its_attempts(
     template: Template, moto_server: str, tmp_path: Path
 ) -> None:
     # Given a table with a stream, and a stream event source whose function always fails
-    dynamodb = boto3.client("dynamodb", endpoint_url=moto_server)
-    table = f"t-{uuid.uuid4().hex[:8]}"
-    dynamodb.create_table(**template.create_table_request("AdmissionTable", table))
-    run = load_event("dynamodb_stream_insert.json")["Records"][0]["dynamodb"]["NewImage"]
+    dynamodb, table, run = table_with_stream(template, moto_server)
     dynamodb.put_item(TableName=table, Item=run)
     calls: list[int] = []
     parked: list[dict[str, Any]] = []
@@ -355,10 +361,7 @@ def test_a_backfill_the_broker_does_not_acknowledge_fails_with_one_line(
     template: Template, moto_server: str, tenant: str
 ) -> None:
     # Given a table holding one admitted run of the tenant, and no broker where the backfill is pointed
-    dynamodb = boto3.client("dynamodb", endpoint_url=moto_server)
-    table = f"t-{uuid.uuid4().hex[:8]}"
-    dynamodb.create_table(**template.create_table_request("AdmissionTable", table))
-    run = load_event("dynamodb_stream_insert.json")["Records"][0]["dynamodb"]["NewImage"]
+    dynamodb, table, run = table_with_stream(template, moto_server)
     dynamodb.put_item(TableName=table, Item={**run, "pk": {"S": f"RUN#{tenant}#r"}, "tenant_id": {"S": tenant}})
     # When the window holding it is backfilled
     backfill = subprocess.run(
@@ -378,10 +381,7 @@ def test_a_restarted_stream_source_resumes_after_its_last_handled_batch(
     template: Template, moto_server: str, tmp_path: Path
 ) -> None:
     # Given a table with a stream and two runs, read by a source keeping its positions in a file
-    dynamodb = boto3.client("dynamodb", endpoint_url=moto_server)
-    table = f"t-{uuid.uuid4().hex[:8]}"
-    dynamodb.create_table(**template.create_table_request("AdmissionTable", table))
-    run = load_event("dynamodb_stream_insert.json")["Records"][0]["dynamodb"]["NewImage"]
+    dynamodb, table, run = table_with_stream(template, moto_server)
 
     def put(run_id: str) -> None:
         dynamodb.put_item(TableName=table, Item={**run, "pk": {"S": f"RUN#acme#{run_id}"}, "run_id": {"S": run_id}})

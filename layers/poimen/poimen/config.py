@@ -13,8 +13,8 @@ from poimen.retention import InvalidRetention, run_retention_days
 
 N = TypeVar("N", int, float)
 
-# An AWS Region name as SDKs accept one (as `poimen_tools.arguments.region`): letters, digits and inner
-# hyphens, not all digits.
+# An AWS Region name as SDKs accept one, botocore's own rule (botocore.utils.validate_region_name): a host
+# label of letters, digits and inner hyphens, not all digits.
 _REGION_NAME = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)")
 
 # API Gateway HTTP APIs give up on an integration after at most 30 s (and answer 504).
@@ -111,11 +111,16 @@ def _region(env: Mapping[str, str]) -> str:
     return region
 
 
+def is_region_name(value: str) -> bool:
+    """Whether `value` is a name an SDK accepts as a Region's (TABLE_REGION here, `--region` in the CLI)."""
+    return _REGION_NAME.fullmatch(value) is not None
+
+
 def _table_region(env: Mapping[str, str]) -> str | None:
     region = env.get("TABLE_REGION", "").strip()
     if not region:
         return None
-    if not _REGION_NAME.fullmatch(region):
+    if not is_region_name(region):
         raise ConfigurationError(f"TABLE_REGION must be an AWS Region name (like us-west-2), got {region!r}")
     return region
 

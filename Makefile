@@ -49,9 +49,12 @@ RIE := .cache/bin/aws-lambda-rie
 AWSLAMBDARIC_VERSION := 4.2.2
 RIE_RUNTIME := .cache/rie/runtime/.installed-$(AWSLAMBDARIC_VERSION)
 # Deploying: the samconfig.toml environment, and the parameters only the deploying account knows.
-# TENANTS also reaches `make build`, so a tenant list SAM CLI cannot expand fails before anything ships.
+# TENANTS also reaches `make build`, so a tenant list SAM CLI cannot expand fails before anything ships, and
+# so does one longer than a stack serves (infra/poimen_tools/deploy_check.py, by the SAM CLI's interpreter:
+# the deploy needs no other venv).
 CONFIG_ENV ?= default
 TENANTS ?=
+DEPLOY_CHECK := .venv-sam/bin/python infra/poimen_tools/deploy_check.py --prog "make $(or $(firstword $(MAKECMDGOALS)),build)"
 MSK_CLUSTER_ARN ?=
 # The outbox relay's network: the cluster's IAM bootstrap brokers, and subnets/security groups (comma-separated)
 # from which they are reachable.
@@ -165,6 +168,8 @@ check-bundle: $(STAMP) $(SAM) $(ACTIONLINT)
 
 # The bundle as the deploy workflow builds it: .aws-sam/build, layer wheels for python3.13 on arm64.
 build: $(SAM)
+	@test -z "$(TENANTS)" || $(DEPLOY_CHECK) limits --tenants "$(TENANTS)" \
+		--peer-aliases $(words $(PEER_CLUSTER_ALIAS_1) $(PEER_CLUSTER_ALIAS_2))
 	@test -n "$(PYTHON313)" || { echo "make build: python3.13 not found; sam build needs the Lambda runtime's" \
 		"interpreter: install it (pyenv install 3.13) or put it on PATH" >&2; exit 1; }
 	$(OFFLINE_AWS) PATH="$(dir $(PYTHON313)):$$PATH" $(SAM) build --config-env $(CONFIG_ENV) \

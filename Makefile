@@ -49,9 +49,12 @@ RIE := .cache/bin/aws-lambda-rie
 AWSLAMBDARIC_VERSION := 4.2.2
 RIE_RUNTIME := .cache/rie/runtime/.installed-$(AWSLAMBDARIC_VERSION)
 # Deploying: the samconfig.toml environment, and the parameters only the deploying account knows.
-# TENANTS also reaches `make build`, so a tenant list SAM CLI cannot expand fails before anything ships.
+# TENANTS also reaches `make build`, so a tenant list SAM CLI cannot expand fails before anything ships, and
+# so does one longer than a stack serves (infra/poimen_tools/deploy_check.py, by the SAM CLI's interpreter:
+# the deploy needs no other venv).
 CONFIG_ENV ?= default
 TENANTS ?=
+DEPLOY_CHECK := .venv-sam/bin/python infra/poimen_tools/deploy_check.py --prog "make $(or $(firstword $(MAKECMDGOALS)),build)"
 MSK_CLUSTER_ARN ?=
 # The outbox relay's network: the cluster's IAM bootstrap brokers, and subnets/security groups (comma-separated)
 # from which they are reachable.
@@ -59,6 +62,9 @@ KAFKA_BOOTSTRAP_SERVERS ?=
 OUTBOX_SUBNET_IDS ?=
 OUTBOX_SECURITY_GROUP_IDS ?=
 ALARM_EMAIL ?=
+# Cells (docs/operations.md#cells): CELL=<name> deploys the stack <CONFIG_ENV's stack_name>-<name>, serving
+# TENANTS beside the other cells on the same MSK cluster; `make deploy` refuses a tenant another cell serves.
+CELL ?=
 # Multi-Region mode (docs/operations.md#multi-region): TABLE_MODE=global-home with PEER_REGION_1 and
 # PEER_REGION_2 (WITNESS_REGION: one of them, or empty for three replicas), then TABLE_MODE=global-replica in
 # each replica Region with the same three and REPLICA_STREAM_LABEL. PEER_CLUSTER_ALIAS_1/_2: the peer Kafka
@@ -84,6 +90,8 @@ MULTI_REGION_PARAMETERS = $(if $(TABLE_MODE),"TableMode=$(TABLE_MODE)") $(if $(P
 # environment's own overrides, read from that file (one source for them).
 STAGE_PARAMETERS = $(shell $(PYTHON) -c "import tomllib; \
 	print(tomllib.load(open('samconfig.toml', 'rb'))['$(CONFIG_ENV)']['deploy']['parameters']['parameter_overrides'])")
+STACK_NAME = $(shell $(PYTHON) -c "import tomllib; \
+	print(tomllib.load(open('samconfig.toml', 'rb'))['$(CONFIG_ENV)']['global']['parameters']['stack_name'])")$(if $(CELL),-$(CELL))
 
 .PHONY: install run test lint check-bundle build deploy kafka-jars dynalite rie rie-bundle format bench soak openapi docs clean
 
@@ -165,13 +173,16 @@ check-bundle: $(STAMP) $(SAM) $(ACTIONLINT)
 
 # The bundle as the deploy workflow builds it: .aws-sam/build, layer wheels for python3.13 on arm64.
 build: $(SAM)
+	@test -z "$(TENANTS)" || $(DEPLOY_CHECK) limits --tenants "$(TENANTS)" \
+		--peer-aliases $(words $(PEER_CLUSTER_ALIAS_1) $(PEER_CLUSTER_ALIAS_2))
 	@test -n "$(PYTHON313)" || { echo "make build: python3.13 not found; sam build needs the Lambda runtime's" \
 		"interpreter: install it (pyenv install 3.13) or put it on PATH" >&2; exit 1; }
 	$(OFFLINE_AWS) PATH="$(dir $(PYTHON313)):$$PATH" $(SAM) build --config-env $(CONFIG_ENV) \
 		$(if $(TENANTS),--parameter-overrides "Tenants=$(TENANTS)")
 	$(COMPILE_BYTECODE) .aws-sam/build/*/
 
-# Package and deploy what `make build` built to the stack of CONFIG_ENV, with the caller's AWS credentials.
+# Package and deploy what `make build` built to the stack of CONFIG_ENV (and CELL), with the caller's AWS
+# credentials, once CloudFormation says no other cell on the cluster serves one of TENANTS.
 deploy: build
 	@test -n "$(TENANTS)" -a -n "$(MSK_CLUSTER_ARN)" -a -n "$(KAFKA_BOOTSTRAP_SERVERS)" -a -n "$(OUTBOX_SUBNET_IDS)" \
 		-a -n "$(OUTBOX_SECURITY_GROUP_IDS)" || { echo "make deploy: set TENANTS=<ids>, MSK_CLUSTER_ARN=<arn>," \
@@ -185,11 +196,13 @@ deploy: build
 			"TABLE_MODE=global-replica needs PEER_REGION_1, PEER_REGION_2 and REPLICA_STREAM_LABEL (docs/operations.md, Multi-Region)" >&2; exit 1; } ;; \
 		*) echo "make deploy: TABLE_MODE is single, global-home or global-replica, not '$(TABLE_MODE)'" >&2; exit 1 ;; \
 	esac
-	SAM_CLI_TELEMETRY=0 $(SAM) deploy --config-env $(CONFIG_ENV) --parameter-overrides $(STAGE_PARAMETERS) \
+	$(DEPLOY_CHECK) cells --stack-name "$(STACK_NAME)" --cell "$(CELL)" --tenants "$(TENANTS)" \
+		--msk-cluster-arn "$(MSK_CLUSTER_ARN)"
+	SAM_CLI_TELEMETRY=0 $(SAM) deploy --config-env $(CONFIG_ENV) --stack-name $(STACK_NAME) --parameter-overrides $(STAGE_PARAMETERS) \
 		"MskClusterArn=$(MSK_CLUSTER_ARN)" "Tenants=$(TENANTS)" \
 		"KafkaBootstrapServers=$(KAFKA_BOOTSTRAP_SERVERS)" "OutboxSubnetIds=$(OUTBOX_SUBNET_IDS)" \
 		"OutboxSecurityGroupIds=$(OUTBOX_SECURITY_GROUP_IDS)" $(if $(ALARM_EMAIL),"AlarmEmail=$(ALARM_EMAIL)") \
-		$(MULTI_REGION_PARAMETERS)
+		$(if $(CELL),"Cell=$(CELL)") $(MULTI_REGION_PARAMETERS)
 
 # The local Kafka broker's jars, from Maven Central into .cache/kafka (needs Java 17 and Maven).
 kafka-jars: $(STAMP)

@@ -5,6 +5,10 @@ Run by the SAM CLI's interpreter, which has samcli and samtranslator (`make lint
 checkov; tests/unit/test_template_posture.py reads it):
 
     .venv-sam/bin/python infra/poimen_tools/sam_transform.py template.yaml Name=value ...
+    .venv-sam/bin/python infra/poimen_tools/sam_transform.py --batch template.yaml < parameter-sets.json
+
+`--batch` reads a JSON list of parameter sets ({"Name": "value", ...}) and prints the JSON list of their
+templates, in one interpreter (tests/unit/test_template_quotas.py transforms dozens of sets).
 
 SAM CLI's own expansion resolves every Fn::Sub it meets to a string, even when a placeholder in it names a
 resource or a pseudo parameter it cannot know: `!Sub https://${AdmissionApi}.execute-api...` became that
@@ -116,6 +120,11 @@ def transformed(template_text: str, parameters: dict[str, str]) -> dict[str, Any
 
 def main(arguments: list[str]) -> None:
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")  # SAM's translator needs a region, offline
+    if arguments[0] == "--batch":
+        with open(arguments[1]) as source:
+            text = source.read()
+        print(json.dumps([transformed(text, parameters) for parameters in json.load(sys.stdin)]))
+        return
     path, *pairs = arguments
     parameters = dict(pair.split("=", 1) for pair in pairs)
     with open(path) as source:

@@ -1,5 +1,6 @@
 """The deployable bundle as the deploy workflow makes it: the README's deploy commands, run here up to
-the first call to AWS; what `sam build` built; `sam package` against moto's S3 on loopback."""
+the first call to AWS (and refused when another cell serves a tenant, moto's CloudFormation standing in);
+what `sam build` built; `sam package` against moto's S3 on loopback."""
 
 from __future__ import annotations
 
@@ -275,25 +276,87 @@ def test_deploy_command_runs_up_to_its_first_call_to_aws(built: Path, commands: 
     env = _offline_env(
         AWS_ENDPOINT_URL=closed, AWS_REGION="eu-west-1", AWS_DEFAULT_REGION="eu-west-1", AWS_MAX_ATTEMPTS="1"
     )
-    variables = _make_variables(commands[1])
 
     # When the README's deploy command runs verbatim
     result = _run(commands[1], env)
 
-    # Then it built, ran sam deploy with the stage's and the account's parameters, and stopped at AWS
+    # Then it built, and stopped at its first call to AWS, the cell check's, in one line: nothing was deployed
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "Build Succeeded" in output
-    deploy_line = next(line for line in output.splitlines() if "sam deploy --config-env" in line)
-    assert f"--config-env {variables['CONFIG_ENV']}" in deploy_line
+    (refusal,) = [line for line in result.stderr.splitlines() if line.startswith("make deploy:")]
+    assert refusal.startswith("make deploy: could not read the deployed cells from CloudFormation")
+    assert f'Could not connect to the endpoint URL: "{closed}/' in refusal
+    assert not [
+        line for line in result.stdout.splitlines() if line.startswith("SAM_CLI_TELEMETRY=0 .venv-sam/bin/sam deploy")
+    ]
+
+
+@pytest.mark.parametrize("cell", ["", "c2"])
+def test_deploy_command_hands_sam_the_stages_the_accounts_and_the_cells_parameters(
+    commands: list[str], cell: str
+) -> None:
+    variables = _make_variables(commands[1])
+
+    # When the README's deploy command is printed by make -n, with a cell or without
+    result = _run(
+        f"{commands[1].replace('make deploy', 'make -n deploy', 1)}{f' CELL={cell}' if cell else ''}", _offline_env()
+    )
+
+    # Then the cell check runs before sam deploy, which gets the stage's and the account's parameters
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.replace("\\\n", " ").splitlines()
+    check = next(n for n, line in enumerate(lines) if 'deploy_check.py --prog "make deploy" cells' in line)
+    deploy = next(n for n, line in enumerate(lines) if "sam deploy --config-env" in line)
+    assert check < deploy
+    stack = f"poimen-admission-staging{f'-{cell}' if cell else ''}"
+    assert f'--stack-name "{stack}" --cell "{cell}" --tenants "{variables["TENANTS"]}"' in lines[check]
+    deploy_line = lines[deploy]
+    assert f"--config-env {variables['CONFIG_ENV']} --stack-name {stack}" in deploy_line
     assert "--parameter-overrides Stage=staging TableDeletionProtection=true LogRetentionDays=30" in deploy_line
-    assert f'"Tenants={variables["TENANTS"]}"' in output
-    assert f'"MskClusterArn={variables["MSK_CLUSTER_ARN"]}"' in output
-    assert f'"KafkaBootstrapServers={variables["KAFKA_BOOTSTRAP_SERVERS"]}"' in output
-    assert f'"OutboxSubnetIds={variables["OUTBOX_SUBNET_IDS"]}"' in output
-    assert f'"OutboxSecurityGroupIds={variables["OUTBOX_SECURITY_GROUP_IDS"]}"' in output
-    assert f'"AlarmEmail={variables["ALARM_EMAIL"]}"' in output
-    assert f'Could not connect to the endpoint URL: "{closed}/"' in output
+    assert f'"Tenants={variables["TENANTS"]}"' in deploy_line
+    assert f'"MskClusterArn={variables["MSK_CLUSTER_ARN"]}"' in deploy_line
+    assert f'"KafkaBootstrapServers={variables["KAFKA_BOOTSTRAP_SERVERS"]}"' in deploy_line
+    assert f'"OutboxSubnetIds={variables["OUTBOX_SUBNET_IDS"]}"' in deploy_line
+    assert f'"OutboxSecurityGroupIds={variables["OUTBOX_SECURITY_GROUP_IDS"]}"' in deploy_line
+    assert f'"AlarmEmail={variables["ALARM_EMAIL"]}"' in deploy_line
+    assert ('"Cell=c2"' in deploy_line) is bool(cell)
+
+
+def test_deploy_command_refuses_a_tenant_another_cell_serves(built: Path, commands: list[str]) -> None:
+    variables = _make_variables(commands[1])
+    (tenant, *_) = variables["TENANTS"].split(",")
+    with EmbeddedMoto() as moto:
+        # Given cell c1 of the same stage serving the README's first tenant on the README's cluster (a stand-in
+        # stack with the parameters the check reads: moto cannot run the template's transforms)
+        env = _offline_env(AWS_ENDPOINT_URL=moto.endpoint, AWS_REGION="eu-west-1", AWS_DEFAULT_REGION="eu-west-1")
+        boto3.client("cloudformation", endpoint_url=moto.endpoint, region_name="eu-west-1").create_stack(
+            StackName="poimen-admission-staging-c1",
+            TemplateBody=json.dumps(
+                {
+                    "Parameters": {name: {"Type": "String"} for name in ("Tenants", "MskClusterArn", "Cell")},
+                    "Resources": {"Queue": {"Type": "AWS::SQS::Queue"}},
+                }
+            ),
+            Parameters=[
+                {"ParameterKey": "Tenants", "ParameterValue": f"{tenant},someone-else"},
+                {"ParameterKey": "MskClusterArn", "ParameterValue": variables["MSK_CLUSTER_ARN"]},
+                {"ParameterKey": "Cell", "ParameterValue": "c1"},
+            ],
+        )
+
+        # When the README's deploy command runs verbatim
+        result = _run(commands[1], env)
+
+    # Then it is refused before sam deploy, in one line naming that cell
+    assert result.returncode != 0
+    (refusal,) = [line for line in result.stderr.splitlines() if line.startswith("make deploy:")]
+    assert refusal.startswith(
+        f"make deploy: {tenant} served by cell c1 (stack poimen-admission-staging-c1) already, on this MSK cluster"
+    )
+    assert not [
+        line for line in result.stdout.splitlines() if line.startswith("SAM_CLI_TELEMETRY=0 .venv-sam/bin/sam deploy")
+    ]
 
 
 def test_sam_package_uploads_to_s3_and_keeps_the_loop(built: Path, tmp_path: Path) -> None:

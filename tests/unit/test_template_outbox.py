@@ -3,6 +3,7 @@ the table), its stream event source keeps what it gives up on, and its alarms wa
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from typing import Any
 
@@ -59,20 +60,47 @@ def test_transformed_the_outbox_role_has_no_table_write_either() -> None:
     }
 
 
-def test_the_outbox_writes_only_its_tenants_events_topics(template: Template) -> None:
+def test_the_outbox_writes_only_events_topics_of_its_one_cluster(template: Template) -> None:
     resources = template.expanded_resources({"Tenants": TENANTS})
     statements = _role_statements(resources)
     writes = [s for s in statements if "kafka-cluster:WriteData" in _as_list(s["Action"])]
 
-    assert sorted(s["Resource"]["Fn::Sub"][0].rsplit("/", 1)[1] for s in writes) == [
-        "poimen.acme.events",
-        "poimen.beta-2.events",
-    ]
-    assert all(set(_as_list(s["Action"])) == {"kafka-cluster:DescribeTopic", "kafka-cluster:WriteData"} for s in writes)
+    # One statement whatever the tenants (docs/posture.md#permissions-that-scale): every poimen.<tenant>.events
+    # topic of the cluster MskClusterArn names, and nothing else: no other cluster, no dispatch topic.
+    (events,) = writes
+    pattern, names = events["Resource"]["Fn::Sub"]
+    assert pattern == (
+        "arn:${AWS::Partition}:kafka:${AWS::Region}:${AWS::AccountId}:topic/${Name}/${Uuid}/poimen.*.events"
+    )
+    assert names == {
+        "Name": {"Fn::Select": [1, {"Fn::Split": ["/", {"Ref": "MskClusterArn"}]}]},
+        "Uuid": {"Fn::Select": [2, {"Fn::Split": ["/", {"Ref": "MskClusterArn"}]}]},
+    }
+    assert set(events["Action"]) == {"kafka-cluster:DescribeTopic", "kafka-cluster:WriteData"}
     (cluster,) = [s for s in statements if s["Sid"] == "MskClusterProducer"]
     assert set(cluster["Action"]) == {"kafka-cluster:Connect", "kafka-cluster:WriteDataIdempotently"}
     assert cluster["Resource"] == {"Ref": "MskClusterArn"}
     assert not [s for s in statements if "kafka-cluster:ReadData" in _as_list(s["Action"])]
+
+
+@pytest.mark.parametrize(
+    ("topic", "written"),
+    [
+        ("poimen.acme.events", True),
+        ("poimen.beta-2.events", True),
+        ("poimen.acme.dispatch", False),
+        ("east1.poimen.acme.events", False),  # a replicated topic is MirrorMaker's, never the outbox's
+        ("other.acme.events", False),
+    ],
+)
+def test_the_events_pattern_matches_only_events_topics(template: Template, topic: str, written: bool) -> None:
+    (events,) = [
+        s for s in _role_statements(template.expanded_resources({"Tenants": TENANTS})) if s["Sid"] == "MskEventsTopics"
+    ]
+    pattern = events["Resource"]["Fn::Sub"][0].rsplit("/", 1)[1]
+
+    # IAM's ARN wildcard: '*' matches any run of characters, the rest literally (fnmatch, without '?' or '[').
+    assert fnmatch.fnmatchcase(topic, pattern) is written
 
 
 def test_the_stream_event_source_filters_retries_and_keeps_what_it_gives_up_on(template: Template) -> None:

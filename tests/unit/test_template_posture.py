@@ -246,6 +246,27 @@ def test_roles_use_the_key_only_through_their_services(
     assert statement["Condition"]["StringEquals"]["kms:CallerAccount"] == {"Ref": "AWS::AccountId"}
 
 
+# --- grants that scale (docs/posture.md#permissions-that-scale) -----------------------------------------
+
+
+def _grants(resources: dict[str, Any]) -> dict[str, str]:
+    kinds = {"AWS::IAM::Role", "AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"}
+    return {
+        name: json.dumps(res["Properties"], sort_keys=True) for name, res in resources.items() if res["Type"] in kinds
+    }
+
+
+@pytest.mark.parametrize("parameters", [{}, HARDENED], ids=["defaults", "hardened"])
+def test_no_role_grows_with_the_tenants(parameters: dict[str, str]) -> None:
+    # Given the stack for one tenant and for fifty
+    one = _transformed(**parameters, Tenants="t0")["Resources"]
+    fifty = _transformed(**parameters, Tenants=",".join(f"t{n}" for n in range(50)))["Resources"]
+
+    # Then every role, policy and statement is the same: a grant per tenant would multiply against IAM's
+    # quotas (10,240 characters of inline policies a role), the one-topic-per-mapping event sources apart.
+    assert _grants(fifty) == _grants(one)
+
+
 # --- reserved concurrency -------------------------------------------------------------------------------
 
 

@@ -1,0 +1,176 @@
+"""What `make build` and `make deploy` refuse before SAM runs: more tenants than one stack holds, and (deploy)
+a tenant another cell already serves on the same MSK cluster.
+
+One stack serves at most MAX_EVENT_SOURCE_MAPPINGS MSK event source mappings (one per tenant and dispatch
+topic: the tenant's own, and one per peer cluster alias) and a `Tenants` list of at most
+MAX_TENANT_CHARACTERS characters (the admission function carries it in its environment, 4 KB for all its
+variables). tests/unit/test_template_quotas.py transforms the template at these maxima and checks every
+quota AWS enforces at deploy; docs/operations.md#how-many-tenants-a-stack-serves gives the reasons.
+
+Cells (docs/operations.md#cells) are stacks of this template on one MSK cluster, each serving its own
+tenants: two cells serving one tenant would admit its spawns in two tables (twice), and their mappings would
+share the tenant's consumer group. `cells` reads every stack of the Region from CloudFormation and refuses,
+before anything changes, a tenant that a stack on the same cluster (its MskClusterArn) serves already, and
+a Cell that differs from the deployed stack's.
+
+Run by the SAM CLI's interpreter (the Makefile's build and deploy need nothing else; it has boto3):
+
+    .venv-sam/bin/python infra/poimen_tools/deploy_check.py --prog "make build" limits --tenants a,b --peer-aliases 2
+    .venv-sam/bin/python infra/poimen_tools/deploy_check.py --prog "make deploy" cells --stack-name S --cell C \
+        --tenants a,b --msk-cluster-arn arn:aws:kafka:...
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+from botocore.exceptions import BotoCoreError, ClientError
+
+# CloudFormation's 500 resources per stack, less 100 for everything else (about 50 today): room to grow.
+MAX_EVENT_SOURCE_MAPPINGS = 400
+# The admission function's variables are 4 KB in all (Lambda quotas); RELAY_TENANTS is the Tenants list, and
+# the other variables take at most about 600 bytes (the quota test renders them at their longest).
+MAX_TENANT_CHARACTERS = 3000
+CELLS = "docs/operations.md#cells"
+CELL_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,15}")  # the template's Cell parameter
+# A stack in these states serves nothing: a failed creation rolled back, its mappings deleted.
+SERVES_NOTHING = {"ROLLBACK_COMPLETE", "DELETE_COMPLETE"}
+
+
+def max_tenants(peer_aliases: int) -> int:
+    """The tenants one stack serves with `peer_aliases` peer cluster aliases (each adds a mapping per tenant)."""
+    return MAX_EVENT_SOURCE_MAPPINGS // (1 + peer_aliases)
+
+
+def limit_refusal(tenants: list[str], peer_aliases: int) -> str | None:
+    """Why one stack cannot serve `tenants` (one line that says how to split them), or None if it can."""
+    most = max_tenants(peer_aliases)
+    aliases = ["no peer cluster alias", "one peer cluster alias", "two peer cluster aliases"][peer_aliases]
+    if len(tenants) > most:
+        return (
+            f"{len(tenants)} tenants, and one stack serves at most {most} with {aliases} (one MSK event source"
+            f" mapping per tenant and dispatch topic, {MAX_EVENT_SOURCE_MAPPINGS} a stack): split them into cells"
+            f" of at most {most} tenants, one stack each (CELL=<name>, {CELLS})"
+        )
+    characters = len(",".join(tenants))
+    if characters > MAX_TENANT_CHARACTERS:
+        return (
+            f"TENANTS is {characters:,} characters, and one stack serves at most {MAX_TENANT_CHARACTERS:,} (the"
+            f" admission function carries the list in its 4 KB of environment variables): split them into cells"
+            f" of at most {MAX_TENANT_CHARACTERS:,} characters, one stack each (CELL=<name>, {CELLS})"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class DeployedCell:
+    """A stack of this template as CloudFormation describes it: its cell, cluster and tenants."""
+
+    stack_name: str
+    status: str
+    cell: str
+    msk_cluster_arn: str
+    tenants: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{_cell_name(self.cell)} (stack {self.stack_name})"
+
+
+def _cell_name(cell: str) -> str:
+    return f"cell {cell}" if cell else "the unnamed cell"
+
+
+def deployed_cells(cloudformation: Any) -> list[DeployedCell]:
+    """Every stack in the client's Region that is a cell of this template: one with the parameters Tenants and
+    MskClusterArn (stacks deployed before the Cell parameter existed are the unnamed cell)."""
+    cells = []
+    for page in cloudformation.get_paginator("describe_stacks").paginate():
+        for stack in page["Stacks"]:
+            given = {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
+            if "Tenants" in given and "MskClusterArn" in given:
+                cells.append(
+                    DeployedCell(
+                        stack_name=stack["StackName"],
+                        status=stack["StackStatus"],
+                        cell=given.get("Cell", ""),
+                        msk_cluster_arn=given["MskClusterArn"],
+                        tenants=tuple(t for t in given["Tenants"].split(",") if t),
+                    )
+                )
+    return cells
+
+
+def _listed(tenants: list[str]) -> str:
+    shown = ", ".join(tenants[:5])
+    return shown if len(tenants) <= 5 else f"{shown} and {len(tenants) - 5} more"
+
+
+def cell_refusal(
+    deployed: list[DeployedCell], stack_name: str, cell: str, tenants: list[str], msk_cluster_arn: str
+) -> str | None:
+    """Why `stack_name` may not be deployed as `cell` serving `tenants` on that cluster (one line), or None."""
+    if cell and not CELL_PATTERN.fullmatch(cell):
+        return f"CELL {cell!r} is not 1-16 of a-z, 0-9 and '-' starting with a letter or digit (the template's Cell)"
+    for other in deployed:
+        if other.stack_name == stack_name and other.cell != cell:
+            return (
+                f"stack {stack_name} is {_cell_name(other.cell)}, not {_cell_name(cell)}: a stack's cell"
+                " never changes (its layers and its multi-Region table are named after it); a new cell is a new stack"
+            )
+    wanted = set(tenants)
+    taken = [
+        (sorted(wanted & set(other.tenants)), other)
+        for other in deployed
+        if other.stack_name != stack_name
+        and other.status not in SERVES_NOTHING
+        and other.msk_cluster_arn == msk_cluster_arn
+        and wanted & set(other.tenants)
+    ]
+    if not taken:
+        return None
+    served = "; ".join(f"{_listed(shared)} served by {other}" for shared, other in taken)
+    return (
+        f"{served} already, on this MSK cluster: a tenant in two cells would be admitted twice, once in each"
+        f" cell's table; remove it from TENANTS, or deploy that cell without it first ({CELLS})"
+    )
+
+
+def main(arguments: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--prog", default="deploy_check", help="the name the refusal starts with")
+    commands = parser.add_subparsers(dest="command", required=True)
+    limits = commands.add_parser("limits", help="refuse more tenants than one stack serves")
+    limits.add_argument("--tenants", required=True, help="the comma-separated tenant ids (TENANTS)")
+    limits.add_argument("--peer-aliases", type=int, default=0, help="how many peer cluster aliases are given")
+    cells = commands.add_parser("cells", help="refuse a tenant another cell on the same MSK cluster serves")
+    cells.add_argument("--stack-name", required=True, help="the stack being deployed")
+    cells.add_argument("--cell", default="", help="its cell (CELL; empty: the unnamed cell)")
+    cells.add_argument("--tenants", required=True, help="the comma-separated tenant ids (TENANTS)")
+    cells.add_argument("--msk-cluster-arn", required=True, help="the stack's MSK cluster (MSK_CLUSTER_ARN)")
+    options = parser.parse_args(arguments)
+    tenants = [t for t in options.tenants.split(",") if t]
+    if options.command == "limits":
+        refusal = limit_refusal(tenants, options.peer_aliases)
+    else:
+        try:
+            deployed = deployed_cells(boto3.client("cloudformation"))
+        except (BotoCoreError, ClientError) as error:
+            print(
+                f"{options.prog}: could not read the deployed cells from CloudFormation ({error}): nothing deployed",
+                file=sys.stderr,
+            )
+            return 3
+        refusal = cell_refusal(deployed, options.stack_name, options.cell, tenants, options.msk_cluster_arn)
+    if refusal is not None:
+        print(f"{options.prog}: {refusal}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

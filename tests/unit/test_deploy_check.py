@@ -1,0 +1,153 @@
+"""`make deploy`'s cell check (poimen_tools.deploy_check cells): a tenant another deployed cell serves on the
+same MSK cluster is refused in one line naming that cell, with CloudFormation (moto's, in process) as the
+list of deployed stacks; a stack keeps its cell. The tenant maximum: tests/unit/test_template_quotas.py."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from poimen_tools.deploy_check import DeployedCell, cell_refusal, deployed_cells, main
+
+CLUSTER = "arn:aws:kafka:us-east-1:111122223333:cluster/poimen/5f0c3a1e-8d2b-4c6a-9e1f-2b7d4c8a6e30-2"
+OTHER_CLUSTER = "arn:aws:kafka:us-east-1:111122223333:cluster/other/00000000-0000-0000-0000-000000000000-1"
+# A stand-in for template.yaml (moto cannot run its transforms) with the parameters the check reads. Tenants
+# is a String here: moto describes a CommaDelimitedList's value as a Python list's repr, where CloudFormation
+# gives back the comma-separated text it was given, as it does for a String.
+STAND_IN = {
+    "Parameters": {
+        "Tenants": {"Type": "String"},
+        "MskClusterArn": {"Type": "String"},
+        "Cell": {"Type": "String", "Default": ""},
+    },
+    "Resources": {"Queue": {"Type": "AWS::SQS::Queue"}},
+}
+BEFORE_CELLS = {  # a stack deployed before the Cell parameter existed
+    "Parameters": {"Tenants": {"Type": "String"}, "MskClusterArn": {"Type": "String"}},
+    "Resources": {"Queue": {"Type": "AWS::SQS::Queue"}},
+}
+
+
+@pytest.fixture
+def cloudformation() -> Iterator[Any]:
+    with mock_aws():
+        yield boto3.client("cloudformation", region_name="us-east-1")
+
+
+def _deploy(client: Any, stack: str, tenants: str, cluster: str = CLUSTER, cell: str | None = None) -> None:
+    parameters = {"Tenants": tenants, "MskClusterArn": cluster, **({"Cell": cell} if cell is not None else {})}
+    client.create_stack(
+        StackName=stack,
+        TemplateBody=json.dumps(STAND_IN if cell is not None else BEFORE_CELLS),
+        Parameters=[{"ParameterKey": key, "ParameterValue": value} for key, value in parameters.items()],
+    )
+
+
+def test_a_tenant_another_cell_serves_on_the_cluster_is_refused_naming_that_cell(cloudformation: Any) -> None:
+    # Given cell c1 serving acme and globex
+    _deploy(cloudformation, "poimen-admission-dev-c1", "acme,globex", cell="c1")
+
+    # When cell c2 would serve globex and delta on the same cluster
+    refusal = cell_refusal(
+        deployed_cells(cloudformation), "poimen-admission-dev-c2", "c2", ["globex", "delta"], CLUSTER
+    )
+
+    # Then it is refused in one line that names the tenant and the cell serving it, and why
+    assert refusal is not None
+    assert "\n" not in refusal
+    assert refusal.startswith("globex served by cell c1 (stack poimen-admission-dev-c1) already, on this MSK cluster")
+    assert "acme" not in refusal
+    assert "admitted twice" in refusal
+
+
+def test_every_cell_serving_one_of_the_tenants_is_named(cloudformation: Any) -> None:
+    _deploy(cloudformation, "poimen-admission-dev", "acme", cell=None)
+    _deploy(cloudformation, "poimen-admission-dev-c1", "b1,b2,b3,b4,b5,b6,b7", cell="c1")
+
+    tenants = ["acme", "b1", "b2", "b3", "b4", "b5", "b6", "b7"]
+    refusal = cell_refusal(deployed_cells(cloudformation), "poimen-admission-dev-c2", "c2", tenants, CLUSTER)
+
+    assert refusal is not None
+    assert "acme served by the unnamed cell (stack poimen-admission-dev)" in refusal
+    assert "b1, b2, b3, b4, b5 and 2 more served by cell c1 (stack poimen-admission-dev-c1)" in refusal
+
+
+def test_disjoint_tenants_or_another_cluster_are_accepted(cloudformation: Any) -> None:
+    _deploy(cloudformation, "poimen-admission-dev-c1", "acme,globex", cell="c1")
+    deployed = deployed_cells(cloudformation)
+
+    assert cell_refusal(deployed, "poimen-admission-dev-c2", "c2", ["delta"], CLUSTER) is None
+    # Another cluster's stack consumes other topics and groups: the same tenant id there is another deployment.
+    assert cell_refusal(deployed, "poimen-admission-dev-c2", "c2", ["acme"], OTHER_CLUSTER) is None
+
+
+def test_a_cell_redeployed_with_its_own_tenants_is_accepted(cloudformation: Any) -> None:
+    _deploy(cloudformation, "poimen-admission-dev-c1", "acme,globex", cell="c1")
+
+    refusal = cell_refusal(deployed_cells(cloudformation), "poimen-admission-dev-c1", "c1", ["acme", "globex"], CLUSTER)
+
+    assert refusal is None
+
+
+@pytest.mark.parametrize(
+    ("stack", "deployed_cell", "cell", "refused"),
+    [
+        ("poimen-admission-dev-c1", "c1", "c1", False),
+        ("poimen-admission-dev-c1", "c1", "c3", True),
+        ("poimen-admission-dev-c1", "c1", "", True),
+        ("poimen-admission-dev", None, "", False),  # deployed before cells: the unnamed cell
+        ("poimen-admission-dev", None, "c1", True),
+    ],
+)
+def test_a_stack_keeps_its_cell(
+    cloudformation: Any, stack: str, deployed_cell: str | None, cell: str, refused: bool
+) -> None:
+    _deploy(cloudformation, stack, "acme", cell=deployed_cell)
+
+    refusal = cell_refusal(deployed_cells(cloudformation), stack, cell, ["acme"], CLUSTER)
+
+    assert (refusal is not None) is refused
+    if refusal is not None:
+        assert "a stack's cell never changes" in refusal
+
+
+def test_stacks_of_other_templates_are_not_cells(cloudformation: Any) -> None:
+    cloudformation.create_stack(StackName="unrelated", TemplateBody=json.dumps({"Resources": STAND_IN["Resources"]}))
+    _deploy(cloudformation, "poimen-admission-dev-c1", "acme", cell="c1")
+
+    assert [cell.stack_name for cell in deployed_cells(cloudformation)] == ["poimen-admission-dev-c1"]
+
+
+@pytest.mark.parametrize(("status", "refused"), [("ROLLBACK_COMPLETE", False), ("DELETE_FAILED", True)])
+def test_only_a_stack_whose_mappings_are_gone_serves_nothing(status: str, refused: bool) -> None:
+    deployed = [DeployedCell("poimen-admission-dev-c1", status, "c1", CLUSTER, ("acme",))]
+
+    assert (cell_refusal(deployed, "poimen-admission-dev-c2", "c2", ["acme"], CLUSTER) is not None) is refused
+
+
+@pytest.mark.parametrize("cell", ["C1", "-c1", "c_1", "c" * 17])
+def test_a_cell_the_template_would_refuse_is_refused_first(cell: str) -> None:
+    refusal = cell_refusal([], f"poimen-admission-dev-{cell}", cell, ["acme"], CLUSTER)
+
+    assert refusal is not None
+    assert "CELL" in refusal
+
+
+def test_the_command_exits_2_with_one_line_on_stderr(cloudformation: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    _deploy(cloudformation, "poimen-admission-dev-c1", "acme", cell="c1")
+    arguments = ["--prog", "make deploy", "cells", "--stack-name", "poimen-admission-dev-c2", "--cell", "c2"]
+
+    refused = main([*arguments, "--tenants", "acme", "--msk-cluster-arn", CLUSTER])
+    refusal = capsys.readouterr().err
+    accepted = main([*arguments, "--tenants", "delta", "--msk-cluster-arn", CLUSTER])
+
+    assert refused == 2
+    assert refusal.startswith("make deploy: acme served by cell c1 (stack poimen-admission-dev-c1) already")
+    assert refusal.count("\n") == 1
+    assert accepted == 0
+    assert capsys.readouterr().err == ""

@@ -1,0 +1,371 @@
+"""What AWS enforces at deploy, checked on template.yaml as CloudFormation gets it (SAM-transformed offline)
+for 1, 50 and 200 tenants and the most one stack serves (poimen_tools.deploy_check), in every mode (single
+Region, the multi-Region home and replica stacks) with 0, 1 and 2 peer cluster aliases, every option that adds
+resources or policies on, tenant ids as long as the character maximum allows and the other values at their
+longest: resources, outputs, mappings, parameters and their values, the template's size, each role's
+policies and each function's environment. Each quota and its page: docs/operations.md#what-aws-enforces-at-deploy.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from functools import cache
+from typing import Any
+
+import pytest
+
+from poimen_tools.deploy_check import MAX_EVENT_SOURCE_MAPPINGS, MAX_TENANT_CHARACTERS, limit_refusal, max_tenants
+from tests.conftest import REPO
+from tests.unit.test_template_posture import SAM_PYTHON, SAM_TRANSFORM
+
+# CloudFormation quotas (User Guide, "Understand CloudFormation quotas").
+RESOURCES = 500
+OUTPUTS = 200
+MAPPINGS = 200
+MAPPING_ATTRIBUTES = 200
+PARAMETERS = 200
+PARAMETER_VALUE_BYTES = 4096
+TEMPLATE_BODY_BYTES_IN_S3 = 1_000_000  # "1 MB"; Fn::ForEach's quotas apply to the resulting template
+LOGICAL_ID_CHARACTERS = 255
+DESCRIPTION_BYTES = 1024
+# IAM quotas (IAM User Guide, "IAM and AWS STS quotas"): characters, whitespace not counted.
+ROLE_INLINE_POLICIES_CHARACTERS = 10_240
+MANAGED_POLICY_CHARACTERS = 6_144
+MANAGED_POLICIES_PER_ROLE = 10
+ROLE_TRUST_POLICY_CHARACTERS = 2_048
+# Lambda quotas: every variable of a function, measured as Lambda measures it (the map as compact JSON).
+ENVIRONMENT_BYTES = 4096
+
+# The longest values a deploy can give where the template cannot know them.
+PARTITION, REGION, ACCOUNT = "aws-us-gov", "ap-southeast-5", "123456789012"
+PSEUDO = {
+    "AWS::Partition": PARTITION,
+    "AWS::Region": REGION,
+    "AWS::AccountId": ACCOUNT,
+    "AWS::URLSuffix": "amazonaws.com.cn",
+    "AWS::StackName": "s" * 128,
+}
+CLUSTER_ARN = f"arn:aws:kafka:{REGION}:{ACCOUNT}:cluster/{'c' * 64}/5f0c3a1e-8d2b-4c6a-9e1f-2b7d4c8a6e30-25"
+ALIASES = ("peer-one-" + "a" * 55, "peer-two-" + "b" * 55)  # 64 characters, the pattern's longest
+KEY = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+BROKERS = ",".join(f"b-{n}.{'p' * 40}.a1bcde.c12.kafka.{REGION}.amazonaws.com:9098" for n in range(1, 4))
+# Every option that adds a resource or a statement on: a key, reserved concurrency, SnapStart, an alarm address.
+HARDENED = {
+    "MskClusterArn": CLUSTER_ARN,
+    "KafkaBootstrapServers": BROKERS,
+    "OutboxSubnetIds": ",".join(f"subnet-{n:017x}" for n in range(3)),
+    "OutboxSecurityGroupIds": ",".join(f"sg-{n:017x}" for n in range(5)),
+    "KmsKeyArn": KEY,
+    "SnapStart": "PublishedVersions",
+    "AdmissionReservedConcurrency": "1000",
+    "RelayReservedConcurrency": "1000",
+    "OutboxReservedConcurrency": "1000",
+    "AlarmEmail": "oncall-" + "o" * 50 + "@example.com",
+    "Stage": "s" * 16,
+}
+MODES = {
+    "single": {"RunRetentionDays": "3650"},
+    "home": {
+        "TableMode": "global-home",
+        "PeerRegion1": "us-east-2",
+        "PeerRegion2": "us-west-2",
+        "PeerRegion1KmsKeyArn": KEY,
+        "PeerRegion2KmsKeyArn": KEY,
+    },
+    "replica": {
+        "TableMode": "global-replica",
+        "PeerRegion1": "us-east-1",
+        "PeerRegion2": "us-west-2",
+        "ReplicaStreamLabel": "2026-12-01T10:00:00.000",
+    },
+}
+
+
+def _tenants(count: int) -> list[str]:
+    """`count` distinct tenant ids, each as long as the character maximum allows for that many (at most 63)."""
+    length = min(63, (MAX_TENANT_CHARACTERS + 1) // count - 1)
+    return [f"t{n:0{length - 1}d}" for n in range(count)]
+
+
+def _scenario(mode: str, aliases: int, count: int) -> dict[str, str]:
+    given = {**HARDENED, **MODES[mode], "Tenants": ",".join(_tenants(count))}
+    given.update({f"PeerClusterAlias{n + 1}": ALIASES[n] for n in range(aliases)})
+    return given
+
+
+SCENARIOS = {
+    f"{mode}-{aliases}-aliases-{count}-tenants": _scenario(mode, aliases, count)
+    for mode in MODES
+    for aliases in (0, 1, 2)
+    for count in sorted({1, 50, 200, max_tenants(aliases)})
+    if count <= max_tenants(aliases)
+}
+
+
+@cache
+def _transformed_all() -> dict[str, dict[str, Any]]:
+    """Every scenario as CloudFormation gets it: one run of poimen_tools.sam_transform --batch."""
+    assert SAM_PYTHON.exists(), "needs the SAM CLI venv: make .venv-sam/bin/sam (make test creates it)"
+    result = subprocess.run(
+        [str(SAM_PYTHON), str(SAM_TRANSFORM), "--batch", str(REPO / "template.yaml")],
+        input=json.dumps(list(SCENARIOS.values())),
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "AWS_DEFAULT_REGION": "us-east-1", "SAM_CLI_TELEMETRY": "0"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return dict(zip(SCENARIOS, json.loads(result.stdout), strict=True))
+
+
+# --- values as long as a deploy can make them -----------------------------------------------------------
+
+_NAME = {  # a resource's Ref, at its longest
+    "AWS::DynamoDB::Table": "t" * 255,
+    "AWS::DynamoDB::GlobalTable": "t" * 255,
+    "AWS::SQS::Queue": f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/" + "q" * 80,
+    "AWS::S3::Bucket": "b" * 63,
+    "AWS::IAM::Role": "r" * 64,
+    "AWS::ApiGatewayV2::Api": "a" * 10,
+    "AWS::Lambda::Function": "f" * 64,
+}
+_TABLE_ARN = f"arn:{PARTITION}:dynamodb:{REGION}:{ACCOUNT}:table/" + "t" * 255
+_ATTRIBUTE = {  # a resource's attribute (Fn::GetAtt), at its longest
+    ("AWS::DynamoDB::Table", "Arn"): _TABLE_ARN,
+    ("AWS::DynamoDB::Table", "StreamArn"): f"{_TABLE_ARN}/stream/2026-12-01T10:00:00.000",
+    ("AWS::DynamoDB::GlobalTable", "Arn"): _TABLE_ARN,
+    ("AWS::DynamoDB::GlobalTable", "StreamArn"): f"{_TABLE_ARN}/stream/2026-12-01T10:00:00.000",
+    ("AWS::SQS::Queue", "Arn"): f"arn:{PARTITION}:sqs:{REGION}:{ACCOUNT}:" + "q" * 80,
+    ("AWS::SQS::Queue", "QueueName"): "q" * 80,
+    ("AWS::S3::Bucket", "Arn"): f"arn:{PARTITION}:s3:::" + "b" * 63,
+    ("AWS::IAM::Role", "Arn"): f"arn:{PARTITION}:iam::{ACCOUNT}:role/" + "r" * 64,
+    ("AWS::Lambda::Function", "Arn"): f"arn:{PARTITION}:lambda:{REGION}:{ACCOUNT}:function:" + "f" * 64,
+}
+_PLACEHOLDER = re.compile(r"\$\{([^}!][^}]*)\}")
+
+
+def _longest(value: Any, template: dict[str, Any], given: dict[str, str]) -> Any:
+    """`value` with every intrinsic function replaced by the longest string a deploy could make of it; fails on
+    one it does not know, so that a new reference is sized before it is counted."""
+    resources, parameters = template["Resources"], template.get("Parameters", {})
+
+    def reference(name: str) -> str:
+        if name in PSEUDO:
+            return PSEUDO[name]
+        if name in given:
+            return given[name]
+        if name in parameters:
+            return str(parameters[name].get("Default", ""))
+        return _NAME[resources[name]["Type"]]
+
+    def attribute(name: str, key: str) -> str:
+        return _ATTRIBUTE[(resources[name]["Type"], key)]
+
+    def substitute(text: str, variables: dict[str, Any]) -> str:
+        def one(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name in variables:
+                return str(_longest(variables[name], template, given))
+            if "." in name and name.split(".", 1)[0] in resources:
+                return attribute(*name.split(".", 1))
+            return reference(name)
+
+        return _PLACEHOLDER.sub(one, text).replace("${!", "${")
+
+    if isinstance(value, list):
+        return [_longest(item, template, given) for item in value if item != {"Ref": "AWS::NoValue"}]
+    if not isinstance(value, dict):
+        return value
+    if set(value) == {"Ref"}:
+        return reference(value["Ref"])
+    if set(value) == {"Fn::GetAtt"}:
+        return attribute(*value["Fn::GetAtt"])
+    if set(value) == {"Fn::Sub"}:
+        text, variables = value["Fn::Sub"] if isinstance(value["Fn::Sub"], list) else (value["Fn::Sub"], {})
+        return substitute(text, variables)
+    if set(value) == {"Fn::Join"}:
+        separator, items = value["Fn::Join"]
+        return separator.join(str(item) for item in _longest(items, template, given))
+    assert not any(key.startswith("Fn::") for key in value), f"an intrinsic this test cannot size: {value}"
+    return {key: _longest(item, template, given) for key, item in value.items() if item != {"Ref": "AWS::NoValue"}}
+
+
+def _policy_characters(document: Any, template: dict[str, Any], given: dict[str, str]) -> int:
+    """A policy's size as IAM counts it: its JSON without whitespace."""
+    return len(re.sub(r"\s", "", json.dumps(_longest(document, template, given))))
+
+
+# --- the quotas -----------------------------------------------------------------------------------------
+
+
+def _template_violations(template: dict[str, Any], given: dict[str, str]) -> list[str]:
+    resources = template["Resources"]
+    found = [f"{len(resources)} resources, over {RESOURCES}"] if len(resources) > RESOURCES else []
+    for section, quota in (("Outputs", OUTPUTS), ("Mappings", MAPPINGS), ("Parameters", PARAMETERS)):
+        if len(template.get(section, {})) > quota:
+            found.append(f"{len(template[section])} {section.lower()}, over {quota}")
+    found += [
+        f"mapping {name} has {len(mapping)} attributes, over {MAPPING_ATTRIBUTES}"
+        for name, mapping in template.get("Mappings", {}).items()
+        if len(mapping) > MAPPING_ATTRIBUTES
+    ]
+    found += [f"logical id {name} is over {LOGICAL_ID_CHARACTERS}" for name in resources if len(name) > 255]
+    size = len(json.dumps(template, separators=(",", ":")).encode())
+    if size > TEMPLATE_BODY_BYTES_IN_S3:
+        found.append(f"the template is {size:,} bytes, over {TEMPLATE_BODY_BYTES_IN_S3:,}")
+    if len(template.get("Description", "").encode()) > DESCRIPTION_BYTES:
+        found.append(f"the description is over {DESCRIPTION_BYTES} bytes")
+    found += [
+        f"parameter {name} is {len(value.encode()):,} bytes, over {PARAMETER_VALUE_BYTES:,}"
+        for name, value in given.items()
+        if len(value.encode()) > PARAMETER_VALUE_BYTES
+    ]
+    return found
+
+
+def _role_violations(template: dict[str, Any], given: dict[str, str]) -> list[str]:
+    resources, found = template["Resources"], []
+    for name, resource in resources.items():
+        if resource["Type"] == "AWS::IAM::ManagedPolicy":
+            size = _policy_characters(resource["Properties"]["PolicyDocument"], template, given)
+            if size > MANAGED_POLICY_CHARACTERS:
+                found.append(f"managed policy {name} is {size:,} characters, over {MANAGED_POLICY_CHARACTERS:,}")
+        if resource["Type"] != "AWS::IAM::Role":
+            continue
+        role = resource["Properties"]
+        documents = [policy["PolicyDocument"] for policy in role.get("Policies", [])]
+        documents += [
+            other["Properties"]["PolicyDocument"]
+            for other in resources.values()
+            if other["Type"] == "AWS::IAM::Policy" and {"Ref": name} in other["Properties"]["Roles"]
+        ]
+        inline = sum(_policy_characters(document, template, given) for document in documents)
+        if inline > ROLE_INLINE_POLICIES_CHARACTERS:
+            found.append(
+                f"role {name}'s inline policies are {inline:,} characters, over {ROLE_INLINE_POLICIES_CHARACTERS:,}"
+            )
+        managed = len(role.get("ManagedPolicyArns", [])) + sum(
+            {"Ref": name} in other["Properties"].get("Roles", [])
+            for other in resources.values()
+            if other["Type"] == "AWS::IAM::ManagedPolicy"
+        )
+        if managed > MANAGED_POLICIES_PER_ROLE:
+            found.append(f"role {name} has {managed} managed policies, over {MANAGED_POLICIES_PER_ROLE}")
+        trust = _policy_characters(role["AssumeRolePolicyDocument"], template, given)
+        if trust > ROLE_TRUST_POLICY_CHARACTERS:
+            found.append(f"role {name}'s trust policy is {trust:,} characters, over {ROLE_TRUST_POLICY_CHARACTERS:,}")
+    return found
+
+
+def _environment_bytes(variables: dict[str, Any], template: dict[str, Any], given: dict[str, str]) -> int:
+    rendered = {key: str(value) for key, value in _longest(variables, template, given).items()}
+    return len(json.dumps(rendered, separators=(",", ":")).encode())
+
+
+def _function_violations(template: dict[str, Any], given: dict[str, str]) -> list[str]:
+    found = []
+    for name, resource in template["Resources"].items():
+        if resource["Type"] == "AWS::Lambda::Function":
+            variables = resource["Properties"].get("Environment", {}).get("Variables", {})
+            size = _environment_bytes(variables, template, given)
+            if size > ENVIRONMENT_BYTES:
+                found.append(f"function {name}'s environment is {size:,} bytes, over {ENVIRONMENT_BYTES:,}")
+    return found
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_the_stack_deploys_within_every_quota(scenario: str) -> None:
+    template, given = _transformed_all()[scenario], SCENARIOS[scenario]
+
+    violations = (
+        _template_violations(template, given)
+        + _role_violations(template, given)
+        + _function_violations(template, given)
+    )
+
+    assert violations == [], scenario
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_one_mapping_per_tenant_and_topic_as_the_maximum_counts_them(scenario: str) -> None:
+    template, given = _transformed_all()[scenario], SCENARIOS[scenario]
+    tenants = given["Tenants"].split(",")
+    aliases = sum(f"PeerClusterAlias{n}" in given for n in (1, 2))
+
+    msk = [
+        resource
+        for resource in template["Resources"].values()
+        if resource["Type"] == "AWS::Lambda::EventSourceMapping" and "Topics" in resource["Properties"]
+    ]
+
+    assert len(msk) == len(tenants) * (1 + aliases)
+    assert len(msk) <= MAX_EVENT_SOURCE_MAPPINGS
+    assert limit_refusal(tenants, aliases) is None
+
+
+# --- the maximum, refused beyond ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("count", "aliases"),
+    [(max_tenants(0) + 1, 0), (max_tenants(1) + 1, 1), (max_tenants(2) + 1, 2), (200, 2)],
+)
+def test_more_tenants_than_a_stack_serves_are_refused_in_one_line_that_says_how_to_split(
+    count: int, aliases: int
+) -> None:
+    refusal = limit_refusal([f"t{n}" for n in range(count)], aliases)
+
+    assert refusal is not None
+    assert "\n" not in refusal
+    assert f"{count} tenants" in refusal
+    assert f"at most {max_tenants(aliases)}" in refusal
+    assert "split them into cells" in refusal
+    assert "docs/operations.md#cells" in refusal
+
+
+def test_a_tenant_list_longer_than_a_stack_serves_is_refused() -> None:
+    at_most = _tenants(50)
+    longer = [*at_most[:-1], at_most[-1] + "x" * (MAX_TENANT_CHARACTERS + 1 - len(",".join(at_most)))]
+
+    assert len(",".join(at_most)) <= MAX_TENANT_CHARACTERS
+    assert limit_refusal(at_most, 0) is None
+    refusal = limit_refusal(longer, 0)
+    assert refusal is not None
+    assert f"{MAX_TENANT_CHARACTERS + 1:,} characters" in refusal
+    assert "split them into cells" in refusal
+
+
+@pytest.mark.parametrize(
+    ("command", "extra", "count"),
+    [
+        ("build", "", max_tenants(0) + 1),
+        ("deploy", "PEER_CLUSTER_ALIAS_1=east1 PEER_CLUSTER_ALIAS_2=west2", max_tenants(2) + 1),
+    ],
+)
+def test_make_refuses_more_tenants_before_sam_runs(command: str, extra: str, count: int) -> None:
+    tenants = ",".join(f"t{n}" for n in range(count))
+
+    result = subprocess.run(
+        ["bash", "-c", f"make {command} TENANTS={tenants} {extra}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "SAM_CLI_TELEMETRY": "0"},
+    )
+
+    assert result.returncode != 0
+    (refusal,) = [line for line in result.stderr.splitlines() if not line.startswith("make: ***")]
+    assert refusal.startswith(f"make {command}: {count} tenants, and one stack serves at most")
+    assert "sam build" not in result.stdout + result.stderr
+
+
+def test_the_readme_and_the_operations_page_state_the_maximum() -> None:
+    for page in (REPO / "README.md", REPO / "docs" / "operations.md"):
+        text = " ".join(page.read_text().split())
+        for aliases in (0, 1, 2):
+            assert f"{max_tenants(aliases)} tenants" in text, (page.name, aliases)
+        assert f"{MAX_TENANT_CHARACTERS:,} characters" in text, page.name

@@ -33,6 +33,9 @@ ACTIONLINT := .cache/bin/actionlint
 # A second DynamoDB engine for the tests (npm, on LevelDB), so nothing relies on one emulator's quirks.
 DYNALITE_VERSION := 4.0.0
 DYNALITE := .cache/dynalite/node_modules/.bin/dynalite
+# The official AsyncAPI parser (npm), which tests/unit/test_asyncapi_parser.py runs on infra/asyncapi.yaml.
+ASYNCAPI_PARSER_VERSION := 3.6.6
+ASYNCAPI_PARSER := .cache/asyncapi-parser/.installed-$(ASYNCAPI_PARSER_VERSION)
 # sam validate and sam build need a region and no account: nothing they do calls AWS.
 OFFLINE_AWS := SAM_CLI_TELEMETRY=0 AWS_REGION=$${AWS_REGION:-us-east-1} AWS_DEFAULT_REGION=$${AWS_DEFAULT_REGION:-us-east-1}
 # sam build runs the Lambda runtime's interpreter (python3.13, BuildMethod in template.yaml): the one on
@@ -93,7 +96,8 @@ STAGE_PARAMETERS = $(shell $(PYTHON) -c "import tomllib; \
 STACK_NAME = $(shell $(PYTHON) -c "import tomllib; \
 	print(tomllib.load(open('samconfig.toml', 'rb'))['$(CONFIG_ENV)']['global']['parameters']['stack_name'])")$(if $(CELL),-$(CELL))
 
-.PHONY: install run test lint check-bundle build deploy kafka-jars dynalite rie rie-bundle format bench soak openapi docs clean
+.PHONY: install run test lint check-bundle build deploy kafka-jars dynalite asyncapi-parser rie rie-bundle format bench soak \
+	openapi docs clean
 
 $(STAMP): pyproject.toml
 	@echo "make: creating $(VENV) and installing the project into it with $(PYTHON) (pip, about a minute)"
@@ -118,6 +122,14 @@ $(DYNALITE):
 	npm install --prefix .cache/dynalite --no-audit --no-fund --silent dynalite@$(DYNALITE_VERSION)
 
 dynalite: $(DYNALITE)
+
+$(ASYNCAPI_PARSER):
+	@echo "make: installing @asyncapi/parser $(ASYNCAPI_PARSER_VERSION) into .cache/asyncapi-parser (npm, about 30 s)"
+	rm -rf .cache/asyncapi-parser
+	npm install --prefix .cache/asyncapi-parser --no-audit --no-fund --silent @asyncapi/parser@$(ASYNCAPI_PARSER_VERSION)
+	touch $@
+
+asyncapi-parser: $(ASYNCAPI_PARSER)
 
 $(ACTIONLINT):
 	@echo "make: building actionlint $(ACTIONLINT_VERSION) into .cache/bin (go install, about a minute)"
@@ -210,7 +222,7 @@ kafka-jars: $(STAMP)
 		echo "make: fetching the Kafka broker's jars into .cache/kafka (Maven Central, about a minute)"
 	$(BIN)/python -c "from poimen_tools.local.kafka_broker import kafka_jars; print(kafka_jars())"
 
-test: lint check-bundle kafka-jars dynalite rie
+test: lint check-bundle kafka-jars dynalite asyncapi-parser rie
 	$(BIN)/pytest --cov --cov-report=term
 
 format: $(STAMP)

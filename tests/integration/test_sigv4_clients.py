@@ -31,6 +31,7 @@ from requests_aws4auth import AWS4Auth  # type: ignore[import-untyped]  # ships 
 from poimen.ids import keyed_run_id
 from poimen_tools.local.devserver import MAX_PAYLOAD_BYTES
 from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY
+from tests.conftest import count_runs
 from tests.integration.conftest import DevServer
 
 REGION = "us-east-1"
@@ -211,6 +212,26 @@ def test_curl_typing_sub_delimiters_raw_is_refused_before_8_3_as_aws_refuses_it(
     assert {key: status for key, (status, _) in answers.items()} == dict.fromkeys(SUB_DELIMITERS, expected), (
         f"curl {'.'.join(map(str, CURL_VERSION))}"
     )
+
+
+def test_curl_signing_a_utf8_idempotency_key_gets_the_documented_400_and_nothing_is_written(dev: DevServer) -> None:
+    # Given a spawn whose Idempotency-Key is UTF-8, signed by curl (it signs the header's bytes as it sends them)
+    tenant = f"sigv4-{uuid.uuid4().hex[:10]}"
+    body = json.dumps({"workflow_ref": "wf/curl", "input": {}})
+    command = ["curl", "-s", "-w", "\n%{http_code}", "-X", "POST", f"{dev.url}/v1/runs", "-d", body]
+    command += ["-H", "Content-Type: application/json", "-H", f"X-Poimen-Tenant: {tenant}"]
+    command += ["-H", "Idempotency-Key: ключ-é", "-v"]
+    command += ["--aws-sigv4", f"aws:amz:{REGION}:execute-api", "--user", f"{DEV_ACCESS_KEY}:{DEV_SECRET_KEY}"]
+
+    # When it is sent
+    sent = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True)
+
+    # Then the signature holds (idempotency-key is a signed header) and the answer is the documented refusal
+    assert "idempotency-key" in _verbose_request_headers(sent.stderr)["Authorization"]
+    answer, _, status = sent.stdout.rpartition("\n")
+    assert (int(status), json.loads(answer).get("type")) == (400, "urn:poimen:problem:idempotency-key-invalid")
+    # And no run was written
+    assert count_runs(dev.dynamodb(), dev.table_name, tenant) == []
 
 
 # --- changed after signing ----------------------------------------------------------------------------------

@@ -207,6 +207,22 @@ def test_query_parameters_decode_plus_as_space_and_escapes_as_utf8() -> None:
     assert query_parameters("a=1&&b") == [("a", "1"), ("b", "")]
 
 
+def test_header_values_reach_the_function_as_the_utf8_that_was_sent() -> None:
+    # As http.server reads the bytes: UTF-8 "ключ", and a lone 0xE9 that is no UTF-8
+    utf8, not_utf8 = "ключ".encode().decode("latin-1"), "cl\u00e9"
+
+    event = http_api_event(
+        method="POST",
+        target="/v1/runs",
+        headers=[("Idempotency-Key", utf8), ("X-Other", not_utf8)],
+        body=b"",
+        principal_arn=None,
+        source_ip="127.0.0.1",
+    )
+
+    assert (event["headers"]["idempotency-key"], event["headers"]["x-other"]) == ("ключ", "cl\ufffd")
+
+
 @pytest.mark.parametrize(("status", "phrase"), [(413, b"Content Too Large"), (422, b"Unprocessable Content")])
 def test_status_lines_have_rfc_9110s_reason_phrases_as_the_problem_titles_do(status: int, phrase: bytes) -> None:
     problem = {"statusCode": status, "headers": {"Content-Type": "application/problem+json"}, "body": "{}"}

@@ -5,9 +5,17 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from poimen.api import openapi_document
-from poimen.contract import IdempotencyKeyMismatch, InvalidIdempotencyKey, dispatch_key_of, idempotency_key
+from poimen.contract import (
+    IDEMPOTENCY_KEY_PATTERN,
+    IdempotencyKeyMismatch,
+    InvalidIdempotencyKey,
+    dispatch_key_of,
+    idempotency_key,
+)
 from tests.conftest import REPO
 from tests.unit.test_docs import anchors
 
@@ -127,3 +135,30 @@ def test_the_openapi_document_links_the_published_specification() -> None:
     assert "idempotency-key" in [parameter["name"] for parameter in create_run["parameters"]]
     assert "`idempotency-key-invalid`" in create_run["responses"]["400"]["description"]
     assert "`idempotency-key-mismatch`" in create_run["responses"]["400"]["description"]
+
+
+# Header values as they could arrive: printable ASCII with the characters the rule turns on, tabs, a control
+# character and non-ASCII, short and at the 255-character edge (quoted and bare).
+_HEADER_VALUES = st.one_of(
+    st.text(alphabet=st.sampled_from(' \t"\\,k;=\x01é'), max_size=8),
+    st.builds(lambda n, q: q + "k" * n + q, st.integers(250, 260), st.sampled_from(["", '"'])),
+    st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=1, max_size=12),
+)
+
+
+@given(_HEADER_VALUES)
+def test_the_documented_pattern_accepts_exactly_what_the_header_rule_accepts(value: str) -> None:
+    # The pattern infra/openapi.json gives the header, and the rule admission applies, agree on every value
+    try:
+        idempotency_key(value)
+        accepted = True
+    except InvalidIdempotencyKey:
+        accepted = False
+
+    assert (re.fullmatch(IDEMPOTENCY_KEY_PATTERN, value) is not None) == accepted
+
+
+def test_the_openapi_document_gives_the_header_its_pattern() -> None:
+    create_run = openapi_document()["paths"]["/v1/runs"]["post"]
+    header = next(parameter for parameter in create_run["parameters"] if parameter["name"] == "idempotency-key")
+    assert header["schema"]["pattern"] == IDEMPOTENCY_KEY_PATTERN

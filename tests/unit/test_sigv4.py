@@ -125,6 +125,31 @@ def test_a_tampered_tenant_header_breaks_the_signature() -> None:
         verify(PRINCIPALS, "POST", TARGET, headers, BODY)
 
 
+# --- header values are signed as the bytes that arrived -----------------------------------------------------
+
+
+def _as_http_server_reads(headers: list[tuple[str, str]], sent_as: str) -> list[tuple[str, str]]:
+    """Headers whose values went out in `sent_as`, as http.server hands them over (bytes read as ISO-8859-1)."""
+    return [(name, value.encode(sent_as).decode("latin-1")) for name, value in headers]
+
+
+def test_a_header_value_signed_and_sent_as_utf8_verifies() -> None:
+    # Given a non-ASCII header signed as its UTF-8 bytes (as curl and the Rust SDK sign what they send)
+    signed = _sign("POST", URL, BODY, extra={"Idempotency-Key": "ключ-é", "Content-Type": "application/json"})
+
+    # When those bytes arrive, then the signature holds
+    assert verify(PRINCIPALS, "POST", TARGET, _as_http_server_reads(signed, "utf-8"), BODY) == ALICE
+
+
+def test_a_header_value_signed_as_utf8_but_sent_as_latin1_is_refused() -> None:
+    # Given botocore's signature over a str value (UTF-8), sent as http.client sends str values (ISO-8859-1)
+    signed = _sign("POST", URL, BODY, extra={"Idempotency-Key": "clé"})
+
+    # Then what arrived is not what was signed: AWS hashes the bytes it received
+    with pytest.raises(Unauthorized, match="does not match"):
+        verify(PRINCIPALS, "POST", TARGET, _as_http_server_reads(signed, "latin-1"), BODY)
+
+
 # --- the payload hash is computed from the body ------------------------------------------------------------
 
 

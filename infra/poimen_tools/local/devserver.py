@@ -31,7 +31,7 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
-from poimen_tools.local.sigv4 import Unauthorized, query_pairs
+from poimen_tools.local.sigv4 import Unauthorized, query_pairs, wire_bytes
 
 # API Gateway HTTP API quotas, neither adjustable ("Quotas for configuring and running an HTTP API in API
 # Gateway": https://docs.aws.amazon.com/apigateway/latest/developerguide/http-api-quotas.html).
@@ -84,12 +84,16 @@ def http_api_event(
     route_key: str = "$default",
     path_parameters: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The API Gateway HTTP API payload 2.0 event for one request, with an IAM authorizer context."""
+    """The API Gateway HTTP API payload 2.0 event for one request, with an IAM authorizer context.
+
+    `headers` are as http.server reads them (bytes decoded as ISO-8859-1); the event has each value's bytes
+    read as UTF-8 (`header_text`).
+    """
     url = urlsplit(target)
     merged: dict[str, str] = {}
     cookies: list[str] = []
-    for name, value in headers:
-        lowered = name.lower()
+    for name, raw in headers:
+        lowered, value = name.lower(), header_text(raw)
         if lowered == "cookie":
             cookies.extend(part.strip() for part in value.split(";") if part.strip())
             continue
@@ -154,6 +158,15 @@ def http_api_event(
     return event
 
 
+def header_text(value: str) -> str:
+    """A header value as the function gets it: the bytes that arrived (`value` is them read as ISO-8859-1, as
+    http.server reads them) decoded as UTF-8, what a UTF-8 client sent (the SigV4 signature covers those bytes).
+    AWS documents no decoding of header bytes; a sequence that is not UTF-8 becomes U+FFFD, so the event stays
+    JSON and the function refuses the value as it refuses any non-ASCII key.
+    """
+    return wire_bytes(value).decode("utf-8", "replace")
+
+
 def query_parameters(raw_query: str) -> list[tuple[str, str]]:
     """The query's (name, value) pairs as API Gateway decodes them for `queryStringParameters`.
 
@@ -162,11 +175,8 @@ def query_parameters(raw_query: str) -> list[tuple[str, str]]:
     so what was signed is what the handler gets. A literal plus travels as %2B. `raw_query` is off the wire
     (bytes read as ISO-8859-1), so raw UTF-8 decodes too.
     """
-    try:
-        data = raw_query.encode("latin-1")
-    except UnicodeEncodeError:  # a caller's own text, not off the wire
-        data = raw_query.encode("utf-8")
-    return [(name.decode("utf-8", "replace"), value.decode("utf-8", "replace")) for name, value in query_pairs(data)]
+    pairs = query_pairs(wire_bytes(raw_query))
+    return [(name.decode("utf-8", "replace"), value.decode("utf-8", "replace")) for name, value in pairs]
 
 
 def http_response(result: dict[str, Any]) -> tuple[int, list[tuple[str, str]], bytes]:

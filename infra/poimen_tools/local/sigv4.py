@@ -4,7 +4,10 @@ Principals come from a JSON file (`POIMEN_LOCAL_PRINCIPALS`): access key id → 
 tenants `poimen dev` grants it and, for temporary credentials, the session token. The canonical request is
 rebuilt from the request as it arrived, never from what the client claims about it: the payload hash is
 taken of the body, the path and the query are decoded and encoded again, and the credential scope must
-name this server's region, `execute-api` and the day of `X-Amz-Date`. Refusals carry API Gateway's words.
+name this server's region, `execute-api` and the day of `X-Amz-Date`. Header values are signed as the bytes
+that arrived, as AWS checks them: a client that signs UTF-8 and sends UTF-8 (curl, the Rust SDK) verifies; one
+that signs UTF-8 but sends another encoding (botocore's str values go out as ISO-8859-1 through http.client) does
+not. Refusals carry API Gateway's words.
 
 References (IAM User Guide, "AWS Signature Version 4 for API requests"): the canonical request and the
 scope, https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_sigv-create-signed-request.html; header
@@ -111,8 +114,8 @@ def _principal(path: Path, key: str, entry: Any) -> Principal:
 # --- canonical forms (the request as it arrived: the target's bytes, as http.server reads them) ----------
 
 
-def _raw(text: str) -> bytes:
-    """The bytes of a request target: http.server hands them over decoded as ISO-8859-1."""
+def wire_bytes(text: str) -> bytes:
+    """The bytes of a request target or a header value: http.server hands them over decoded as ISO-8859-1."""
     try:
         return text.encode("latin-1")
     except UnicodeEncodeError:  # a caller's own text, not off the wire
@@ -167,15 +170,26 @@ def canonical_query(raw_query: bytes, *, without: tuple[str, ...] = ()) -> str:
 
 
 def _header_value(values: list[str]) -> str:
-    # Trimmed, inner runs of white space (obs-fold included) collapsed to one space, repeats joined with ",".
-    return ",".join(" ".join(value.split()) for value in values)
+    """The canonical value: each value's bytes trimmed, inner runs of white space (obs-fold included) collapsed
+    to one space, repeats joined with ",".
+
+    The bytes are those that arrived, whatever their encoding: as text they are read as UTF-8, any byte that is
+    not UTF-8 kept as a surrogate escape, so the canonical request encodes back to exactly them (`_signed_bytes`).
+    White space is ASCII's (SP, HT, CR, LF, VT, FF): a UTF-8 no-break space is part of the value.
+    """
+    return ",".join(b" ".join(wire_bytes(value).split()).decode("utf-8", "surrogateescape") for value in values)
+
+
+def _signed_bytes(text: str) -> bytes:
+    """A canonical request (or a string to sign) as the bytes SigV4 hashes: its header values' own bytes."""
+    return text.encode("utf-8", "surrogateescape")
 
 
 def canonical_request(
     method: str, target: str, headers: dict[str, list[str]], signed: list[str], body: bytes, *, presigned: bool
 ) -> str:
     """The canonical request API Gateway builds; the payload hash is always the body's own."""
-    path, _, raw_query = _raw(target).partition(b"?")
+    path, _, raw_query = wire_bytes(target).partition(b"?")
     query = canonical_query(raw_query, without=("X-Amz-Signature",) if presigned else ())
     lines = [f"{name}:{_header_value(headers.get(name, []))}\n" for name in signed]
     return "\n".join(
@@ -343,7 +357,7 @@ def verify(
 ) -> Principal:
     """The principal that signed this request, or Unauthorized with API Gateway's message.
 
-    `target` is the request target as http.server reads it (bytes decoded as ISO-8859-1); `region` is
+    `target` and the header values are as http.server reads them (bytes decoded as ISO-8859-1); `region` is
     the server's (default: `server_region()`).
     """
     merged: dict[str, list[str]] = {}
@@ -351,7 +365,7 @@ def verify(
         merged.setdefault(name.lower(), []).append(value)
     query = {
         name.decode("utf-8", "replace"): value.decode("utf-8", "replace")
-        for name, value in query_pairs(_raw(target).partition(b"?")[2])
+        for name, value in query_pairs(wire_bytes(target).partition(b"?")[2])
     }
     authorization = _first(merged, "authorization")
     if authorization and "X-Amz-Algorithm" in query:
@@ -376,7 +390,7 @@ def verify(
 
     canonical = canonical_request(method, target, merged, signed, body, presigned=claim.presigned)
     string_to_sign = "\n".join(
-        [ALGORITHM, claim.timestamp, "/".join(scope), hashlib.sha256(canonical.encode()).hexdigest()]
+        [ALGORITHM, claim.timestamp, "/".join(scope), hashlib.sha256(_signed_bytes(canonical)).hexdigest()]
     )
     if not hmac.compare_digest(_signature(principal.secret_key, scope, string_to_sign), claim.signature):
         # API Gateway shows what it signed, which is how a client finds its canonicalisation bug.
@@ -409,7 +423,7 @@ def signed_headers(
     keep its own encoding, `+` for a space included: the server decodes both the same way).
     """
     parts = urlsplit(url)
-    canonical_url = urlunsplit(parts._replace(query=canonical_query(_raw(parts.query))))
+    canonical_url = urlunsplit(parts._replace(query=canonical_query(wire_bytes(parts.query))))
     request = AWSRequest(method=method, url=canonical_url, data=body, headers=headers)
     SigV4Auth(Credentials(access_key, secret_key, session_token), SERVICE, region).add_auth(request)
     return dict(request.headers.items())

@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from functools import lru_cache
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 # Submodules, not `aws_lambda_powertools.event_handler`'s re-exports: what this module uses is named
 # where it is defined. (Python still runs that package's __init__, which imports every resolver.)
@@ -29,7 +29,9 @@ from pydantic.json_schema import SkipJsonSchema
 from poimen.admission import Admission, Admitted, RunView
 from poimen.config import Settings
 from poimen.contract import (
+    IDEMPOTENCY_KEY_PATTERN,
     DispatchKey,
+    GatewayMessage,
     IdempotencyKeyMismatch,
     InvalidIdempotencyKey,
     JSONTooDeep,
@@ -63,7 +65,7 @@ from poimen.wire import (
 )
 
 if TYPE_CHECKING:
-    from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
+    from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse, OpenAPIResponseHeader
 
 PROBLEM_JSON = "application/problem+json"
 PROBLEM_TYPE_PREFIX = "urn:poimen:problem:"
@@ -147,17 +149,74 @@ class ValidationProblem(Problem):
     )
 
 
+# API Gateway's own answers, given before the function runs, as `application/json` `{"message": ...}`: IAM
+# authorization's refusals ("Control access to HTTP APIs with IAM authorization in API Gateway",
+# apigateway/latest/developerguide/http-api-access-control-iam.html), throttling ("Throttling requests to your
+# HTTP API", http-api-throttling.html) and the payload quota ("Quotas for configuring and running an HTTP API",
+# http-api-quotas.html). Its 404 for a route it does not have is not an answer of any operation listed here.
+_GATEWAY_ANSWERS = {
+    HTTPStatus.FORBIDDEN: (
+        'API Gateway\'s IAM authorization (`{"message"}`): unsigned, badly signed, stale, or a principal '
+        "without execute-api permission."
+    ),
+    HTTPStatus.TOO_MANY_REQUESTS: (
+        'API Gateway throttled the request (`{"message":"Too Many Requests"}`); it never reached admission: '
+        "send it again later."
+    ),
+    HTTPStatus.REQUEST_ENTITY_TOO_LARGE: 'Over API Gateway\'s 10 MB payload quota, its own `{"message"}`.',
+}
+_PROBLEM_DESCRIPTIONS = {
+    HTTPStatus.FORBIDDEN: "`forbidden`: no authenticated principal, or the tenant is not granted to it.",
+    HTTPStatus.NOT_FOUND: "`run-not-found`: no such run for this tenant.",
+    HTTPStatus.REQUEST_ENTITY_TOO_LARGE: (
+        f"`payload-too-large`: the body is over {MAX_BODY_BYTES} bytes, or the run would be over DynamoDB's item limit."
+    ),
+    HTTPStatus.UNSUPPORTED_MEDIA_TYPE: "`unsupported-media-type`: a body that is not application/json.",
+    HTTPStatus.UNPROCESSABLE_ENTITY: (
+        "`dispatch-key-reused`: the dispatch_key already admitted a run with a different workflow_ref, input or "
+        "goal_id; `run_id` names it. Nothing was written."
+    ),
+    HTTPStatus.SERVICE_UNAVAILABLE: "`store-unavailable`: the store did not answer; send it again after Retry-After.",
+}
+_RETRY_AFTER: OpenAPIResponseHeader = {
+    "description": "Seconds to wait before sending again",
+    "schema": {"type": "integer"},
+}
+
+
+def _required_header(description: str, schema: dict[str, Any]) -> OpenAPIResponseHeader:
+    """A header every such answer carries (OpenAPI's `required`, which Powertools' TypedDict does not name)."""
+    return cast("OpenAPIResponseHeader", {"description": description, "required": True, "schema": schema})
+
+
 def _problems(*statuses: HTTPStatus) -> dict[int, OpenAPIResponse]:
-    return {
-        int(status): {
-            "description": _title(status),
-            "content": {PROBLEM_JSON: {"model": ValidationProblem if status == HTTPStatus.BAD_REQUEST else Problem}},
-        }
-        for status in statuses
-    }
+    """Each status as the API answers it: admission's problem+json, and API Gateway's own message where it
+    answers that status itself (a status admission never answers has only that)."""
+    answers: dict[int, OpenAPIResponse] = {}
+    for status in statuses:
+        content: dict[str, Any] = {}
+        descriptions = []
+        if status != HTTPStatus.TOO_MANY_REQUESTS:
+            model = ValidationProblem if status == HTTPStatus.BAD_REQUEST else Problem
+            content[PROBLEM_JSON] = {"model": model}
+            descriptions.append(_PROBLEM_DESCRIPTIONS.get(status, ""))
+        if status in _GATEWAY_ANSWERS:
+            content["application/json"] = {"model": GatewayMessage}
+            descriptions.append(_GATEWAY_ANSWERS[status])
+        described = " ".join(description for description in descriptions if description)
+        answers[int(status)] = {"description": described or _title(status), "content": content}
+        if status == HTTPStatus.SERVICE_UNAVAILABLE:
+            answers[int(status)]["headers"] = {"Retry-After": _RETRY_AFTER}
+    return answers
 
 
-_COMMON_PROBLEMS = (HTTPStatus.BAD_REQUEST, HTTPStatus.FORBIDDEN, HTTPStatus.SERVICE_UNAVAILABLE)
+# What every route answers. (A refusal of a tenant the stack does not serve joins these.)
+_COMMON_PROBLEMS = (
+    HTTPStatus.BAD_REQUEST,
+    HTTPStatus.FORBIDDEN,
+    HTTPStatus.TOO_MANY_REQUESTS,
+    HTTPStatus.SERVICE_UNAVAILABLE,
+)
 
 # Each 503 of POST /v1/runs says what a retry can do: store-unavailable, nothing was written; outcome-unknown,
 # the run named may exist (see the _outcome_unknown handler).
@@ -170,7 +229,7 @@ _CREATE_RUN_UNAVAILABLE: OpenAPIResponse = {
         "never send it again before the GET: it could admit a second run (no Retry-After is given)."
     ),
     "headers": {
-        "Retry-After": {"description": "Seconds to wait before sending again", "schema": {"type": "integer"}},
+        "Retry-After": _RETRY_AFTER,
         "Location": {"description": "outcome-unknown: the run to GET, /v1/runs/{run_id}", "schema": {"type": "string"}},
     },
     "content": {PROBLEM_JSON: {"model": Problem}},
@@ -178,11 +237,13 @@ _CREATE_RUN_UNAVAILABLE: OpenAPIResponse = {
 
 AdmissionService = Annotated[Admission, Depends(admission_service)]
 TenantHeader = Annotated[TenantId, Header(alias=TENANT_HEADER, description="Tenant the call acts for")]
-# Validated by create_run, not by the schema: a malformed key has its own problem type.
+# Validated by create_run, not by the schema: a malformed key has its own problem type. The pattern is only
+# documented (json_schema_extra), for the same reason.
 IdempotencyKeyHeader = Annotated[
     str | SkipJsonSchema[None],
     Header(
         alias=IDEMPOTENCY_KEY_HEADER,
+        json_schema_extra={"pattern": IDEMPOTENCY_KEY_PATTERN},
         description=(
             'The dispatch_key as a header: an RFC 8941 string (`"k-1"`, with `\\"` and `\\\\` its only escapes) '
             "or the key itself unquoted (`k-1`); 1-255 printable ASCII characters. With a dispatch_key in the "
@@ -204,18 +265,28 @@ _CREATE_RUN_BAD_REQUEST: OpenAPIResponse = {
 }
 
 
+_RUN_PATH_PATTERN = "^/v1/runs/" + RUN_ID_PATTERN.removeprefix("^")
+
+
 @app.post(
     "/v1/runs",
     summary="Admit a run; with a dispatch_key, repeats answer the first run",
     responses={
-        201: {"description": "A new run was admitted", "content": {"application/json": {"model": Run}}},
+        201: {
+            "description": "A new run was admitted",
+            "headers": {
+                "Location": _required_header(
+                    "The run, /v1/runs/{run_id}", {"type": "string", "pattern": _RUN_PATH_PATTERN}
+                )
+            },
+            "content": {"application/json": {"model": Run}},
+        },
         200: {
             "description": "The dispatch_key already admitted this run (Idempotent-Replayed: true)",
             "headers": {
-                REPLAYED_HEADER: {
-                    "description": "Always `true`: the answer is the first run's",
-                    "schema": {"type": "string"},
-                }
+                REPLAYED_HEADER: _required_header(
+                    "Always `true`: the answer is the first run's", {"type": "string", "enum": ["true"]}
+                )
             },
             "content": {"application/json": {"model": Run}},
         },
@@ -247,10 +318,13 @@ def create_run(
     return _run_answer(run, HTTPStatus.CREATED, {"Location": f"/v1/runs/{run.run_id}"})
 
 
+_RUN_FOUND: OpenAPIResponse = {"description": "The run", "content": {"application/json": {"model": Run}}}
+
+
 @app.get(
     "/v1/runs/<run_id>",
     summary="One run of the tenant",
-    responses=_problems(*_COMMON_PROBLEMS, HTTPStatus.NOT_FOUND),
+    responses={200: _RUN_FOUND, **_problems(*_COMMON_PROBLEMS, HTTPStatus.NOT_FOUND)},
 )
 def get_run(
     run_id: Annotated[str, Path(pattern=RUN_ID_PATTERN)], tenant_id: TenantHeader, admission: AdmissionService
@@ -261,7 +335,7 @@ def get_run(
 @app.get(
     "/v1/runs",
     summary="The run a dispatch_key admitted (reconciliation look-up)",
-    responses=_problems(*_COMMON_PROBLEMS, HTTPStatus.NOT_FOUND),
+    responses={200: _RUN_FOUND, **_problems(*_COMMON_PROBLEMS, HTTPStatus.NOT_FOUND)},
 )
 def find_run(
     dispatch_key: Annotated[DispatchKey, Query()], tenant_id: TenantHeader, admission: AdmissionService
@@ -290,7 +364,38 @@ def openapi_document() -> dict[str, Any]:
     schema: dict[str, Any] = json.loads(
         app.get_openapi_json_schema(title="Poimen admission", version="1", description=_API_DESCRIPTION)
     )
+    return _without_leftovers(schema)
+
+
+def _without_leftovers(schema: dict[str, Any]) -> dict[str, Any]:
+    """The document without what Powertools adds that this API never answers: a FastAPI-style 422
+    `HTTPValidationError` on every route that declares no 422 (validation failures are 400 problems here),
+    and the component schemas nothing refers to any more (`HTTPValidationError`, `ValidationError`, ...)."""
+    for operations in schema["paths"].values():
+        for operation in operations.values():
+            unprocessable = operation["responses"].get("422", {})
+            if "HTTPValidationError" in json.dumps(unprocessable):
+                del operation["responses"]["422"]
+    components = schema["components"]["schemas"]
+    used: set[str] = set()
+    pending = _schema_refs(schema["paths"])
+    while pending:
+        name = pending.pop()
+        if name not in used:
+            used.add(name)
+            pending |= _schema_refs(components[name])
+    schema["components"]["schemas"] = {name: definition for name, definition in components.items() if name in used}
     return schema
+
+
+def _schema_refs(node: Any) -> set[str]:
+    """The component schemas `node` refers to, directly."""
+    if isinstance(node, dict):
+        found = {node["$ref"].rsplit("/", 1)[1]} if isinstance(node.get("$ref"), str) else set()
+        return found.union(*(_schema_refs(value) for value in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_schema_refs(item) for item in node))
+    return set()
 
 
 def warm() -> None:

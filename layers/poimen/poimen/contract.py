@@ -116,6 +116,21 @@ _SF_STRING = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"')
 _SF_ESCAPE = re.compile(r'\\(["\\])')
 # A dispatch_key (DISPATCH_KEY_PATTERN) of printable ASCII only, which has no control characters.
 _HEADER_KEY = re.compile(r"[\x20-\x7e]{1,255}")
+# What idempotency_key accepts, as one pattern for the OpenAPI document (ECMA-262 and Python alike): optional
+# white space around an sf-string of 1-255 characters, or around a bare key that starts with no quote and
+# neither starts nor ends with a space. tests/unit/test_idempotency_key.py holds the two to the same answers.
+IDEMPOTENCY_KEY_PATTERN = (
+    r'^[ \t]*(?:"(?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\]){1,255}"'
+    r"|[\x21\x23-\x7e](?:[\x20-\x7e]{0,253}[\x21-\x7e])?)[ \t]*$"
+)
+
+
+class GatewayMessage(BaseModel):
+    """API Gateway's own answer, before the function runs (IAM authorization, throttling, quotas)."""
+
+    model_config = ConfigDict(defer_build=True)
+
+    message: str
 
 
 class Problem(BaseModel):

@@ -1,0 +1,100 @@
+"""infra/openapi.json says what the API answers: its operations' answers, headers and schemas, checked here and
+by openapi-spec-validator; tests/integration/test_fuzz.py holds the running API to it with Schemathesis."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from openapi_spec_validator import validate
+from openapi_spec_validator.readers import read_from_filename
+
+from poimen.contract import IDEMPOTENCY_KEY_PATTERN
+from tests.conftest import REPO
+
+DOCUMENT = REPO / "infra" / "openapi.json"
+OPERATIONS = [("/v1/runs", "post"), ("/v1/runs", "get"), ("/v1/runs/{run_id}", "get")]
+GATEWAY_MESSAGE = {"$ref": "#/components/schemas/GatewayMessage"}
+
+
+@pytest.fixture(scope="module")
+def document() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(DOCUMENT.read_text())
+    return loaded
+
+
+def _refs(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                yield value
+            else:
+                yield from _refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _refs(item)
+
+
+def test_openapi_spec_validator_finds_the_document_valid() -> None:
+    # openapi-spec-validator (pinned in pyproject.toml) against the OpenAPI version the document declares
+    spec, _ = read_from_filename(str(DOCUMENT))
+    validate(spec)
+
+
+def test_each_get_answers_its_run_with_the_run_schema(document: dict[str, Any]) -> None:
+    for path in ("/v1/runs", "/v1/runs/{run_id}"):
+        found = document["paths"][path]["get"]["responses"]["200"]
+        assert found["content"] == {"application/json": {"schema": {"$ref": "#/components/schemas/Run"}}}
+
+
+def test_the_created_runs_location_and_the_replays_header_are_declared_and_required(document: dict[str, Any]) -> None:
+    responses = document["paths"]["/v1/runs"]["post"]["responses"]
+    location = responses["201"]["headers"]["Location"]
+    assert location["required"] is True
+    assert location["schema"]["pattern"].startswith("^/v1/runs/")
+    replayed = responses["200"]["headers"]["Idempotent-Replayed"]
+    assert (replayed["required"], replayed["schema"]) == (True, {"type": "string", "enum": ["true"]})
+
+
+def test_the_idempotency_key_header_has_its_syntax_and_its_400s(document: dict[str, Any]) -> None:
+    create_run = document["paths"]["/v1/runs"]["post"]
+    header = next(p for p in create_run["parameters"] if p["name"] == "idempotency-key")
+    assert header["schema"]["pattern"] == IDEMPOTENCY_KEY_PATTERN
+    assert "RFC 8941" in header["description"]
+    for kind in ("idempotency-key-invalid", "idempotency-key-mismatch"):
+        assert f"`{kind}`" in create_run["responses"]["400"]["description"]
+
+
+def test_no_answer_the_code_never_gives_and_no_schema_nothing_uses(document: dict[str, Any]) -> None:
+    # Powertools declares a FastAPI-style 422 HTTPValidationError on every route; validation failures are 400s here
+    for path, method in OPERATIONS:
+        responses = document["paths"][path][method]["responses"]
+        for status, response in responses.items():
+            for media in response.get("content", {}).values():
+                assert "HTTPValidationError" not in json.dumps(media), (path, method, status)
+    for path in ("/v1/runs", "/v1/runs/{run_id}"):
+        assert "422" not in document["paths"][path]["get"]["responses"]
+    used = {ref.rsplit("/", 1)[1] for ref in _refs(document["paths"])}
+    used |= {ref.rsplit("/", 1)[1] for ref in _refs(document["components"]["schemas"])}
+    assert set(document["components"]["schemas"]) == used
+
+
+def test_every_schema_defines_what_it_requires(document: dict[str, Any]) -> None:
+    for name, schema in document["components"]["schemas"].items():
+        assert set(schema.get("required", [])) <= set(schema.get("properties", {})), name
+
+
+def test_api_gateways_own_answers_are_its_json_message(document: dict[str, Any]) -> None:
+    gateway = document["components"]["schemas"]["GatewayMessage"]
+    assert (gateway["required"], gateway["properties"]["message"]["type"]) == (["message"], "string")
+    for path, method in OPERATIONS:
+        responses = document["paths"][path][method]["responses"]
+        # IAM authorization's 403 beside admission's own problem; throttling's 429 from API Gateway alone
+        assert responses["403"]["content"]["application/json"]["schema"] == GATEWAY_MESSAGE
+        assert "application/problem+json" in responses["403"]["content"]
+        assert responses["429"]["content"] == {"application/json": {"schema": GATEWAY_MESSAGE}}
+    # Over API Gateway's 10 MB payload quota the 413 is its own; up to it, admission's problem
+    too_large = document["paths"]["/v1/runs"]["post"]["responses"]["413"]["content"]
+    assert set(too_large) == {"application/problem+json", "application/json"}

@@ -1,7 +1,7 @@
 # The verbs: `make run` serves the API locally, `make test` lints, checks the deployable bundle and runs
 # every test, `make bench` prints the benchmarks, `make build` / `make deploy` are what the deploy
 # workflow runs. Each creates what it needs on first use: .venv for the project, .venv-sam for the SAM
-# CLI (its pins are its own), .cache/bin for actionlint.
+# CLI (its pins are its own), .cache/bin for actionlint, the RIE and the history checker.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -51,6 +51,10 @@ RIE_VERSION := v0.0.0-20261030222936-bef5c4ba774d
 RIE := .cache/bin/aws-lambda-rie
 AWSLAMBDARIC_VERSION := 4.2.2
 RIE_RUNTIME := .cache/rie/runtime/.installed-$(AWSLAMBDARIC_VERSION)
+# The API's history checker (tests/history/*.go: Porcupine, at the version tests/history/go.sum pins, from the
+# Go module proxy), rebuilt when its sources change; tests/history/check.py refuses a stale one.
+HISTORY_CHECK := .cache/bin/poimen-history-check
+HISTORY_CHECK_SOURCES := $(wildcard tests/history/*.go) tests/history/go.mod tests/history/go.sum
 # Deploying: the samconfig.toml environment, and the parameters only the deploying account knows.
 # TENANTS also reaches `make build`, so a tenant list SAM CLI cannot expand fails before anything ships, and
 # so does one longer than a stack serves (infra/poimen_tools/deploy_check.py, by the SAM CLI's interpreter:
@@ -96,7 +100,8 @@ STAGE_PARAMETERS = $(shell $(PYTHON) -c "import tomllib; \
 STACK_NAME = $(shell $(PYTHON) -c "import tomllib; \
 	print(tomllib.load(open('samconfig.toml', 'rb'))['$(CONFIG_ENV)']['global']['parameters']['stack_name'])")$(if $(CELL),-$(CELL))
 
-.PHONY: install run test lint check-bundle build deploy kafka-jars dynalite asyncapi-parser rie rie-bundle format bench soak \
+.PHONY: install run test lint check-bundle build deploy kafka-jars dynalite asyncapi-parser rie rie-bundle history-check format \
+	bench soak \
 	openapi docs clean
 
 $(STAMP): pyproject.toml
@@ -149,6 +154,12 @@ $(RIE_RUNTIME):
 	touch $@
 
 rie: $(RIE) $(RIE_RUNTIME)
+
+$(HISTORY_CHECK): $(HISTORY_CHECK_SOURCES)
+	@echo "make: building the history checker into .cache/bin (go build, about 20 s the first time)"
+	cd tests/history && go build -trimpath -o $(CURDIR)/$(HISTORY_CHECK) .
+
+history-check: $(HISTORY_CHECK)
 
 # The x86_64 variant of the bundle in .cache/rie-build, built and compiled as `make build` does (the RIE
 # tests build it once per session themselves; this is for running a function by hand, docs/local.md).
@@ -222,7 +233,7 @@ kafka-jars: $(STAMP)
 		echo "make: fetching the Kafka broker's jars into .cache/kafka (Maven Central, about a minute)"
 	$(BIN)/python -c "from poimen_tools.local.kafka_broker import kafka_jars; print(kafka_jars())"
 
-test: lint check-bundle kafka-jars dynalite asyncapi-parser rie
+test: lint check-bundle kafka-jars dynalite asyncapi-parser rie history-check
 	$(BIN)/pytest --cov --cov-report=term
 
 format: $(STAMP)
@@ -235,9 +246,11 @@ bench: $(STAMP) $(SAM) rie
 	$(BIN)/python -m benchmarks.relay_bench
 
 # 10,000 dispatch messages through a real broker and `poimen dev`, killed twice and the broker restarted
-# once; exits non-zero unless every key is one run and nothing was dead-lettered (several minutes).
-soak: $(STAMP) kafka-jars
+# once; exits non-zero unless every key is one run and nothing was dead-lettered (several minutes). Then the
+# long API history: 20,000 operations under DynamoDB faults and kills, checked by Porcupine (about 30 minutes).
+soak: $(STAMP) kafka-jars $(HISTORY_CHECK)
 	$(BIN)/python -m benchmarks.soak
+	$(BIN)/python -m benchmarks.history
 
 openapi: $(STAMP)
 	$(BIN)/python -m poimen_tools.openapi > infra/openapi.json

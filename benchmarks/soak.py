@@ -19,25 +19,20 @@ started is stopped).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import inspect
 import json
 import os
 import random
 import re
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import boto3
@@ -45,11 +40,13 @@ from botocore.config import Config
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from benchmarks.harness import run_in_work_folder
 from poimen.contract import RunRequest
 from poimen.dispatch import DispatchPublisher
 from poimen.kafka import dispatch_topic, events_topic
 from poimen_tools.local.event_source import LocalMskEventSource
 from poimen_tools.local.kafka_broker import BrokerError, KafkaBroker, free_port
+from poimen_tools.local.processes import SessionProcess, kill_group
 from poimen_tools.local.stream_source import positions_file
 from poimen_tools.topics import ensure_topics
 
@@ -106,32 +103,6 @@ def build_stream(messages: int, duplicate_ratio: float, rng: random.Random) -> l
     return [dispatch for _, dispatch in ordered]
 
 
-def _process_group(pgid: int) -> list[int]:
-    """The live processes of a process group (Linux /proc)."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        # pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses, so split after the last ')'
-        fields = text[text.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(stat.parent.name))
-    return members
-
-
-def _kill_group(pgid: int, timeout: float = 10.0) -> None:
-    """SIGKILL every process of the group and wait (bounded) until none is left."""
-    deadline = time.monotonic() + timeout
-    while _process_group(pgid) and time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-
-
 class MotoServer:
     """The local AWS (DynamoDB, SQS, S3) in a process of its own, so its state outlives `poimen dev`."""
 
@@ -173,21 +144,21 @@ class MotoServer:
 
     def stop(self) -> None:
         if self._process is not None:
-            _kill_group(self._process.pid)
+            kill_group(self._process.pid)
             self._process.wait()
             self._process = None
 
 
-class DevProcess:
+class DevProcess(SessionProcess):
     """`poimen dev` as a subprocess in its own session, so its whole process group can be killed."""
 
     def __init__(self, folder: Path, bootstrap: str, aws_endpoint: str) -> None:
+        super().__init__()
         self._folder = folder
         self._port = free_port()
         self._bootstrap = bootstrap
         self._aws_endpoint = aws_endpoint
         self.starts = 0
-        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def logs(self) -> list[Path]:
@@ -224,26 +195,6 @@ class DevProcess:
                 return {name: lines[name].strip() for name in ANNOUNCED}
             time.sleep(0.2)
         raise StackError(f"poimen dev did not announce itself within {timeout:.0f} s; see {log}")
-
-    def kill(self) -> int:
-        """SIGKILL the whole process group (the front and its execution environments); how many died."""
-        assert self.process is not None
-        members = len(_process_group(self.process.pid))
-        _kill_group(self.process.pid)
-        self.process.wait()
-        return members
-
-    def stop(self) -> None:
-        """Ctrl-C as a person would stop it, then SIGKILL whatever of its group is left."""
-        process, self.process = self.process, None
-        if process is None:
-            return
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=30)
-        _kill_group(process.pid)
-        process.wait()
 
 
 class Publisher(threading.Thread):
@@ -496,10 +447,6 @@ def _percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 def soak(args: argparse.Namespace, folder: Path) -> int:
     started = time.monotonic()
     rng = random.Random(args.seed)
@@ -707,25 +654,14 @@ def main() -> int:
     args = parser.parse_args()
     if args.messages < 4 or not 0 <= args.duplicate_ratio <= 1:
         parser.error("--messages must be at least 4 and --duplicate-ratio within [0, 1]")
-    signal.signal(signal.SIGTERM, _interrupt)
-    # moto takes any credentials; none of this reaches an AWS account.
-    os.environ.update({"AWS_ACCESS_KEY_ID": "soak", "AWS_SECRET_ACCESS_KEY": "soak", "AWS_DEFAULT_REGION": "us-east-1"})
-    os.environ.pop("AWS_SESSION_TOKEN", None)
-    folder = Path(tempfile.mkdtemp(prefix="poimen-soak-"))
-    code = 2
-    try:
-        code = soak(args, folder)
-    except (StackError, BrokerError) as error:
-        print(f"soak: the local stack did not start: {error}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print("soak: interrupted; every process it started is stopped", file=sys.stderr)
-        code = 130
-    finally:
-        if code == 0 and not args.keep:
-            shutil.rmtree(folder, ignore_errors=True)
-        else:
-            print(f"logs and broker data: {folder}", file=sys.stderr)
-    return code
+    return run_in_work_folder(
+        "soak",
+        lambda folder: soak(args, folder),
+        cannot_run=(StackError, BrokerError),
+        cause="the local stack did not start",
+        kept="logs and broker data",
+        keep=args.keep,
+    )
 
 
 if __name__ == "__main__":

@@ -344,6 +344,23 @@ def test_retry_after_is_read_as_seconds_or_an_http_date() -> None:
     assert [_retry_after_seconds(value, now) for value in (None, "", "soon", "-1", "1.5")] == [None] * 5
 
 
+@pytest.mark.parametrize("value", ["\u00b2", "\u0661\u0662", "\uff13", "1_000", "+5", "0x10", "1e3", " 1 2 "])
+def test_retry_after_is_ascii_delay_seconds_or_nothing(value: str) -> None:
+    # RFC 9110: delay-seconds = 1*DIGIT, ASCII digits; Unicode digits ("²".isdigit() is true) and other
+    # number syntaxes are no Retry-After at all
+    assert _retry_after_seconds(value) is None
+
+
+def test_a_retry_after_of_unicode_digits_is_ignored_not_raised(peer: Peer) -> None:
+    # Given an answer whose Retry-After is a superscript two (sent as Latin-1, as HTTP/1.1 allows obs-text)
+    peer.script.append((503, {"Retry-After": "\u00b2"}, {"message": "busy"}))
+    sleeps = Sleeps()
+    # When the client retries
+    spawned = client(peer, sleeps, rng=Ceiling(), backoff_base=0.5).spawn(TENANT, "wf/a", {}, dispatch_key="k")
+    # Then it waited its own backoff and the retry admitted the run
+    assert (spawned.attempts, sleeps.delays) == (2, [0.5])
+
+
 def test_a_retry_after_beyond_max_retry_after_ends_the_call_at_once(peer: Peer) -> None:
     peer.script.append((503, {"Retry-After": "3600"}, {"message": "busy"}))
     sleeps = Sleeps()

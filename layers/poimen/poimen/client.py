@@ -69,6 +69,7 @@ DEFAULT_TIMEOUT_SECONDS: Final = 15.0
 DEFAULT_MAX_ATTEMPTS: Final = 5
 _EXECUTE_API_HOST = re.compile(r"[a-z0-9]+\.execute-api\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(\.cn)?")
 _TENANT = re.compile(TENANT_PATTERN)
+_DELAY_SECONDS = re.compile(r"[0-9]+")  # RFC 9110 delay-seconds: 1*DIGIT, and DIGIT is ASCII (RFC 5234)
 
 
 class AdmissionError(Exception):
@@ -515,11 +516,12 @@ def _json_or_text(data: bytes) -> Any:
 
 def _retry_after_seconds(value: str | None, now: datetime | None = None) -> float | None:
     """Retry-After as delay-seconds or an HTTP-date (RFC 9110 10.2.3), in seconds from now; None if
-    absent or unreadable."""
+    absent or unreadable. delay-seconds is ASCII digits only: `str.isdigit` would take "²" (which float
+    refuses) or Arabic-Indic digits."""
     if not value:
         return None
     text = value.strip()
-    if text.isdigit():
+    if _DELAY_SECONDS.fullmatch(text):
         return float(text)
     try:
         when = parsedate_to_datetime(text)

@@ -11,7 +11,8 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -73,6 +74,7 @@ class Received:
     target: str
     headers: list[tuple[str, str]]
     body: bytes
+    at: float = 0.0  # the peer's clock when it arrived (a FakeTime's, when the test gives it one)
 
     @property
     def json(self) -> Any:
@@ -91,6 +93,7 @@ class Peer:
     script: list[Any] = field(default_factory=list)
     received: list[Received] = field(default_factory=list)
     released: threading.Event = field(default_factory=threading.Event)
+    clock: Callable[[], float] = time.monotonic
 
 
 @pytest.fixture
@@ -117,7 +120,7 @@ def serving() -> Iterator[Peer]:
         def _answer(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             with lock:
-                api.received.append(Received(self.command, self.path, list(self.headers.items()), body))
+                api.received.append(Received(self.command, self.path, list(self.headers.items()), body, api.clock()))
                 step = api.script.pop(0) if api.script else None
             if step == DROP:
                 self.close_connection = True
@@ -173,6 +176,21 @@ class Sleeps:
 
     def __call__(self, seconds: float) -> None:
         self.delays.append(seconds)
+
+
+@dataclass
+class FakeTime:
+    """The client's clock and sleep together: sleeping moves the clock on, and nothing else does."""
+
+    now: float = 1000.0
+    delays: list[float] = field(default_factory=list)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.delays.append(seconds)
+        self.now += seconds
 
 
 def client(peer: Peer, sleeps: Sleeps | None = None, **options: Any) -> AdmissionClient:
@@ -704,7 +722,7 @@ def test_threads_failing_on_one_endpoint_move_the_client_once(peer: Peer, second
     api = regional(peer.url, second_peer.url)
 
     # two calls that both failed on the first endpoint: the second to report it must not skip past the second
-    assert (api._fail_over(0), api._fail_over(0)) == (1, 1)
+    assert (api._next_endpoint(0, 0.0, 0.0), api._next_endpoint(0, 0.0, 0.0)) == ((1, 0.0), (1, 0.0))
     assert api.endpoint.url == second_peer.url
 
 
@@ -725,6 +743,77 @@ def test_a_long_retry_after_from_one_endpoint_does_not_hold_back_the_other(peer:
     spawned = regional(peer.url, second_peer.url, sleeps, rng=Floor()).spawn(TENANT, "wf/a", {}, dispatch_key="k")
 
     assert (spawned.endpoint.url, sleeps.delays) == (second_peer.url, [0.0])
+
+
+def on_fake_time(*peers: Peer) -> FakeTime:
+    clock = FakeTime()
+    for each in peers:
+        each.clock = clock
+    return clock
+
+
+def test_round_robin_never_comes_back_to_an_endpoint_before_its_retry_after(peer: Peer, second_peer: Peer) -> None:
+    # Given us-east-1 asking for 30 s, and us-west-2 then failing without asking for anything
+    peer.script.append((503, {"Retry-After": "30"}, {"message": "busy"}))
+    second_peer.script.append(problem(503, "internal-error"))
+    clock = on_fake_time(peer, second_peer)
+    api = regional(peer.url, second_peer.url, sleep=clock.sleep, clock=clock, rng=Floor())
+
+    # When a spawn has to retry twice
+    spawned = api.spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    # Then no request reached us-east-1 before its 30 s had passed: the retry went to us-west-2 again
+    east = [request.at - peer.received[0].at for request in peer.received]
+    assert east == [0.0]
+    assert (len(second_peer.received), spawned.endpoint.url, spawned.attempts) == (2, second_peer.url, 3)
+
+
+def test_when_every_endpoint_holds_back_the_retry_waits_for_the_first_to_accept(peer: Peer, second_peer: Peer) -> None:
+    # Given both Regions asking to wait, us-east-1 30 s and us-west-2 10 s
+    peer.script.append((503, {"Retry-After": "30"}, {"message": "busy"}))
+    second_peer.script.append((429, {"Retry-After": "10"}, {"message": "Too Many Requests"}))
+    clock = on_fake_time(peer, second_peer)
+    api = regional(peer.url, second_peer.url, sleep=clock.sleep, clock=clock, rng=Floor())
+
+    # When a spawn retries
+    spawned = api.spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    # Then the third attempt went where the wait was shorter, once it had passed
+    assert clock.delays == [0.0, 10.0]
+    assert [request.at for request in second_peer.received] == [1000.0, 1010.0]
+    assert (len(peer.received), spawned.endpoint.url) == (1, second_peer.url)
+
+
+def test_every_endpoint_holding_back_beyond_max_retry_after_ends_the_call(peer: Peer, second_peer: Peer) -> None:
+    peer.script.append((503, {"Retry-After": "3600"}, {"message": "busy"}))
+    second_peer.script.append((503, {"Retry-After": "120"}, {"message": "busy"}))
+    clock = on_fake_time(peer, second_peer)
+    api = regional(peer.url, second_peer.url, sleep=clock.sleep, clock=clock, rng=Floor(), max_retry_after=60)
+
+    with pytest.raises(Unavailable) as failure:
+        api.spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    assert (failure.value.attempts, failure.value.retry_after, clock.delays) == (2, 120.0, [0.0])
+    assert f"the API at {second_peer.url} ({WEST}) asks to retry after 120 s" in str(failure.value)
+
+
+def test_a_retry_after_holds_back_the_next_call_too(peer: Peer) -> None:
+    # Given a call that ended on an answer asking for 5 s
+    peer.script.append((503, {"Retry-After": "5"}, {"message": "busy"}))
+    clock = on_fake_time(peer)
+    api = client(peer, max_attempts=1, sleep=clock.sleep, clock=clock)
+    with pytest.raises(Unavailable) as failure:
+        api.spawn(TENANT, "wf/a", {}, dispatch_key="k")
+    clock.now += 2
+
+    # When the caller spawns again 2 s later
+    spawned = api.spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    # Then the new call's first attempt waited the 3 s left
+    assert failure.value.retry_after == 5.0
+    assert clock.delays == [3.0]
+    assert [request.at for request in peer.received] == [1000.0, 1005.0]
+    assert spawned.attempts == 1
 
 
 def test_unavailable_names_its_attempts_and_every_endpoint_tried() -> None:

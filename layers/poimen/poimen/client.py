@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import random
 import re
 import threading
@@ -107,9 +108,10 @@ class DispatchKeyReused(AdmissionError):
 
 
 class Unavailable(AdmissionError):
-    """No answer, or only 408, 429 and 5xx, after every attempt; or the only endpoint asked to wait longer
-    than `max_retry_after`. `retry_after` is what the last answer asked for, in seconds (None if nothing);
-    `endpoints` the endpoints the attempts went to, in the order first tried."""
+    """No answer, or only 408, 429 and 5xx, after every attempt; or every endpoint asked to wait longer than
+    `max_retry_after`. `retry_after` is how long, in seconds, the endpoint the next call goes to asked to
+    be left alone from now (None if it asked nothing, or that has passed); `endpoints` the endpoints the
+    attempts went to, in the order first tried."""
 
     def __init__(
         self,
@@ -208,10 +210,12 @@ class AdmissionClient:
     errors, timeouts, 408, 429 and 5xx are retried up to `max_attempts` attempts in all, after a
     full-jitter exponential backoff (uniform in [0, min(backoff_cap, backoff_base * 2^n)]). Each of those
     failures also moves the client to the next endpoint (round robin), where the next attempt goes, and
-    every later call: it stays there until that one fails in turn. A `Retry-After` holds back a retry to
-    the endpoint that sent it; one asking for more than `max_retry_after` seconds ends the call with
-    Unavailable at once when there is no other endpoint to try. Other answers (4xx) are final, wherever
-    they come from. `sleep` and `rng` are there for tests. Safe to share between threads.
+    every later call: it stays there until that one fails in turn. A `Retry-After` holds back every
+    attempt to the endpoint that sent it, of this call and of later ones, until it has passed: the move
+    skips an endpoint held back longer than the backoff when another is ready by then, and waits for the
+    first to accept when none is; one that would wait more than `max_retry_after` seconds ends the call
+    with Unavailable at once. Other answers (4xx) are final, wherever they come from. `sleep`, `clock`
+    (monotonic seconds) and `rng` are there for tests. Safe to share between threads.
     """
 
     def __init__(
@@ -227,6 +231,7 @@ class AdmissionClient:
         max_retry_after: float = 60.0,
         http: urllib3.PoolManager | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
         given = [base_url] if isinstance(base_url, str | RegionalEndpoint) else list(base_url)
@@ -238,6 +243,8 @@ class AdmissionClient:
         session = functools.cache(botocore.session.get_session)
         self.endpoints: tuple[RegionalEndpoint, ...] = tuple(_endpoint(entry, region, session) for entry in given)
         self._current = 0  # the index of the endpoint calls go to; moved by _fail_over
+        # Per endpoint, the `clock` time before which its last Retry-After asked not to be called.
+        self._not_before = [-math.inf] * len(self.endpoints)
         self._moving = threading.Lock()
         if credentials is None:
             credentials = session().get_credentials()
@@ -251,6 +258,7 @@ class AdmissionClient:
         self._max_retry_after = max_retry_after
         self._http = http or urllib3.PoolManager(retries=False)
         self._sleep = sleep
+        self._clock = clock
         # Backoff jitter spreads retries; it is not security-relevant randomness.
         self._rng = rng or random.Random()  # noqa: S311
 
@@ -344,9 +352,14 @@ class AdmissionClient:
             headers["Content-Type"] = "application/json"
         attempt = 0
         tried: list[RegionalEndpoint] = []
+        # An endpoint may still be holding back an earlier call's retries: the first attempt waits for it too.
+        index, hold = self._next_endpoint(None, self._clock(), 0.0)
+        if hold > self._max_retry_after:
+            raise _unavailable(self._held_back(index, hold), 0, (), hold, None)
+        if hold > 0:
+            self._sleep(hold)
         while True:
             attempt += 1
-            index = self._current
             endpoint = self.endpoints[index]
             if endpoint not in tried:
                 tried.append(endpoint)
@@ -370,26 +383,46 @@ class AdmissionClient:
                 last = _Answer(response.status, response.headers, response.data, attempt, endpoint)
                 failure = f"HTTP {response.status}"
                 retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
-            # A Retry-After speaks for the endpoint that sent it, not for another Region's.
-            same_endpoint = self._fail_over(index) == index
-            waited = retry_after if same_endpoint else None
-            if waited is not None and waited > self._max_retry_after:
-                message = f"the API at {endpoint} asks to retry after {waited:.0f} s"
-                raise _unavailable(message, attempt, tuple(tried), retry_after, last)
+            # A Retry-After speaks for the endpoint that sent it, not for another Region's: it holds back that
+            # endpoint only, however the rotation comes back to it.
+            now = self._clock()
+            backoff = self._backoff(attempt - 1)
+            index, hold = self._next_endpoint(index, now, backoff, retry_after)
+            held = hold if hold > 0 else None
+            if hold > self._max_retry_after:
+                raise _unavailable(self._held_back(index, hold), attempt, tuple(tried), held, last)
             if attempt >= self._max_attempts:
                 tries = f"{attempt} attempt" + ("s" if attempt > 1 else "")
                 where = ", ".join(str(each) for each in tried)
                 message = f"unavailable after {tries} at {where}: {failure}"
-                raise _unavailable(message, attempt, tuple(tried), retry_after, last)
-            self._sleep(max(waited or 0.0, self._backoff(attempt - 1)))
+                raise _unavailable(message, attempt, tuple(tried), held, last)
+            self._sleep(max(hold, backoff))
 
-    def _fail_over(self, failed: int) -> int:
-        """Moves the client past the endpoint at index `failed`, unless another thread already has; the index
-        of the endpoint the next attempt goes to (`failed` itself when it is the only one)."""
+    def _next_endpoint(
+        self, failed: int | None, now: float, backoff: float, retry_after: float | None = None
+    ) -> tuple[int, float]:
+        """Where the next attempt goes, and how long from `now` its endpoint holds it back (0: not at all).
+
+        After a failure of the endpoint at `failed` (its `retry_after`, if any, noted first), the client moves
+        past it, unless another thread already has: to the next endpoint in round-robin order that is not held
+        back beyond `backoff`, else to the one held back the shortest (`failed` itself when it is the only
+        one). With `failed` None (a call's first attempt) the client stays, unless its endpoint is held back
+        and another is not."""
         with self._moving:
-            if self._current == failed:
-                self._current = (failed + 1) % len(self.endpoints)
-            return self._current
+            if failed is not None and retry_after is not None:
+                self._not_before[failed] = now + retry_after
+            count = len(self.endpoints)
+            if failed is None or self._current == failed:
+                start = self._current if failed is None else failed + 1
+                rotation = [(start + step) % count for step in range(count)]
+                ready = [each for each in rotation if self._not_before[each] <= now + backoff]
+                self._current = ready[0] if ready else min(rotation, key=lambda each: self._not_before[each])
+            if self._current == failed and retry_after is not None:
+                return failed, max(0.0, retry_after)  # exactly as asked, not as the clock's floats give it back
+            return self._current, max(0.0, self._not_before[self._current] - now)
+
+    def _held_back(self, index: int, hold: float) -> str:
+        return f"the API at {self.endpoints[index]} asks to retry after {hold:.0f} s"
 
     def _backoff(self, retry: int) -> float:
         ceiling = min(self._backoff_cap, self._backoff_base * 2 ** min(retry, 30))

@@ -562,6 +562,92 @@ def test_an_outcome_still_unknown_after_every_attempt_names_the_run(peer: Peer) 
     assert RUN_ID in str(error)
 
 
+def test_unavailable_after_a_keyless_spawn_names_the_generated_key(peer: Peer) -> None:
+    # Given an API that answers every attempt 503 (each may have committed: a gateway timeout, say)
+    peer.script += [(504, {}, {"message": "Endpoint request timed out"})] * 2
+    # When a keyless spawn gives up
+    with pytest.raises(Unavailable) as failure:
+        client(peer, max_attempts=2).spawn(TENANT, "wf/a", {})
+    # Then the error carries the key both attempts sent: the one way to retry it, or find its run, safely
+    sent = {request.json["dispatch_key"] for request in peer.received}
+    assert {failure.value.dispatch_key} == sent
+    assert (failure.value.attempts, failure.value.outcome_unknown) == (2, True)
+
+
+def test_a_refusal_on_a_retry_is_an_unknown_outcome_that_names_the_key(peer: Peer) -> None:
+    # Given a first attempt whose answer never came, and a retry the gateway refuses
+    peer.script += [DROP, (403, {}, {"message": "The security token included in the request is expired"})]
+    with pytest.raises(Forbidden) as retried:
+        client(peer).spawn(TENANT, "wf/a", {})
+    # And, elsewhere, a refusal of a first attempt
+    peer.script.append(problem(400, "validation-error"))
+    with pytest.raises(InvalidRequest) as refused:
+        client(peer).spawn(TENANT, "wf/a", {}, dispatch_key="k-1")
+    # Then the first may have admitted its run under the key it names; the second admitted nothing
+    assert retried.value.dispatch_key == peer.received[0].json["dispatch_key"] == peer.received[1].json["dispatch_key"]
+    assert (retried.value.attempts, retried.value.outcome_unknown) == (2, True)
+    assert (refused.value.dispatch_key, refused.value.attempts, refused.value.outcome_unknown) == ("k-1", 1, False)
+
+
+def test_poimen_runs_spawn_without_a_key_says_how_to_retry_it_safely(
+    peer: Peer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given an API whose every answer says the outcome is unknown
+    peer.script += [outcome_unknown()] * 2
+    argv = ["runs", "spawn", "--base-url", f"{WEST}={peer.url}", "--tenant", TENANT, "--workflow-ref", "wf/a b"]
+    argv += ["--input", '{"n": 1.10, "s": "it\'s"}', "--goal-id", "g-1", "--max-attempts", "2"]
+
+    # When `poimen runs spawn` without --dispatch-key gives up
+    code = cli.main(argv)
+
+    # Then its one line names the generated key, and the exact commands to find its run or retry it with it
+    (line,) = capsys.readouterr().err.splitlines()
+    key = peer.received[0].json["dispatch_key"]
+    where = f"--base-url {WEST}={peer.url} --tenant {TENANT}"
+    assert code == runs.EXIT_UNAVAILABLE
+    assert f"dispatch_key generated for it, {key}," in line
+    assert f"see whether it did with poimen runs find {where} {key}," in line
+    retry = f'poimen runs spawn {where} --workflow-ref \'wf/a b\' --input \'{{"n":1.10,"s":"it\'"\'"\'s"}}\' '
+    retry += f"--goal-id g-1 --max-attempts 2 --dispatch-key {key}"
+    assert line.endswith(f"admits at most one run: {retry}")
+
+
+def test_a_keyless_spawn_that_reached_no_api_admitted_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    # Given an endpoint nothing listens on: no attempt can carry the spawn anywhere
+    argv = ["runs", "spawn", "--base-url", closed_url(), "--tenant", TENANT, "--workflow-ref", "wf/a", "--input", "{}"]
+
+    code = cli.main([*argv, "--max-attempts", "2"])
+
+    (line,) = capsys.readouterr().err.splitlines()
+    assert code == runs.EXIT_UNAVAILABLE
+    assert line.endswith("then try again (no attempt reached it: nothing admitted)")
+    assert "--dispatch-key" not in line
+
+
+def test_store_unavailable_and_throttling_are_answers_that_wrote_nothing(peer: Peer) -> None:
+    peer.script += [problem(503, "store-unavailable"), (429, {}, {"message": "Too Many Requests"})]
+
+    with pytest.raises(Unavailable) as failure:
+        client(peer, max_attempts=2).spawn(TENANT, "wf/a", {})
+
+    assert (failure.value.attempts, failure.value.outcome_unknown) == (2, False)
+    assert failure.value.dispatch_key == peer.received[0].json["dispatch_key"]
+
+
+def test_poimen_runs_spawn_with_a_key_is_told_to_try_again_with_it(
+    peer: Peer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    peer.script += [outcome_unknown()] * 2
+    argv = ["runs", "spawn", "--base-url", peer.url, "--tenant", TENANT, "--workflow-ref", "wf/a", "--input", "{}"]
+
+    code = cli.main([*argv, "--dispatch-key", "k-1", "--max-attempts", "2"])
+
+    (line,) = capsys.readouterr().err.splitlines()
+    assert code == runs.EXIT_UNAVAILABLE
+    assert line.endswith("then try again with the same --dispatch-key")
+    assert "generated" not in line
+
+
 def test_region_comes_from_an_execute_api_host_or_the_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
     credentials = Credentials("a", "b")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")

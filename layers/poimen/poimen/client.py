@@ -64,6 +64,7 @@ SERVICE: Final = "execute-api"
 RUN_NOT_FOUND: Final = "urn:poimen:problem:run-not-found"
 DISPATCH_KEY_REUSED: Final = "urn:poimen:problem:dispatch-key-reused"
 OUTCOME_UNKNOWN: Final = "urn:poimen:problem:outcome-unknown"
+STORE_UNAVAILABLE: Final = "urn:poimen:problem:store-unavailable"
 # Longer than the admission function's own 10 s timeout (template.yaml): a slow invocation ends in the
 # gateway's answer rather than in the client giving up first.
 DEFAULT_TIMEOUT_SECONDS: Final = 15.0
@@ -76,15 +77,34 @@ _DELAY_SECONDS = re.compile(r"[0-9]+")  # RFC 9110 delay-seconds: 1*DIGIT, and D
 class AdmissionError(Exception):
     """Any failure of a call. `status` is the HTTP status (None: no answer, or refused before sending);
     `problem` the RFC 9457 problem the API answered (None for API Gateway's own `{"message": ...}`
-    refusals and for failures without an answer); `body` the answer's body as parsed JSON (or text)."""
+    refusals and for failures without an answer); `body` the answer's body as parsed JSON (or text).
+
+    `attempts`: the attempts the call made, the failing one included (0: refused before any). `dispatch_key`:
+    for a spawn, its key, yours or the one generated for the call (None for get and find).
+    `outcome_unknown`: some attempt may have reached the API and written, its answer lost or not telling
+    (a timeout, a dropped connection, a 5xx other than `store-unavailable`); False when every attempt
+    either never connected, was throttled (429), was answered `store-unavailable` (nothing written), or
+    was answered by this refusal itself. A spawn failing with an unknown outcome may have admitted a run
+    under `dispatch_key`: a spawn with the same key admits it at most once, `find(tenant,
+    error.dispatch_key)` says whether it did, and a spawn without it may admit a second run."""
 
     def __init__(
-        self, message: str, *, status: int | None = None, problem: Problem | None = None, body: Any = None
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        problem: Problem | None = None,
+        body: Any = None,
+        attempts: int = 0,
+        outcome_unknown: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.problem = problem
         self.body = body
+        self.attempts = attempts
+        self.outcome_unknown = outcome_unknown
+        self.dispatch_key: str | None = None
 
 
 class InvalidRequest(AdmissionError):
@@ -102,8 +122,8 @@ class NotFound(AdmissionError):
 class DispatchKeyReused(AdmissionError):
     """422: the dispatch_key already admitted `run_id`, for a different workflow_ref, input or goal_id."""
 
-    def __init__(self, message: str, *, run_id: str, status: int, problem: Problem | None, body: Any) -> None:
-        super().__init__(message, status=status, problem=problem, body=body)
+    def __init__(self, message: str, *, run_id: str, **answer: Any) -> None:
+        super().__init__(message, **answer)
         self.run_id = run_id
 
 
@@ -123,9 +143,11 @@ class Unavailable(AdmissionError):
         status: int | None = None,
         problem: Problem | None = None,
         body: Any = None,
+        outcome_unknown: bool = False,
     ) -> None:
-        super().__init__(message, status=status, problem=problem, body=body)
-        self.attempts = attempts
+        super().__init__(
+            message, status=status, problem=problem, body=body, attempts=attempts, outcome_unknown=outcome_unknown
+        )
         self.endpoints = endpoints
         self.retry_after = retry_after
 
@@ -138,10 +160,9 @@ class OutcomeUnknown(Unavailable):
     `get(tenant, run_id)` or `find(tenant, dispatch_key)`, or spawn again with the same dispatch_key:
     never without it, which could admit a second run."""
 
-    def __init__(self, message: str, *, run_id: str, dispatch_key: str | None, attempts: int, **answer: Any) -> None:
-        super().__init__(message, attempts=attempts, **answer)
+    def __init__(self, message: str, *, run_id: str, attempts: int, **answer: Any) -> None:
+        super().__init__(message, attempts=attempts, outcome_unknown=True, **answer)
         self.run_id = run_id
-        self.dispatch_key = dispatch_key
 
 
 class UnexpectedAnswer(AdmissionError):
@@ -194,6 +215,7 @@ class _Answer:
     data: bytes
     attempts: int
     endpoint: RegionalEndpoint
+    reached_before: bool = False  # an earlier attempt of the call may have reached the API and written
 
 
 class AdmissionClient:
@@ -296,7 +318,8 @@ class AdmissionClient:
         """POST /v1/runs. Without `dispatch_key`, a key is generated for this call (see the module doc):
         however often it retries, it admits at most one run. Raises DispatchKeyReused, Forbidden,
         InvalidRequest, Unavailable (OutcomeUnknown if the last answer could not tell whether the run was
-        admitted: it names the run and the key), or another AdmissionError."""
+        admitted: it names the run), or another AdmissionError; each sent carries the key in `dispatch_key`,
+        which is the only way to retry a keyless spawn safely once its outcome is unknown."""
         generated = dispatch_key is None
         key = generated_dispatch_key() if dispatch_key is None else dispatch_key
         request: dict[str, Any] = {"workflow_ref": workflow_ref, "input": dict(input)}
@@ -309,15 +332,14 @@ class AdmissionClient:
             raise InvalidRequest(f"the spawn request cannot be sent as JSON: {error}") from error
         try:
             answer = self._call("POST", "/v1/runs", tenant, body=body)
-        except OutcomeUnknown as unknown:
-            unknown.dispatch_key = key
+            if answer.status not in (200, 201):
+                raise _refusal(answer)
+            run = _run(answer)
+        except AdmissionError as error:
+            error.dispatch_key = key  # the only way back to a run it may have admitted (a generated key)
             raise
-        if answer.status not in (200, 201):
-            raise _refusal(answer)
         replayed = answer.status == 200 and answer.headers.get(REPLAYED_HEADER, "").lower() == "true"
-        return Spawned(
-            _run(answer), replayed=replayed and not generated, attempts=answer.attempts, endpoint=answer.endpoint
-        )
+        return Spawned(run, replayed=replayed and not generated, attempts=answer.attempts, endpoint=answer.endpoint)
 
     def get(self, tenant: str, run_id: str) -> Run:
         """GET /v1/runs/{run_id}. Raises NotFound (no such run for this tenant), Forbidden, ..."""
@@ -352,6 +374,7 @@ class AdmissionClient:
             headers["Content-Type"] = "application/json"
         attempt = 0
         tried: list[RegionalEndpoint] = []
+        reached = False  # whether an attempt so far may have reached the API and written (see AdmissionError)
         # An endpoint may still be holding back an earlier call's retries: the first attempt waits for it too.
         index, hold = self._next_endpoint(None, self._clock(), 0.0)
         if hold > self._max_retry_after:
@@ -367,22 +390,31 @@ class AdmissionClient:
             retry_after: float | None = None
             last: _Answer | None = None
             try:
+                signed = self._signed(method, url, headers, body, endpoint.region)
+            except AdmissionError as error:
+                error.attempts, error.outcome_unknown = attempt, reached
+                raise
+            try:
                 response = self._http.request(
                     method,
                     url,
                     body=body if method == "POST" else None,
-                    headers=self._signed(method, url, headers, body, endpoint.region),
+                    headers=signed,
                     timeout=self._timeout,
                     redirect=False,
                 )
             except urllib3.exceptions.HTTPError as error:  # refused, reset, dropped, timed out
                 failure = f"{type(error).__name__}: {error}"
+                # A connection never made carried nothing; anything later may have reached the API.
+                reached = reached or not isinstance(error, urllib3.exceptions.ConnectTimeoutError)
             else:
+                answer = _Answer(response.status, response.headers, response.data, attempt, endpoint, reached)
                 if response.status not in RETRYABLE_STATUSES:
-                    return _Answer(response.status, response.headers, response.data, attempt, endpoint)
-                last = _Answer(response.status, response.headers, response.data, attempt, endpoint)
+                    return answer
+                last = answer
                 failure = f"HTTP {response.status}"
                 retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
+                reached = reached or not _nothing_written(answer)
             # A Retry-After speaks for the endpoint that sent it, not for another Region's: it holds back that
             # endpoint only, however the rotation comes back to it.
             now = self._clock()
@@ -390,12 +422,12 @@ class AdmissionClient:
             index, hold = self._next_endpoint(index, now, backoff, retry_after)
             held = hold if hold > 0 else None
             if hold > self._max_retry_after:
-                raise _unavailable(self._held_back(index, hold), attempt, tuple(tried), held, last)
+                raise _unavailable(self._held_back(index, hold), attempt, tuple(tried), held, last, reached)
             if attempt >= self._max_attempts:
                 tries = f"{attempt} attempt" + ("s" if attempt > 1 else "")
                 where = ", ".join(str(each) for each in tried)
                 message = f"unavailable after {tries} at {where}: {failure}"
-                raise _unavailable(message, attempt, tuple(tried), held, last)
+                raise _unavailable(message, attempt, tuple(tried), held, last, reached)
             self._sleep(max(hold, backoff))
 
     def _next_endpoint(
@@ -465,6 +497,8 @@ def _run(answer: _Answer) -> Run:
             f"HTTP {answer.status} carried no run: is the base URL the admission API?",
             status=answer.status,
             body=_json_or_text(answer.data),
+            attempts=answer.attempts,
+            outcome_unknown=True,  # a success of something: it may have admitted the run
         ) from error
 
 
@@ -476,7 +510,13 @@ def _refusal(answer: _Answer) -> AdmissionError:
     if answer.status == 422 and problem is not None and problem.type == DISPATCH_KEY_REUSED:
         run_id = str((problem.model_extra or {}).get("run_id", ""))
         return DispatchKeyReused(
-            f"{message} (run {run_id})", run_id=run_id, status=answer.status, problem=problem, body=body
+            f"{message} (run {run_id})",
+            run_id=run_id,
+            status=answer.status,
+            problem=problem,
+            body=body,
+            attempts=answer.attempts,
+            outcome_unknown=answer.reached_before,
         )
     kind: type[AdmissionError] = {
         400: InvalidRequest,
@@ -485,7 +525,23 @@ def _refusal(answer: _Answer) -> AdmissionError:
         403: Forbidden,
         404: NotFound,
     }.get(answer.status, UnexpectedAnswer)
-    return kind(message, status=answer.status, problem=problem, body=body)
+    return kind(
+        message,
+        status=answer.status,
+        problem=problem,
+        body=body,
+        attempts=answer.attempts,
+        outcome_unknown=answer.reached_before,
+    )
+
+
+def _nothing_written(answer: _Answer) -> bool:
+    """Whether a retryable answer says nothing was written: API Gateway's throttling (429, the function never
+    ran) or admission's 503 store-unavailable."""
+    if answer.status == 429:
+        return True
+    problem = _problem(_json_or_text(answer.data))
+    return answer.status == 503 and problem is not None and problem.type == STORE_UNAVAILABLE
 
 
 def _unavailable(
@@ -494,9 +550,12 @@ def _unavailable(
     endpoints: tuple[RegionalEndpoint, ...],
     retry_after: float | None,
     last: _Answer | None,
+    reached: bool = False,
 ) -> Unavailable:
     if last is None:
-        return Unavailable(message, attempts=attempts, endpoints=endpoints, retry_after=retry_after)
+        return Unavailable(
+            message, attempts=attempts, endpoints=endpoints, retry_after=retry_after, outcome_unknown=reached
+        )
     body = _json_or_text(last.data)
     problem = _problem(body)
     message = f"{message} ({_summary(problem, body)})"
@@ -507,12 +566,10 @@ def _unavailable(
         "problem": problem,
         "body": body,
     }
-    if problem is not None and problem.type == OUTCOME_UNKNOWN:
+    if problem is not None and problem.type == OUTCOME_UNKNOWN:  # OutcomeUnknown: outcome_unknown, always
         run_id = str((problem.model_extra or {}).get("run_id", ""))
-        return OutcomeUnknown(
-            f"{message} (run {run_id})", run_id=run_id, dispatch_key=None, attempts=attempts, **answer
-        )
-    return Unavailable(message, attempts=attempts, **answer)
+        return OutcomeUnknown(f"{message} (run {run_id})", run_id=run_id, attempts=attempts, **answer)
+    return Unavailable(message, attempts=attempts, outcome_unknown=reached, **answer)
 
 
 def _quoted(value: str, safe: str, name: str) -> str:

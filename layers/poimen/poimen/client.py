@@ -65,7 +65,7 @@ RUN_NOT_FOUND: Final = "urn:poimen:problem:run-not-found"
 DISPATCH_KEY_REUSED: Final = "urn:poimen:problem:dispatch-key-reused"
 OUTCOME_UNKNOWN: Final = "urn:poimen:problem:outcome-unknown"
 STORE_UNAVAILABLE: Final = "urn:poimen:problem:store-unavailable"
-# Longer than the admission function's own 10 s timeout (template.yaml): a slow invocation ends in the
+# Longer than the admission function's own 13 s timeout (template.yaml): a slow invocation ends in the
 # gateway's answer rather than in the client giving up first.
 DEFAULT_TIMEOUT_SECONDS: Final = 15.0
 DEFAULT_MAX_ATTEMPTS: Final = 5

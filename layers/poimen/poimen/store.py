@@ -33,7 +33,6 @@ from botocore.exceptions import (
     CredentialRetrievalError,
     EndpointConnectionError,
     HTTPClientError,
-    NoCredentialsError,
 )
 from pynamodb.attributes import UnicodeAttribute, UnicodeSetAttribute
 from pynamodb.constants import STREAM_NEW_IMAGE
@@ -75,8 +74,9 @@ _TRANSIENT_CODES = frozenset(
 _NOT_SENT = (EndpointConnectionError, ConnectTimeoutError)
 # Codes of DynamoDB's 5xx answers, for answers that carry no HTTP status.
 _UNKNOWN_OUTCOME_CODES = frozenset({"InternalServerError", "ServiceUnavailable"})
-# No credentials to sign with (the container endpoint did not answer in time, say): raised before sending.
-_NO_CREDENTIALS = (CredentialRetrievalError, NoCredentialsError)
+# The credentials could not be fetched (the container endpoint did not answer in time, say): raised before
+# sending, and passing. None configured at all (NoCredentialsError) is left as it is: a misconfiguration.
+_NO_CREDENTIALS = CredentialRetrievalError
 
 
 class RunRecord(Model):

@@ -496,6 +496,13 @@ def _explain(error: BaseException, args: argparse.Namespace) -> tuple[str, int]:
             "start it (poimen dev) or pass --bootstrap-servers",
             EXIT_UNAVAILABLE,
         )
+    if isinstance(error, events.EventsTopicMissing):
+        iam = f" --iam --region {args.region}" if args.iam else ""
+        return (
+            f"{error}: check --tenant, or create the tenant's topics with poimen topics ensure --tenant "
+            f"{args.tenant} --bootstrap-servers {error.bootstrap_servers}{iam}",
+            EXIT_NOT_FOUND,
+        )
     if isinstance(error, KafkaException):
         broker = getattr(args, "bootstrap_servers", "the broker")
         return f"Kafka at {broker} refused: {error.args[0].str()}", EXIT_NOT_FOUND

@@ -3,7 +3,8 @@
 `backfill` republishes the event of every run a tenant admitted in a time window, as the outbox relay
 publishes it (the same code builds and sends it: identical key, headers and value), for events the outbox
 gave up on (its parked batches) or never saw. Consumers already deduplicate by `ce_id`, so a backfill is
-safe to repeat. `tail` prints a tenant's events as they arrive, one line each.
+safe to repeat. `tail` prints a tenant's events as they arrive, one line each; a broker that does not
+answer within --timeout, or a tenant without an events topic, ends it with one line and an exit code.
 """
 
 from __future__ import annotations
@@ -13,15 +14,16 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import boto3
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaError, KafkaException
 
 from poimen.kafka import events_topic
-from poimen.kafka_client import client_config, quiet_client_settings
+from poimen.kafka_client import broker_error_reason, client_config, quiet_client_settings
 from poimen.wire import rfc3339
 from poimen_tools.arguments import (
     endpoint_url,
@@ -32,6 +34,7 @@ from poimen_tools.arguments import (
     whole_number,
 )
 from poimen_tools.credentials import local_credentials
+from poimen_tools.topics import KafkaUnreachable
 
 EXIT_OK = 0
 EXIT_UNAVAILABLE = 3  # the broker did not acknowledge every event in time (poimen_tools/cli.py's codes)
@@ -68,14 +71,18 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     _connection_arguments(backfill, "seconds to wait for the broker to acknowledge each chunk of events")
 
-    tail = actions.add_parser("tail", help="print a tenant's events as they arrive: time, run id, key, workflow")
+    tail = actions.add_parser(
+        "tail",
+        help="print a tenant's events as they arrive: time, run id, key, workflow (a record that is no event: "
+        "one line on stderr)",
+    )
     tail.set_defaults(run=_tail, prog=tail.prog)
     tail.add_argument("--tenant", required=True, type=tenant)
     tail.add_argument("--from-beginning", action="store_true", help="from the topic's first event, not the next")
     tail.add_argument(
         "--limit", type=whole_number(1, 10**9), metavar="N", help="stop after N events (default: until Ctrl-C)"
     )
-    _connection_arguments(tail, "seconds to wait for the broker when connecting")
+    _connection_arguments(tail, "seconds to wait for the broker, when connecting and whenever it stops answering")
 
 
 # --- backfill ----------------------------------------------------------------------------------------------
@@ -165,7 +172,36 @@ def _runs_in_window(args: argparse.Namespace, since: str, until: str) -> Iterato
 # --- tail ----------------------------------------------------------------------------------------------
 
 
+# A record's headers as confluent-kafka gives them (a list of pairs, in practice).
+Headers = Mapping[str, str | bytes | None] | Sequence[tuple[str, str | bytes | None]]
+
+
+class EventsTopicMissing(Exception):
+    """The broker has no events topic for the tenant (MSK creates none on demand; the outbox writes only
+    to topics that exist)."""
+
+    def __init__(self, topic: str, bootstrap_servers: str) -> None:
+        super().__init__(f"Kafka at {bootstrap_servers} has no topic {topic}")
+        self.topic = topic
+        self.bootstrap_servers = bootstrap_servers
+
+
+class NotAnEvent(ValueError):
+    """A record on an events topic that is not an event of the outbox; the message says why."""
+
+
 def _tail(args: argparse.Namespace) -> int:
+    """Every event of the tenant's topic, one line each on stdout, until --limit (or Ctrl-C).
+
+    Before subscribing, the topic's metadata is asked for (within --timeout): KafkaUnreachable if no broker
+    answers, EventsTopicMissing if it has no such topic. The consumer never asks the broker to create it
+    (librdkafka's `allow.auto.create.topics`, false), so a broker that creates unknown topics and one that
+    refuses them, as MSK does, answer alike. When every broker goes down while tailing, the same check runs
+    again: the tail ends once the broker has not answered for --timeout.
+    """
+    topic = events_topic(args.tenant)
+    # librdkafka's reports (error_cb), newest last: the reason a broker could not be reached.
+    reports: deque[KafkaError] = deque(maxlen=20)
     consumer = Consumer(
         client_config(
             args.bootstrap_servers,
@@ -175,34 +211,87 @@ def _tail(args: argparse.Namespace) -> int:
                 "group.id": f"poimen-events-tail-{os.getpid()}",
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest" if args.from_beginning else "latest",
+                "allow.auto.create.topics": False,
+                "error_cb": reports.append,
                 **quiet_client_settings(args.timeout),
             },
         )
     )
     printed = 0
     try:
-        consumer.subscribe([events_topic(args.tenant)])
+        consumer.poll(0)  # librdkafka serves oauth_cb (MSK IAM) only from poll()
+        _check_topic(consumer, topic, args, reports)
+        consumer.subscribe([topic])
         while args.limit is None or printed < args.limit:
             message = consumer.poll(0.5)
-            if message is None or message.error() is not None:
+            if any(report.code() == KafkaError._ALL_BROKERS_DOWN for report in reports):
+                reports.clear()
+                _check_topic(consumer, topic, args, reports)
+            if message is None:
                 continue
-            print(_event_line(dict(message.headers() or []), message.value() or b""), flush=True)
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:  # deleted while tailing
+                    raise EventsTopicMissing(topic, args.bootstrap_servers)
+                if error.fatal():
+                    raise KafkaException(error)
+                continue  # transient; librdkafka retries
+            try:
+                line = _event_line(message.headers() or [], message.value())
+            except NotAnEvent as why:
+                where = f"{message.topic()} partition {message.partition()} offset {message.offset()}"
+                print(f"{args.prog}: {where}: not an event ({why}); skipped", file=sys.stderr, flush=True)
+                continue
+            print(line, flush=True)
             printed += 1
     finally:
         consumer.close()
     return EXIT_OK
 
 
-def _event_line(headers: dict[str, Any], value: bytes) -> str:
-    """`<ce_time> <run id> <dispatch key, - if none> <workflow_ref>`."""
-    run = json.loads(value)
-    text = {name: (raw.decode() if isinstance(raw, bytes) else str(raw)) for name, raw in headers.items()}
+def _check_topic(consumer: Consumer, topic: str, args: argparse.Namespace, reports: deque[KafkaError]) -> None:
+    """Returns once a broker has answered, within --timeout, that `topic` exists; else KafkaUnreachable,
+    EventsTopicMissing, or the broker's refusal (KafkaException: not authorised, say)."""
+    try:
+        metadata = consumer.list_topics(topic, timeout=args.timeout)
+    except KafkaException as error:
+        consumer.poll(0)  # serves error_cb: the transport error that says why
+        transport = [report.str() for report in reports if report.code() == KafkaError._TRANSPORT]
+        reason = broker_error_reason(transport[-1]) if transport else error.args[0].str()
+        raise KafkaUnreachable(args.bootstrap_servers, reason, args.timeout) from error
+    found = metadata.topics.get(topic)
+    refusal = found.error if found is not None else None
+    if found is None or (refusal is not None and refusal.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+        raise EventsTopicMissing(topic, args.bootstrap_servers)
+    if refusal is not None:
+        raise KafkaException(refusal)
+
+
+def _event_line(headers: Headers, value: bytes | None) -> str:
+    """`<time> <run id> <dispatch key, - if none> <workflow_ref>`: the time is the event's `ce_time`, else the
+    run's `created_at`; the run id is the run's (its `ce_id` names the admission). NotAnEvent for a record
+    that is no run: a tombstone, a value that is not JSON, JSON without a run_id and a workflow_ref."""
+    if value is None:
+        raise NotAnEvent("a tombstone: no value")
+    try:
+        run = json.loads(value)
+    except (ValueError, RecursionError) as error:  # not UTF-8, not JSON, nested too deep to read
+        raise NotAnEvent("its value is not JSON") from error
+    if (
+        not isinstance(run, dict)
+        or not isinstance(run.get("run_id"), str)
+        or not isinstance(run.get("workflow_ref"), str)
+    ):
+        raise NotAnEvent("not a run: no run_id and workflow_ref")
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    text = {name: raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw for name, raw in pairs if raw}
+    key = run.get("dispatch_key")
     return " ".join(
         [
-            text.get("ce_time", run.get("created_at", "?")),
-            text.get("ce_id", run.get("run_id", "?")),
-            run.get("dispatch_key") or "-",
-            run.get("workflow_ref", "?"),
+            text.get("ce_time") or str(run.get("created_at") or "?"),
+            run["run_id"],
+            key if isinstance(key, str) and key else "-",
+            run["workflow_ref"],
         ]
     )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import TextIO
@@ -57,7 +58,12 @@ exactly as the API keeps them.
 exit codes: 0 done; 1 no such run (get, find); 2 usage: bad arguments, or a request the API refused (400,
 413, 415; 422 dispatch_key reused, the line names the existing run); 3 unavailable: no answer, or only
 408/429/5xx, after every retry; no credentials; the caller refused (403: signature or tenant not granted);
-a --base-url that is not the admission API."""
+a --base-url that is not the admission API.
+
+a spawn without --dispatch-key whose outcome is unknown (every answer lost, or a failure on a retry) may
+have admitted a run under the key generated for it: its line names that key, the poimen runs find that
+tells whether it did, and the spawn to run instead, with --dispatch-key <that key>, which admits at most
+one run. Running the same command again generates another key, and may admit a second run."""
 
 
 class _Failure(Exception):
@@ -169,7 +175,7 @@ def run(
         if getattr(args, "debug", False):
             raise
         line, code = _explain(error, args)
-        print(f"{getattr(args, 'prog', 'poimen runs')}: {' '.join(line.split())}", file=err)
+        print(f"{getattr(args, 'prog', 'poimen runs')}: {' '.join(line.split())}{_safe_retry(error, args)}", file=err)
         return code
     out.write(document + "\n")
     return EXIT_OK
@@ -207,9 +213,62 @@ def _explain(error: Exception, args: argparse.Namespace) -> tuple[str, int]:
         fix = "check your credentials (--dev-key for poimen dev) and the tenant's grants (poimen grants list)"
         return f"{error}: {fix}", EXIT_UNAVAILABLE
     if isinstance(error, Unavailable):
-        return f"{error}: check --base-url and that the API is up, then try again", EXIT_UNAVAILABLE
+        if _safe_retry(error, args):
+            return str(error), EXIT_UNAVAILABLE  # what to do instead follows
+        again = ""
+        if args.action == "spawn":
+            again = (
+                " with the same --dispatch-key" if args.dispatch_key else " (no attempt reached it: nothing admitted)"
+            )
+        return f"{error}: check --base-url and that the API is up, then try again{again}", EXIT_UNAVAILABLE
     # A route the API lacks (404), 401, 405, a redirect, a success that is no run.
     return f"{error}: is --base-url the admission API (the stack output AdmissionApiUrl)?", EXIT_UNAVAILABLE
+
+
+def _safe_retry(error: Exception, args: argparse.Namespace) -> str:
+    """For a spawn without --dispatch-key whose outcome is unknown: the generated key, how to tell whether it
+    admitted a run, and the command that retries it safely (that key); '' otherwise. Its words are quoted for
+    a POSIX shell and kept as they are (the rest of the line has its white space collapsed)."""
+    if args.action != "spawn" or args.dispatch_key is not None or not isinstance(error, AdmissionError):
+        return ""
+    key = error.dispatch_key
+    if key is None or not error.outcome_unknown:
+        return ""
+    where = _where(args)
+    find = _shell("poimen", "runs", "find", *where, key)
+    spawn = ["--workflow-ref", args.workflow_ref, "--input", json_text(args.input)]
+    spawn += ["--goal-id", args.goal_id] if args.goal_id is not None else []
+    if args.timeout != DEFAULT_TIMEOUT_SECONDS:
+        spawn += ["--timeout", f"{args.timeout:g}"]
+    if args.max_attempts != DEFAULT_MAX_ATTEMPTS:
+        spawn += ["--max-attempts", str(args.max_attempts)]
+    retry = _shell("poimen", "runs", "spawn", *where, *spawn, "--dispatch-key", key)
+    return (
+        f"; the spawn may have admitted a run under the dispatch_key generated for it, {key}, and running the "
+        f"same command again would generate another and could admit a second run: see whether it did with "
+        f"{find}, or retry with that key, which admits at most one run: {retry}"
+    )
+
+
+def _where(args: argparse.Namespace) -> list[str]:
+    """The options that address the API as this command did: --base-url(s), --tenant, --region, --dev-key."""
+    words: list[str] = []
+    for url, named in args.base_url or []:
+        words += ["--base-url", url if named is None else f"{named}={url}"]
+    words += ["--tenant", args.tenant]
+    words += ["--region", args.region] if args.region else []
+    return [*words, "--dev-key"] if args.dev_key else words
+
+
+def _shell(*words: str) -> str:
+    """`words` as one line of a POSIX shell command: quoted by shlex, or as $'...' when a word holds a
+    character that is not printable (a line break would end the line)."""
+    return " ".join(
+        shlex.quote(word)
+        if word.isprintable()
+        else "$'" + word.encode("unicode_escape").decode("ascii").replace("'", "\\'") + "'"
+        for word in words
+    )
 
 
 def regional_base_url(value: str) -> tuple[str, str | None]:

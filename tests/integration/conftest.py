@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -14,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import requests
 
 from poimen_tools.local.kafka_broker import KafkaBroker
 from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY, signed_headers
+from tests.conftest import serve_on_loopback as serve_on_loopback  # re-exported: integration tests import it here
 
 POIMEN = Path(sys.executable).parent / "poimen"
 
@@ -187,20 +187,6 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
 def http() -> Iterator[requests.Session]:
     with signed_session() as session:
         yield session
-
-
-@contextlib.contextmanager
-def serve_on_loopback(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
-    """`handler` served by a thread on a free loopback port: yields its base URL, shuts it down on exit."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")

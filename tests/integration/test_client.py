@@ -7,6 +7,7 @@ import http.client
 import io
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -261,6 +262,39 @@ def test_poimen_runs_errors_are_one_line_and_an_exit_code(dev: DevServer, tenant
     assert (missing[0], not_found[0]) == (runs.EXIT_NOT_FOUND, runs.EXIT_NOT_FOUND)
     assert (unavailable[0], wrong_url[0]) == (runs.EXIT_UNAVAILABLE, runs.EXIT_UNAVAILABLE)
     assert "--base-url" in wrong_url[2]
+
+
+def _command_in(line: str) -> list[str] | None:
+    """The `poimen runs spawn ...` command a failure line tells to run, as runs.main's argv; None if none."""
+    start = line.rfind("poimen runs spawn --")
+    return shlex.split(line[start:])[2:] if start >= 0 else None
+
+
+@pytest.mark.parametrize("lossy_proxy", [DROP], indirect=True)
+def test_a_keyless_spawn_whose_answers_are_all_lost_says_how_to_retry_into_its_one_run(
+    dev: DevServer, lossy_proxy: LossyProxy, tenant: str
+) -> None:
+    # Given a proxy that loses the API's answer to both attempts, though the API admitted the run on the first
+    lossy_proxy.lose = 2
+    spawn = ["spawn", "--base-url", lossy_proxy.url, "--tenant", tenant, "--workflow-ref", "wf/cli"]
+    spawn += ["--input", '{"n": 1, "note": "it\'s"}', "--max-attempts", "2", "--timeout", "5"]
+
+    # When `poimen runs spawn` without --dispatch-key gives up
+    code, out, err = poimen_runs(*spawn)
+    # And the user does what its line says: the command it names, or, naming none, the same one again
+    retry = _command_in(err) or spawn
+    again = poimen_runs(*retry)
+
+    # Then following the line answered the run the first attempt admitted: one run in the table
+    assert (code, out, err.count("\n")) == (runs.EXIT_UNAVAILABLE, "", 1)
+    assert again[0] == 0, again[2]
+    run = json.loads(again[1])["run"]
+    assert [item["run_id"]["S"] for item in count_runs(dev.dynamodb(), dev.table_name, tenant)] == [run["run_id"]]
+    assert lossy_proxy.statuses == [201, 200, 200]
+    # And the line named its generated key, and how to look for its run instead
+    assert run["dispatch_key"].startswith(GENERATED_KEY_PREFIX)
+    assert run["dispatch_key"] in err
+    assert f"poimen runs find --base-url {lossy_proxy.url} --tenant {tenant} {run['dispatch_key']}" in err
 
 
 def test_poimen_runs_refused_caller_is_unavailable(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -12,7 +13,7 @@ from moto.server import ThreadedMotoServer
 
 from poimen.ids import keyed_run_id
 from poimen_tools.local.moto import serialise_dynamodb_writes
-from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY
+from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY, signed_headers
 from tests.conftest import count_runs
 from tests.integration.conftest import POIMEN, DevServer, SigV4, free_port, signed_session, start_dev
 
@@ -262,3 +263,36 @@ def test_idempotency_key_refusals_over_http(dev: DevServer, http: requests.Sessi
         (400, "application/problem+json", "urn:poimen:problem:idempotency-key-invalid"),
     ]
     assert count_runs(dev.dynamodb(), dev.table_name, tenant) == []
+
+
+def test_an_idempotency_key_line_sent_twice_is_refused_over_http(dev: DevServer, tenant: str) -> None:
+    def post(*keys: str) -> tuple[int, dict[str, str]]:
+        # Each key its own header line, as a proxy or a retrying client that appends headers may send them
+        body = json.dumps({"workflow_ref": "wf/hello", "input": {}}).encode()
+        url = f"{dev.url}/v1/runs"
+        headers = {"Content-Type": "application/json", "X-Poimen-Tenant": tenant}
+        signed = signed_headers("POST", url, headers, body, DEV_ACCESS_KEY, DEV_SECRET_KEY, "us-east-1")
+        connection = http.client.HTTPConnection("127.0.0.1", int(dev.url.rsplit(":", 1)[1]), timeout=30)
+        try:
+            connection.putrequest("POST", "/v1/runs", skip_accept_encoding=True)
+            for name, value in {**headers, **signed, "Content-Length": str(len(body))}.items():
+                if name.lower() != "host":
+                    connection.putheader(name, value)
+            for key in keys:
+                connection.putheader("Idempotency-Key", key)
+            connection.endheaders(body)
+            answer = connection.getresponse()
+            return answer.status, json.loads(answer.read())
+        finally:
+            connection.close()
+
+    # Given a run admitted under k-1 from one header line
+    status, first = post("k-1")
+    # When the line comes twice (poimen dev joins them with a comma, as API Gateway does), or two keys come
+    twice, two = post("k-1", "k-1"), post("k-2", "k-3")
+    # Then neither admits a run: one run, k-1's
+    assert status == 201
+    assert [(code, body["type"]) for code, body in (twice, two)] == [
+        (400, "urn:poimen:problem:idempotency-key-invalid")
+    ] * 2
+    assert [item["run_id"]["S"] for item in count_runs(dev.dynamodb(), dev.table_name, tenant)] == [first["run_id"]]

@@ -316,6 +316,31 @@ def test_an_idempotency_key_that_names_no_key_is_400(
     assert count_runs(dynamodb, table_name, tenant) == []
 
 
+def test_a_repeated_bare_idempotency_key_line_admits_nothing(
+    invoke: Invoke, dynamodb: Any, table_name: str, tenant: str
+) -> None:
+    # Given a run admitted under key k-1 from its Idempotency-Key header
+    first = invoke(body=GOOD, headers={"idempotency-key": "k-1"})
+    # When the same spawn comes with the header line twice, which API Gateway joins with a comma, and
+    # with two different keys
+    repeated = invoke(body=GOOD, headers={"idempotency-key": "k-1,k-1"})
+    two = invoke(body=GOOD, headers={"idempotency-key": "k-2,k-3"})
+    # Then neither is a key: both are refused, and the table holds the first run only
+    assert first.status == 201
+    assert [(answer.status, answer.body["type"]) for answer in (repeated, two)] == [
+        (400, PROBLEM + "idempotency-key-invalid")
+    ] * 2
+    assert "quoted" in repeated.body["detail"]
+    assert [item["run_id"]["S"] for item in count_runs(dynamodb, table_name, tenant)] == [first.body["run_id"]]
+
+
+def test_a_quoted_idempotency_key_may_hold_a_comma(invoke: Invoke, tenant: str) -> None:
+    answer = invoke(body=GOOD, headers={"idempotency-key": '"a,b"'})
+
+    assert (answer.status, answer.body["dispatch_key"]) == (201, "a,b")
+    assert answer.body["run_id"] == keyed_run_id(tenant, "a,b")
+
+
 @pytest.mark.parametrize("header", ['"k-2"', "k-2"], ids=["quoted", "unquoted"])
 def test_an_idempotency_key_other_than_the_body_key_is_400(
     invoke: Invoke, dynamodb: Any, table_name: str, tenant: str, header: str

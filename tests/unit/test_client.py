@@ -11,7 +11,8 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -73,6 +74,7 @@ class Received:
     target: str
     headers: list[tuple[str, str]]
     body: bytes
+    at: float = 0.0  # the peer's clock when it arrived (a FakeTime's, when the test gives it one)
 
     @property
     def json(self) -> Any:
@@ -91,6 +93,7 @@ class Peer:
     script: list[Any] = field(default_factory=list)
     received: list[Received] = field(default_factory=list)
     released: threading.Event = field(default_factory=threading.Event)
+    clock: Callable[[], float] = time.monotonic
 
 
 @pytest.fixture
@@ -117,7 +120,7 @@ def serving() -> Iterator[Peer]:
         def _answer(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             with lock:
-                api.received.append(Received(self.command, self.path, list(self.headers.items()), body))
+                api.received.append(Received(self.command, self.path, list(self.headers.items()), body, api.clock()))
                 step = api.script.pop(0) if api.script else None
             if step == DROP:
                 self.close_connection = True
@@ -173,6 +176,21 @@ class Sleeps:
 
     def __call__(self, seconds: float) -> None:
         self.delays.append(seconds)
+
+
+@dataclass
+class FakeTime:
+    """The client's clock and sleep together: sleeping moves the clock on, and nothing else does."""
+
+    now: float = 1000.0
+    delays: list[float] = field(default_factory=list)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.delays.append(seconds)
+        self.now += seconds
 
 
 def client(peer: Peer, sleeps: Sleeps | None = None, **options: Any) -> AdmissionClient:
@@ -342,6 +360,23 @@ def test_retry_after_is_read_as_seconds_or_an_http_date() -> None:
     assert _retry_after_seconds("Fri, 02 Jan 2026 03:04:35 GMT", now) == 30.0
     assert _retry_after_seconds("Fri, 02 Jan 2026 03:00:00 GMT", now) == 0.0  # past: at once
     assert [_retry_after_seconds(value, now) for value in (None, "", "soon", "-1", "1.5")] == [None] * 5
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "\u0661\u0662", "\uff13", "1_000", "+5", "0x10", "1e3", " 1 2 "])
+def test_retry_after_is_ascii_delay_seconds_or_nothing(value: str) -> None:
+    # RFC 9110: delay-seconds = 1*DIGIT, ASCII digits; Unicode digits ("²".isdigit() is true) and other
+    # number syntaxes are no Retry-After at all
+    assert _retry_after_seconds(value) is None
+
+
+def test_a_retry_after_of_unicode_digits_is_ignored_not_raised(peer: Peer) -> None:
+    # Given an answer whose Retry-After is a superscript two (sent as Latin-1, as HTTP/1.1 allows obs-text)
+    peer.script.append((503, {"Retry-After": "\u00b2"}, {"message": "busy"}))
+    sleeps = Sleeps()
+    # When the client retries
+    spawned = client(peer, sleeps, rng=Ceiling(), backoff_base=0.5).spawn(TENANT, "wf/a", {}, dispatch_key="k")
+    # Then it waited its own backoff and the retry admitted the run
+    assert (spawned.attempts, sleeps.delays) == (2, [0.5])
 
 
 def test_a_retry_after_beyond_max_retry_after_ends_the_call_at_once(peer: Peer) -> None:
@@ -527,6 +562,92 @@ def test_an_outcome_still_unknown_after_every_attempt_names_the_run(peer: Peer) 
     assert RUN_ID in str(error)
 
 
+def test_unavailable_after_a_keyless_spawn_names_the_generated_key(peer: Peer) -> None:
+    # Given an API that answers every attempt 503 (each may have committed: a gateway timeout, say)
+    peer.script += [(504, {}, {"message": "Endpoint request timed out"})] * 2
+    # When a keyless spawn gives up
+    with pytest.raises(Unavailable) as failure:
+        client(peer, max_attempts=2).spawn(TENANT, "wf/a", {})
+    # Then the error carries the key both attempts sent: the one way to retry it, or find its run, safely
+    sent = {request.json["dispatch_key"] for request in peer.received}
+    assert {failure.value.dispatch_key} == sent
+    assert (failure.value.attempts, failure.value.outcome_unknown) == (2, True)
+
+
+def test_a_refusal_on_a_retry_is_an_unknown_outcome_that_names_the_key(peer: Peer) -> None:
+    # Given a first attempt whose answer never came, and a retry the gateway refuses
+    peer.script += [DROP, (403, {}, {"message": "The security token included in the request is expired"})]
+    with pytest.raises(Forbidden) as retried:
+        client(peer).spawn(TENANT, "wf/a", {})
+    # And, elsewhere, a refusal of a first attempt
+    peer.script.append(problem(400, "validation-error"))
+    with pytest.raises(InvalidRequest) as refused:
+        client(peer).spawn(TENANT, "wf/a", {}, dispatch_key="k-1")
+    # Then the first may have admitted its run under the key it names; the second admitted nothing
+    assert retried.value.dispatch_key == peer.received[0].json["dispatch_key"] == peer.received[1].json["dispatch_key"]
+    assert (retried.value.attempts, retried.value.outcome_unknown) == (2, True)
+    assert (refused.value.dispatch_key, refused.value.attempts, refused.value.outcome_unknown) == ("k-1", 1, False)
+
+
+def test_poimen_runs_spawn_without_a_key_says_how_to_retry_it_safely(
+    peer: Peer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given an API whose every answer says the outcome is unknown
+    peer.script += [outcome_unknown()] * 2
+    argv = ["runs", "spawn", "--base-url", f"{WEST}={peer.url}", "--tenant", TENANT, "--workflow-ref", "wf/a b"]
+    argv += ["--input", '{"n": 1.10, "s": "it\'s"}', "--goal-id", "g-1", "--max-attempts", "2"]
+
+    # When `poimen runs spawn` without --dispatch-key gives up
+    code = cli.main(argv)
+
+    # Then its one line names the generated key, and the exact commands to find its run or retry it with it
+    (line,) = capsys.readouterr().err.splitlines()
+    key = peer.received[0].json["dispatch_key"]
+    where = f"--base-url {WEST}={peer.url} --tenant {TENANT}"
+    assert code == runs.EXIT_UNAVAILABLE
+    assert f"dispatch_key generated for it, {key}," in line
+    assert f"see whether it did with poimen runs find {where} {key}," in line
+    retry = f'poimen runs spawn {where} --workflow-ref \'wf/a b\' --input \'{{"n":1.10,"s":"it\'"\'"\'s"}}\' '
+    retry += f"--goal-id g-1 --max-attempts 2 --dispatch-key {key}"
+    assert line.endswith(f"admits at most one run: {retry}")
+
+
+def test_a_keyless_spawn_that_reached_no_api_admitted_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    # Given an endpoint nothing listens on: no attempt can carry the spawn anywhere
+    argv = ["runs", "spawn", "--base-url", closed_url(), "--tenant", TENANT, "--workflow-ref", "wf/a", "--input", "{}"]
+
+    code = cli.main([*argv, "--max-attempts", "2"])
+
+    (line,) = capsys.readouterr().err.splitlines()
+    assert code == runs.EXIT_UNAVAILABLE
+    assert line.endswith("then try again (no attempt reached it: nothing admitted)")
+    assert "--dispatch-key" not in line
+
+
+def test_store_unavailable_and_throttling_are_answers_that_wrote_nothing(peer: Peer) -> None:
+    peer.script += [problem(503, "store-unavailable"), (429, {}, {"message": "Too Many Requests"})]
+
+    with pytest.raises(Unavailable) as failure:
+        client(peer, max_attempts=2).spawn(TENANT, "wf/a", {})
+
+    assert (failure.value.attempts, failure.value.outcome_unknown) == (2, False)
+    assert failure.value.dispatch_key == peer.received[0].json["dispatch_key"]
+
+
+def test_poimen_runs_spawn_with_a_key_is_told_to_try_again_with_it(
+    peer: Peer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    peer.script += [outcome_unknown()] * 2
+    argv = ["runs", "spawn", "--base-url", peer.url, "--tenant", TENANT, "--workflow-ref", "wf/a", "--input", "{}"]
+
+    code = cli.main([*argv, "--dispatch-key", "k-1", "--max-attempts", "2"])
+
+    (line,) = capsys.readouterr().err.splitlines()
+    assert code == runs.EXIT_UNAVAILABLE
+    assert line.endswith("then try again with the same --dispatch-key")
+    assert "generated" not in line
+
+
 def test_region_comes_from_an_execute_api_host_or_the_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
     credentials = Credentials("a", "b")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
@@ -687,7 +808,7 @@ def test_threads_failing_on_one_endpoint_move_the_client_once(peer: Peer, second
     api = regional(peer.url, second_peer.url)
 
     # two calls that both failed on the first endpoint: the second to report it must not skip past the second
-    assert (api._fail_over(0), api._fail_over(0)) == (1, 1)
+    assert (api._next_endpoint(0, 0.0, 0.0), api._next_endpoint(0, 0.0, 0.0)) == ((1, 0.0), (1, 0.0))
     assert api.endpoint.url == second_peer.url
 
 
@@ -708,6 +829,77 @@ def test_a_long_retry_after_from_one_endpoint_does_not_hold_back_the_other(peer:
     spawned = regional(peer.url, second_peer.url, sleeps, rng=Floor()).spawn(TENANT, "wf/a", {}, dispatch_key="k")
 
     assert (spawned.endpoint.url, sleeps.delays) == (second_peer.url, [0.0])
+
+
+def on_fake_time(*peers: Peer) -> FakeTime:
+    clock = FakeTime()
+    for each in peers:
+        each.clock = clock
+    return clock
+
+
+def test_round_robin_never_comes_back_to_an_endpoint_before_its_retry_after(peer: Peer, second_peer: Peer) -> None:
+    # Given us-east-1 asking for 30 s, and us-west-2 then failing without asking for anything
+    peer.script.append((503, {"Retry-After": "30"}, {"message": "busy"}))
+    second_peer.script.append(problem(503, "internal-error"))
+    clock = on_fake_time(peer, second_peer)
+    api = regional(peer.url, second_peer.url, sleep=clock.sleep, clock=clock, rng=Floor())
+
+    # When a spawn has to retry twice
+    spawned = api.spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    # Then no request reached us-east-1 before its 30 s had passed: the retry went to us-west-2 again
+    east = [request.at - peer.received[0].at for request in peer.received]
+    assert east == [0.0]
+    assert (len(second_peer.received), spawned.endpoint.url, spawned.attempts) == (2, second_peer.url, 3)
+
+
+def test_when_every_endpoint_holds_back_the_retry_waits_for_the_first_to_accept(peer: Peer, second_peer: Peer) -> None:
+    # Given both Regions asking to wait, us-east-1 30 s and us-west-2 10 s
+    peer.script.append((503, {"Retry-After": "30"}, {"message": "busy"}))
+    second_peer.script.append((429, {"Retry-After": "10"}, {"message": "Too Many Requests"}))
+    clock = on_fake_time(peer, second_peer)
+    api = regional(peer.url, second_peer.url, sleep=clock.sleep, clock=clock, rng=Floor())
+
+    # When a spawn retries
+    spawned = api.spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    # Then the third attempt went where the wait was shorter, once it had passed
+    assert clock.delays == [0.0, 10.0]
+    assert [request.at for request in second_peer.received] == [1000.0, 1010.0]
+    assert (len(peer.received), spawned.endpoint.url) == (1, second_peer.url)
+
+
+def test_every_endpoint_holding_back_beyond_max_retry_after_ends_the_call(peer: Peer, second_peer: Peer) -> None:
+    peer.script.append((503, {"Retry-After": "3600"}, {"message": "busy"}))
+    second_peer.script.append((503, {"Retry-After": "120"}, {"message": "busy"}))
+    clock = on_fake_time(peer, second_peer)
+    api = regional(peer.url, second_peer.url, sleep=clock.sleep, clock=clock, rng=Floor(), max_retry_after=60)
+
+    with pytest.raises(Unavailable) as failure:
+        api.spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    assert (failure.value.attempts, failure.value.retry_after, clock.delays) == (2, 120.0, [0.0])
+    assert f"the API at {second_peer.url} ({WEST}) asks to retry after 120 s" in str(failure.value)
+
+
+def test_a_retry_after_holds_back_the_next_call_too(peer: Peer) -> None:
+    # Given a call that ended on an answer asking for 5 s
+    peer.script.append((503, {"Retry-After": "5"}, {"message": "busy"}))
+    clock = on_fake_time(peer)
+    api = client(peer, max_attempts=1, sleep=clock.sleep, clock=clock)
+    with pytest.raises(Unavailable) as failure:
+        api.spawn(TENANT, "wf/a", {}, dispatch_key="k")
+    clock.now += 2
+
+    # When the caller spawns again 2 s later
+    spawned = api.spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    # Then the new call's first attempt waited the 3 s left
+    assert failure.value.retry_after == 5.0
+    assert clock.delays == [3.0]
+    assert [request.at for request in peer.received] == [1000.0, 1005.0]
+    assert spawned.attempts == 1
 
 
 def test_unavailable_names_its_attempts_and_every_endpoint_tried() -> None:

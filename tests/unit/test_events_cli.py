@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 import pytest
 
 from poimen_tools.cli import build_parser
-from poimen_tools.events import _event_line, _runs_in_window, _timestamp
+from poimen_tools.events import NotAnEvent, _event_line, _runs_in_window, _timestamp
 from tests.conftest import load_event
 
 RUN = load_event("dynamodb_stream_insert.json")["Records"][0]["dynamodb"]["NewImage"]
@@ -64,10 +65,33 @@ def test_a_time_without_offset_or_not_a_time_is_a_usage_error(given: str, capsys
 
 
 def test_tail_prints_time_run_key_and_workflow_one_line_each() -> None:
-    headers = {"ce_time": b"2026-11-27T12:00:00.000Z", "ce_id": b"r-1"}
+    headers: list[tuple[str, str | bytes | None]] = [
+        ("ce_time", b"2026-11-27T12:00:00.000Z"),
+        ("ce_id", b"admission-1"),
+    ]
 
-    keyed = _event_line(headers, b'{"dispatch_key": "k-1", "workflow_ref": "wf/a"}')
-    keyless = _event_line(headers, b'{"dispatch_key": null, "workflow_ref": "wf/b"}')
+    keyed = _event_line(headers, b'{"run_id": "r-1", "dispatch_key": "k-1", "workflow_ref": "wf/a"}')
+    keyless = _event_line(headers, b'{"run_id": "r-1", "dispatch_key": null, "workflow_ref": "wf/b"}')
+    bare = _event_line([], b'{"run_id": "r-1", "workflow_ref": "wf/b", "created_at": "2026-11-27T11:00:00.000Z"}')
 
-    assert keyed == "2026-11-27T12:00:00.000Z r-1 k-1 wf/a"
+    assert keyed == "2026-11-27T12:00:00.000Z r-1 k-1 wf/a"  # the run's id, whatever ce_id names
     assert keyless == "2026-11-27T12:00:00.000Z r-1 - wf/b"
+    assert bare == "2026-11-27T11:00:00.000Z r-1 - wf/b"  # no ce_time: the run's created_at
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        (None, "a tombstone: no value"),
+        (b"\xff\xfe", "its value is not JSON"),
+        (b"{", "its value is not JSON"),
+        (b"[" * 100_000, "its value is not JSON"),
+        (b"[1]", "not a run: no run_id and workflow_ref"),
+        (b'{"run_id": 7, "workflow_ref": "wf"}', "not a run: no run_id and workflow_ref"),
+        (b'{"run_id": "r-1"}', "not a run: no run_id and workflow_ref"),
+    ],
+    ids=["tombstone", "not-utf8", "not-json", "too-deep", "array", "run-id-not-text", "no-workflow"],
+)
+def test_a_record_that_is_no_event_says_why(value: bytes | None, why: str) -> None:
+    with pytest.raises(NotAnEvent, match=re.escape(why)):
+        _event_line([("ce_time", None), ("ce_id", b"\xff")], value)

@@ -11,7 +11,7 @@ import pytest
 from openapi_spec_validator import validate
 from openapi_spec_validator.readers import read_from_filename
 
-from poimen.contract import IDEMPOTENCY_KEY_PATTERN
+from poimen.contract import IDEMPOTENCY_KEY_HEADER_PATTERN
 from tests.conftest import REPO
 
 DOCUMENT = REPO / "infra" / "openapi.json"
@@ -61,7 +61,7 @@ def test_the_created_runs_location_and_the_replays_header_are_declared_and_requi
 def test_the_idempotency_key_header_has_its_syntax_and_its_400s(document: dict[str, Any]) -> None:
     create_run = document["paths"]["/v1/runs"]["post"]
     header = next(p for p in create_run["parameters"] if p["name"] == "idempotency-key")
-    assert header["schema"]["pattern"] == IDEMPOTENCY_KEY_PATTERN
+    assert header["schema"]["pattern"] == IDEMPOTENCY_KEY_HEADER_PATTERN
     assert "RFC 8941" in header["description"]
     for kind in ("idempotency-key-invalid", "idempotency-key-mismatch"):
         assert f"`{kind}`" in create_run["responses"]["400"]["description"]

@@ -29,7 +29,7 @@ from pydantic.json_schema import SkipJsonSchema
 from poimen.admission import Admission, Admitted, RunView
 from poimen.config import Settings
 from poimen.contract import (
-    IDEMPOTENCY_KEY_PATTERN,
+    IDEMPOTENCY_KEY_HEADER_PATTERN,
     DispatchKey,
     GatewayMessage,
     IdempotencyKeyMismatch,
@@ -243,12 +243,15 @@ IdempotencyKeyHeader = Annotated[
     str | SkipJsonSchema[None],
     Header(
         alias=IDEMPOTENCY_KEY_HEADER,
-        json_schema_extra={"pattern": IDEMPOTENCY_KEY_PATTERN},
         description=(
             'The dispatch_key as a header: an RFC 8941 string (`"k-1"`, with `\\"` and `\\\\` its only escapes) '
-            "or the key itself unquoted (`k-1`); 1-255 printable ASCII characters. With a dispatch_key in the "
-            "body too, both must name the same key. It need not be signed."
+            "or the key itself unquoted (`k-1`); 1-255 printable ASCII characters. Unquoted, it holds no comma: "
+            "API Gateway joins repeated header lines with commas, so `k-1,k-1` is one line sent twice, not a key; "
+            'quote a key with a comma (`"a,b"`) or send it as the body\'s dispatch_key. With a dispatch_key in '
+            "the body too, both must name the same key. It need not be signed."
         ),
+        # Documented, not enforced by the schema: a value outside it is answered idempotency-key-invalid.
+        json_schema_extra={"pattern": IDEMPOTENCY_KEY_HEADER_PATTERN},
     ),
 ]
 
@@ -258,8 +261,8 @@ _CREATE_RUN_BAD_REQUEST: OpenAPIResponse = {
         "`validation-error`: the body or a header breaks the schema; `errors` names each field. "
         "`malformed-json`: the body is not strict JSON. `run-not-storable`: DynamoDB refused the item. "
         "`idempotency-key-invalid`: the Idempotency-Key header is neither an RFC 8941 string nor a key of "
-        "1-255 printable ASCII characters. `idempotency-key-mismatch`: the Idempotency-Key header and the "
-        "body's dispatch_key name different keys. Nothing was written."
+        "1-255 printable ASCII characters without a comma. `idempotency-key-mismatch`: the Idempotency-Key "
+        "header and the body's dispatch_key name different keys. Nothing was written."
     ),
     "content": {PROBLEM_JSON: {"model": ValidationProblem}},
 }

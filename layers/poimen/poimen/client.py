@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import random
 import re
 import threading
@@ -63,26 +64,47 @@ SERVICE: Final = "execute-api"
 RUN_NOT_FOUND: Final = "urn:poimen:problem:run-not-found"
 DISPATCH_KEY_REUSED: Final = "urn:poimen:problem:dispatch-key-reused"
 OUTCOME_UNKNOWN: Final = "urn:poimen:problem:outcome-unknown"
-# Longer than the admission function's own 10 s timeout (template.yaml): a slow invocation ends in the
+STORE_UNAVAILABLE: Final = "urn:poimen:problem:store-unavailable"
+# Longer than the admission function's own 13 s timeout (template.yaml): a slow invocation ends in the
 # gateway's answer rather than in the client giving up first.
 DEFAULT_TIMEOUT_SECONDS: Final = 15.0
 DEFAULT_MAX_ATTEMPTS: Final = 5
 _EXECUTE_API_HOST = re.compile(r"[a-z0-9]+\.execute-api\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(\.cn)?")
 _TENANT = re.compile(TENANT_PATTERN)
+_DELAY_SECONDS = re.compile(r"[0-9]+")  # RFC 9110 delay-seconds: 1*DIGIT, and DIGIT is ASCII (RFC 5234)
 
 
 class AdmissionError(Exception):
     """Any failure of a call. `status` is the HTTP status (None: no answer, or refused before sending);
     `problem` the RFC 9457 problem the API answered (None for API Gateway's own `{"message": ...}`
-    refusals and for failures without an answer); `body` the answer's body as parsed JSON (or text)."""
+    refusals and for failures without an answer); `body` the answer's body as parsed JSON (or text).
+
+    `attempts`: the attempts the call made, the failing one included (0: refused before any). `dispatch_key`:
+    for a spawn, its key, yours or the one generated for the call (None for get and find).
+    `outcome_unknown`: some attempt may have reached the API and written, its answer lost or not telling
+    (a timeout, a dropped connection, a 5xx other than `store-unavailable`); False when every attempt
+    either never connected, was throttled (429), was answered `store-unavailable` (nothing written), or
+    was answered by this refusal itself. A spawn failing with an unknown outcome may have admitted a run
+    under `dispatch_key`: a spawn with the same key admits it at most once, `find(tenant,
+    error.dispatch_key)` says whether it did, and a spawn without it may admit a second run."""
 
     def __init__(
-        self, message: str, *, status: int | None = None, problem: Problem | None = None, body: Any = None
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        problem: Problem | None = None,
+        body: Any = None,
+        attempts: int = 0,
+        outcome_unknown: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.problem = problem
         self.body = body
+        self.attempts = attempts
+        self.outcome_unknown = outcome_unknown
+        self.dispatch_key: str | None = None
 
 
 class InvalidRequest(AdmissionError):
@@ -100,15 +122,16 @@ class NotFound(AdmissionError):
 class DispatchKeyReused(AdmissionError):
     """422: the dispatch_key already admitted `run_id`, for a different workflow_ref, input or goal_id."""
 
-    def __init__(self, message: str, *, run_id: str, status: int, problem: Problem | None, body: Any) -> None:
-        super().__init__(message, status=status, problem=problem, body=body)
+    def __init__(self, message: str, *, run_id: str, **answer: Any) -> None:
+        super().__init__(message, **answer)
         self.run_id = run_id
 
 
 class Unavailable(AdmissionError):
-    """No answer, or only 408, 429 and 5xx, after every attempt; or the only endpoint asked to wait longer
-    than `max_retry_after`. `retry_after` is what the last answer asked for, in seconds (None if nothing);
-    `endpoints` the endpoints the attempts went to, in the order first tried."""
+    """No answer, or only 408, 429 and 5xx, after every attempt; or every endpoint asked to wait longer than
+    `max_retry_after`. `retry_after` is how long, in seconds, the endpoint the next call goes to asked to
+    be left alone from now (None if it asked nothing, or that has passed); `endpoints` the endpoints the
+    attempts went to, in the order first tried."""
 
     def __init__(
         self,
@@ -120,9 +143,11 @@ class Unavailable(AdmissionError):
         status: int | None = None,
         problem: Problem | None = None,
         body: Any = None,
+        outcome_unknown: bool = False,
     ) -> None:
-        super().__init__(message, status=status, problem=problem, body=body)
-        self.attempts = attempts
+        super().__init__(
+            message, status=status, problem=problem, body=body, attempts=attempts, outcome_unknown=outcome_unknown
+        )
         self.endpoints = endpoints
         self.retry_after = retry_after
 
@@ -135,10 +160,9 @@ class OutcomeUnknown(Unavailable):
     `get(tenant, run_id)` or `find(tenant, dispatch_key)`, or spawn again with the same dispatch_key:
     never without it, which could admit a second run."""
 
-    def __init__(self, message: str, *, run_id: str, dispatch_key: str | None, attempts: int, **answer: Any) -> None:
-        super().__init__(message, attempts=attempts, **answer)
+    def __init__(self, message: str, *, run_id: str, attempts: int, **answer: Any) -> None:
+        super().__init__(message, attempts=attempts, outcome_unknown=True, **answer)
         self.run_id = run_id
-        self.dispatch_key = dispatch_key
 
 
 class UnexpectedAnswer(AdmissionError):
@@ -191,6 +215,7 @@ class _Answer:
     data: bytes
     attempts: int
     endpoint: RegionalEndpoint
+    reached_before: bool = False  # an earlier attempt of the call may have reached the API and written
 
 
 class AdmissionClient:
@@ -207,10 +232,12 @@ class AdmissionClient:
     errors, timeouts, 408, 429 and 5xx are retried up to `max_attempts` attempts in all, after a
     full-jitter exponential backoff (uniform in [0, min(backoff_cap, backoff_base * 2^n)]). Each of those
     failures also moves the client to the next endpoint (round robin), where the next attempt goes, and
-    every later call: it stays there until that one fails in turn. A `Retry-After` holds back a retry to
-    the endpoint that sent it; one asking for more than `max_retry_after` seconds ends the call with
-    Unavailable at once when there is no other endpoint to try. Other answers (4xx) are final, wherever
-    they come from. `sleep` and `rng` are there for tests. Safe to share between threads.
+    every later call: it stays there until that one fails in turn. A `Retry-After` holds back every
+    attempt to the endpoint that sent it, of this call and of later ones, until it has passed: the move
+    skips an endpoint held back longer than the backoff when another is ready by then, and waits for the
+    first to accept when none is; one that would wait more than `max_retry_after` seconds ends the call
+    with Unavailable at once. Other answers (4xx) are final, wherever they come from. `sleep`, `clock`
+    (monotonic seconds) and `rng` are there for tests. Safe to share between threads.
     """
 
     def __init__(
@@ -226,6 +253,7 @@ class AdmissionClient:
         max_retry_after: float = 60.0,
         http: urllib3.PoolManager | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
         given = [base_url] if isinstance(base_url, str | RegionalEndpoint) else list(base_url)
@@ -237,6 +265,8 @@ class AdmissionClient:
         session = functools.cache(botocore.session.get_session)
         self.endpoints: tuple[RegionalEndpoint, ...] = tuple(_endpoint(entry, region, session) for entry in given)
         self._current = 0  # the index of the endpoint calls go to; moved by _fail_over
+        # Per endpoint, the `clock` time before which its last Retry-After asked not to be called.
+        self._not_before = [-math.inf] * len(self.endpoints)
         self._moving = threading.Lock()
         if credentials is None:
             credentials = session().get_credentials()
@@ -250,6 +280,7 @@ class AdmissionClient:
         self._max_retry_after = max_retry_after
         self._http = http or urllib3.PoolManager(retries=False)
         self._sleep = sleep
+        self._clock = clock
         # Backoff jitter spreads retries; it is not security-relevant randomness.
         self._rng = rng or random.Random()  # noqa: S311
 
@@ -287,7 +318,8 @@ class AdmissionClient:
         """POST /v1/runs. Without `dispatch_key`, a key is generated for this call (see the module doc):
         however often it retries, it admits at most one run. Raises DispatchKeyReused, Forbidden,
         InvalidRequest, Unavailable (OutcomeUnknown if the last answer could not tell whether the run was
-        admitted: it names the run and the key), or another AdmissionError."""
+        admitted: it names the run), or another AdmissionError; each sent carries the key in `dispatch_key`,
+        which is the only way to retry a keyless spawn safely once its outcome is unknown."""
         generated = dispatch_key is None
         key = generated_dispatch_key() if dispatch_key is None else dispatch_key
         request: dict[str, Any] = {"workflow_ref": workflow_ref, "input": dict(input)}
@@ -300,15 +332,14 @@ class AdmissionClient:
             raise InvalidRequest(f"the spawn request cannot be sent as JSON: {error}") from error
         try:
             answer = self._call("POST", "/v1/runs", tenant, body=body)
-        except OutcomeUnknown as unknown:
-            unknown.dispatch_key = key
+            if answer.status not in (200, 201):
+                raise _refusal(answer)
+            run = _run(answer)
+        except AdmissionError as error:
+            error.dispatch_key = key  # the only way back to a run it may have admitted (a generated key)
             raise
-        if answer.status not in (200, 201):
-            raise _refusal(answer)
         replayed = answer.status == 200 and answer.headers.get(REPLAYED_HEADER, "").lower() == "true"
-        return Spawned(
-            _run(answer), replayed=replayed and not generated, attempts=answer.attempts, endpoint=answer.endpoint
-        )
+        return Spawned(run, replayed=replayed and not generated, attempts=answer.attempts, endpoint=answer.endpoint)
 
     def get(self, tenant: str, run_id: str) -> Run:
         """GET /v1/runs/{run_id}. Raises NotFound (no such run for this tenant), Forbidden, ..."""
@@ -343,9 +374,15 @@ class AdmissionClient:
             headers["Content-Type"] = "application/json"
         attempt = 0
         tried: list[RegionalEndpoint] = []
+        reached = False  # whether an attempt so far may have reached the API and written (see AdmissionError)
+        # An endpoint may still be holding back an earlier call's retries: the first attempt waits for it too.
+        index, hold = self._next_endpoint(None, self._clock(), 0.0)
+        if hold > self._max_retry_after:
+            raise _unavailable(self._held_back(index, hold), 0, (), hold, None)
+        if hold > 0:
+            self._sleep(hold)
         while True:
             attempt += 1
-            index = self._current
             endpoint = self.endpoints[index]
             if endpoint not in tried:
                 tried.append(endpoint)
@@ -353,42 +390,71 @@ class AdmissionClient:
             retry_after: float | None = None
             last: _Answer | None = None
             try:
+                signed = self._signed(method, url, headers, body, endpoint.region)
+            except AdmissionError as error:
+                error.attempts, error.outcome_unknown = attempt, reached
+                raise
+            try:
                 response = self._http.request(
                     method,
                     url,
                     body=body if method == "POST" else None,
-                    headers=self._signed(method, url, headers, body, endpoint.region),
+                    headers=signed,
                     timeout=self._timeout,
                     redirect=False,
                 )
             except urllib3.exceptions.HTTPError as error:  # refused, reset, dropped, timed out
                 failure = f"{type(error).__name__}: {error}"
+                # A connection never made carried nothing; anything later may have reached the API.
+                reached = reached or not isinstance(error, urllib3.exceptions.ConnectTimeoutError)
             else:
+                answer = _Answer(response.status, response.headers, response.data, attempt, endpoint, reached)
                 if response.status not in RETRYABLE_STATUSES:
-                    return _Answer(response.status, response.headers, response.data, attempt, endpoint)
-                last = _Answer(response.status, response.headers, response.data, attempt, endpoint)
+                    return answer
+                last = answer
                 failure = f"HTTP {response.status}"
                 retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
-            # A Retry-After speaks for the endpoint that sent it, not for another Region's.
-            same_endpoint = self._fail_over(index) == index
-            waited = retry_after if same_endpoint else None
-            if waited is not None and waited > self._max_retry_after:
-                message = f"the API at {endpoint} asks to retry after {waited:.0f} s"
-                raise _unavailable(message, attempt, tuple(tried), retry_after, last)
+                reached = reached or not _nothing_written(answer)
+            # A Retry-After speaks for the endpoint that sent it, not for another Region's: it holds back that
+            # endpoint only, however the rotation comes back to it.
+            now = self._clock()
+            backoff = self._backoff(attempt - 1)
+            index, hold = self._next_endpoint(index, now, backoff, retry_after)
+            held = hold if hold > 0 else None
+            if hold > self._max_retry_after:
+                raise _unavailable(self._held_back(index, hold), attempt, tuple(tried), held, last, reached)
             if attempt >= self._max_attempts:
                 tries = f"{attempt} attempt" + ("s" if attempt > 1 else "")
                 where = ", ".join(str(each) for each in tried)
                 message = f"unavailable after {tries} at {where}: {failure}"
-                raise _unavailable(message, attempt, tuple(tried), retry_after, last)
-            self._sleep(max(waited or 0.0, self._backoff(attempt - 1)))
+                raise _unavailable(message, attempt, tuple(tried), held, last, reached)
+            self._sleep(max(hold, backoff))
 
-    def _fail_over(self, failed: int) -> int:
-        """Moves the client past the endpoint at index `failed`, unless another thread already has; the index
-        of the endpoint the next attempt goes to (`failed` itself when it is the only one)."""
+    def _next_endpoint(
+        self, failed: int | None, now: float, backoff: float, retry_after: float | None = None
+    ) -> tuple[int, float]:
+        """Where the next attempt goes, and how long from `now` its endpoint holds it back (0: not at all).
+
+        After a failure of the endpoint at `failed` (its `retry_after`, if any, noted first), the client moves
+        past it, unless another thread already has: to the next endpoint in round-robin order that is not held
+        back beyond `backoff`, else to the one held back the shortest (`failed` itself when it is the only
+        one). With `failed` None (a call's first attempt) the client stays, unless its endpoint is held back
+        and another is not."""
         with self._moving:
-            if self._current == failed:
-                self._current = (failed + 1) % len(self.endpoints)
-            return self._current
+            if failed is not None and retry_after is not None:
+                self._not_before[failed] = now + retry_after
+            count = len(self.endpoints)
+            if failed is None or self._current == failed:
+                start = self._current if failed is None else failed + 1
+                rotation = [(start + step) % count for step in range(count)]
+                ready = [each for each in rotation if self._not_before[each] <= now + backoff]
+                self._current = ready[0] if ready else min(rotation, key=lambda each: self._not_before[each])
+            if self._current == failed and retry_after is not None:
+                return failed, max(0.0, retry_after)  # exactly as asked, not as the clock's floats give it back
+            return self._current, max(0.0, self._not_before[self._current] - now)
+
+    def _held_back(self, index: int, hold: float) -> str:
+        return f"the API at {self.endpoints[index]} asks to retry after {hold:.0f} s"
 
     def _backoff(self, retry: int) -> float:
         ceiling = min(self._backoff_cap, self._backoff_base * 2 ** min(retry, 30))
@@ -431,6 +497,8 @@ def _run(answer: _Answer) -> Run:
             f"HTTP {answer.status} carried no run: is the base URL the admission API?",
             status=answer.status,
             body=_json_or_text(answer.data),
+            attempts=answer.attempts,
+            outcome_unknown=True,  # a success of something: it may have admitted the run
         ) from error
 
 
@@ -442,7 +510,13 @@ def _refusal(answer: _Answer) -> AdmissionError:
     if answer.status == 422 and problem is not None and problem.type == DISPATCH_KEY_REUSED:
         run_id = str((problem.model_extra or {}).get("run_id", ""))
         return DispatchKeyReused(
-            f"{message} (run {run_id})", run_id=run_id, status=answer.status, problem=problem, body=body
+            f"{message} (run {run_id})",
+            run_id=run_id,
+            status=answer.status,
+            problem=problem,
+            body=body,
+            attempts=answer.attempts,
+            outcome_unknown=answer.reached_before,
         )
     kind: type[AdmissionError] = {
         400: InvalidRequest,
@@ -451,7 +525,23 @@ def _refusal(answer: _Answer) -> AdmissionError:
         403: Forbidden,
         404: NotFound,
     }.get(answer.status, UnexpectedAnswer)
-    return kind(message, status=answer.status, problem=problem, body=body)
+    return kind(
+        message,
+        status=answer.status,
+        problem=problem,
+        body=body,
+        attempts=answer.attempts,
+        outcome_unknown=answer.reached_before,
+    )
+
+
+def _nothing_written(answer: _Answer) -> bool:
+    """Whether a retryable answer says nothing was written: API Gateway's throttling (429, the function never
+    ran) or admission's 503 store-unavailable."""
+    if answer.status == 429:
+        return True
+    problem = _problem(_json_or_text(answer.data))
+    return answer.status == 503 and problem is not None and problem.type == STORE_UNAVAILABLE
 
 
 def _unavailable(
@@ -460,9 +550,12 @@ def _unavailable(
     endpoints: tuple[RegionalEndpoint, ...],
     retry_after: float | None,
     last: _Answer | None,
+    reached: bool = False,
 ) -> Unavailable:
     if last is None:
-        return Unavailable(message, attempts=attempts, endpoints=endpoints, retry_after=retry_after)
+        return Unavailable(
+            message, attempts=attempts, endpoints=endpoints, retry_after=retry_after, outcome_unknown=reached
+        )
     body = _json_or_text(last.data)
     problem = _problem(body)
     message = f"{message} ({_summary(problem, body)})"
@@ -473,12 +566,10 @@ def _unavailable(
         "problem": problem,
         "body": body,
     }
-    if problem is not None and problem.type == OUTCOME_UNKNOWN:
+    if problem is not None and problem.type == OUTCOME_UNKNOWN:  # OutcomeUnknown: outcome_unknown, always
         run_id = str((problem.model_extra or {}).get("run_id", ""))
-        return OutcomeUnknown(
-            f"{message} (run {run_id})", run_id=run_id, dispatch_key=None, attempts=attempts, **answer
-        )
-    return Unavailable(message, attempts=attempts, **answer)
+        return OutcomeUnknown(f"{message} (run {run_id})", run_id=run_id, attempts=attempts, **answer)
+    return Unavailable(message, attempts=attempts, outcome_unknown=reached, **answer)
 
 
 def _quoted(value: str, safe: str, name: str) -> str:
@@ -515,11 +606,12 @@ def _json_or_text(data: bytes) -> Any:
 
 def _retry_after_seconds(value: str | None, now: datetime | None = None) -> float | None:
     """Retry-After as delay-seconds or an HTTP-date (RFC 9110 10.2.3), in seconds from now; None if
-    absent or unreadable."""
+    absent or unreadable. delay-seconds is ASCII digits only: `str.isdigit` would take "²" (which float
+    refuses) or Arabic-Indic digits."""
     if not value:
         return None
     text = value.strip()
-    if text.isdigit():
+    if _DELAY_SECONDS.fullmatch(text):
         return float(text)
     try:
         when = parsedate_to_datetime(text)

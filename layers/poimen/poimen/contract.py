@@ -74,11 +74,20 @@ def idempotency_key(value: str) -> str:
 
     Quoted, the value is an RFC 8941 sf-string (section 3.3.3): printable ASCII between double quotes,
     `\\"` and `\\\\` its only escapes, nothing after the closing quote (no parameters). Unquoted, it is the
-    key itself, as most clients send it. Whitespace around it is not part of it (RFC 9110 OWS). The key
-    keeps the dispatch_key rules (1-255 characters, no control characters) and, being a header, is
-    printable ASCII: other keys go in the body, as header bytes beyond ASCII have no agreed encoding.
+    key itself, as most clients send it, without a comma: API Gateway (payload 2.0) and `poimen dev` join
+    repeated header lines with commas, so `k,k` is the line `k` sent twice (or `a,b` two keys), never a
+    key; a key with a comma must be quoted, or sent in the body. Whitespace around it is not part of it
+    (RFC 9110 OWS). The key keeps the dispatch_key rules (1-255 characters, no control characters) and,
+    being a header, is printable ASCII: other keys go in the body, as header bytes beyond ASCII have no
+    agreed encoding.
     """
     text = value.strip(" \t")
+    if "," in text and not text.startswith('"'):
+        raise InvalidIdempotencyKey(
+            f"{IDEMPOTENCY_KEY_HEADER} is unquoted and holds a comma: repeated header lines arrive joined with "
+            'commas, so it names no one key; send a key with a comma quoted ("a,b"), or as the body\'s '
+            "dispatch_key."
+        )
     if text.startswith('"'):
         string = _SF_STRING.fullmatch(text)
         if string is None:
@@ -116,12 +125,13 @@ _SF_STRING = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"')
 _SF_ESCAPE = re.compile(r'\\(["\\])')
 # A dispatch_key (DISPATCH_KEY_PATTERN) of printable ASCII only, which has no control characters.
 _HEADER_KEY = re.compile(r"[\x20-\x7e]{1,255}")
-# What idempotency_key accepts, as one pattern for the OpenAPI document (ECMA-262 and Python alike): optional
-# white space around an sf-string of 1-255 characters, or around a bare key that starts with no quote and
-# neither starts nor ends with a space. tests/unit/test_idempotency_key.py holds the two to the same answers.
-IDEMPOTENCY_KEY_PATTERN = (
+# What `idempotency_key` accepts, as one regular expression for the OpenAPI document (ECMA-262 and Python
+# read it alike; tests hold it to the function): optional whitespace around an RFC 8941 string of 1-255
+# characters, or a bare key of 1-255 printable ASCII characters that neither starts with a quote or a space
+# nor holds a comma, nor ends with a space.
+IDEMPOTENCY_KEY_HEADER_PATTERN = (
     r'^[ \t]*(?:"(?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\]){1,255}"'
-    r"|[\x21\x23-\x7e](?:[\x20-\x7e]{0,253}[\x21-\x7e])?)[ \t]*$"
+    r"|[\x21\x23-\x2b\x2d-\x7e](?:[\x20-\x2b\x2d-\x7e]{0,253}[\x21-\x2b\x2d-\x7e])?)[ \t]*$"
 )
 
 

@@ -30,6 +30,7 @@ from botocore.exceptions import (
     ClientError,
     ConnectionError,
     ConnectTimeoutError,
+    CredentialRetrievalError,
     EndpointConnectionError,
     HTTPClientError,
 )
@@ -38,6 +39,7 @@ from pynamodb.constants import STREAM_NEW_IMAGE
 from pynamodb.exceptions import DoesNotExist, PynamoDBException
 from pynamodb.models import Model
 
+from poimen.aws_session import bounded_session
 from poimen.config import Settings
 from poimen.errors import OutcomeUnknown, RunNotStorable, RunTooLarge, StoreUnavailable
 from poimen.retention import expires_at
@@ -72,6 +74,9 @@ _TRANSIENT_CODES = frozenset(
 _NOT_SENT = (EndpointConnectionError, ConnectTimeoutError)
 # Codes of DynamoDB's 5xx answers, for answers that carry no HTTP status.
 _UNKNOWN_OUTCOME_CODES = frozenset({"InternalServerError", "ServiceUnavailable"})
+# The credentials could not be fetched (the container endpoint did not answer in time, say): raised before
+# sending, and passing. None configured at all (NoCredentialsError) is left as it is: a misconfiguration.
+_NO_CREDENTIALS = CredentialRetrievalError
 
 
 class RunRecord(Model):
@@ -151,7 +156,9 @@ class _WriteAttempts(threading.local):
 
 
 class Store:
-    """Data access for one admission table. Build it once per process (see `poimen.api`)."""
+    """Data access for one admission table. Build it once per process (see `poimen.api`), in the thread
+    that uses it: its clients share one botocore session there (`poimen.aws_session`), so a first request
+    resolves the credentials once, within a bound, and loads the service model once."""
 
     def __init__(self, settings: Settings) -> None:
         self.table_name = settings.table_name
@@ -160,6 +167,11 @@ class Store:
         # One attempt per call, for telling a write's unknown outcome: with the grant read and the write's
         # own retries it must still end before the function's timeout.
         self._once = _bind(RunRecord, dataclasses.replace(settings, dynamodb_max_attempts=1))
+        session = bounded_session()
+        for model in (self.runs, self.grants, self._once):
+            # pynamodb makes a session per connection and thread when it first needs a client; this thread's
+            # is given instead (pynamodb keeps no other way to pass one).
+            model._get_connection().connection._local.session = session
         self._attempts = _WriteAttempts()
         self.run_retention_days = settings.run_retention_days
 
@@ -200,7 +212,8 @@ class Store:
         size = item_size(item)
         if size > MAX_ITEM_BYTES:
             raise RunTooLarge(size, MAX_ITEM_BYTES)
-        client = self.client
+        with _translated_errors():  # building the client resolves the credentials
+            client = self.client
         client.meta.events.register(
             "response-received.dynamodb.PutItem", self._note_attempt, unique_id="poimen.store.write-attempts"
         )
@@ -229,6 +242,10 @@ class Store:
             if self._attempts.unanswered or not isinstance(error, _NOT_SENT):
                 raise _unknown(record, f"{type(error).__name__}: {error}") from error
             raise StoreUnavailable(f"DynamoDB unreachable: {error}") from error
+        except _NO_CREDENTIALS as error:  # refreshing them before an attempt failed: that attempt was not sent
+            if self._attempts.unanswered:
+                raise _unknown(record, f"{type(error).__name__}: {error}") from error
+            raise StoreUnavailable(f"no credentials for DynamoDB: {error}") from error
         except Exception as error:
             if self._attempts.unanswered:
                 raise _unknown(record, f"{type(error).__name__}: {error}") from error
@@ -375,12 +392,16 @@ def _translated_errors() -> Iterator[None]:
         raise translated from error
     except (ConnectionError, HTTPClientError) as error:
         raise StoreUnavailable(f"DynamoDB unreachable: {error}") from error
+    except _NO_CREDENTIALS as error:
+        raise StoreUnavailable(f"no credentials for DynamoDB: {error}") from error
     except PynamoDBException as error:
         cause = error.cause
         if isinstance(cause, ClientError):
             raise _unavailable_or_original(cause) from error
         if isinstance(cause, ConnectionError | HTTPClientError):
             raise StoreUnavailable(f"DynamoDB unreachable: {cause}") from error
+        if isinstance(cause, _NO_CREDENTIALS):
+            raise StoreUnavailable(f"no credentials for DynamoDB: {cause}") from error
         raise
 
 

@@ -9,9 +9,10 @@ quota AWS enforces at deploy; docs/operations.md#how-many-tenants-a-stack-serves
 
 Cells (docs/operations.md#cells) are stacks of this template on one MSK cluster, each serving its own
 tenants: two cells serving one tenant would admit its spawns in two tables (twice), and their mappings would
-share the tenant's consumer group. `cells` reads every stack of the Region from CloudFormation and refuses,
-before anything changes, a tenant that a stack on the same cluster (its MskClusterArn) serves already, and
-a Cell that differs from the deployed stack's.
+share the tenant's consumer group. `cells` reads every stack of the Region from CloudFormation, and the change
+sets of those stacks not yet executed (`sam deploy` leaves one for its confirmation: it serves its tenants once
+confirmed), and refuses, before anything changes, a tenant that a stack on the same cluster (its MskClusterArn)
+serves already or will serve, and a Cell that differs from the deployed stack's.
 
 Run by the SAM CLI's interpreter (the Makefile's build and deploy need nothing else; it has boto3):
 
@@ -40,6 +41,10 @@ CELLS = "docs/operations.md#cells"
 CELL_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,15}")  # the template's Cell parameter
 # A stack in these states serves nothing: a failed creation rolled back, its mappings deleted.
 SERVES_NOTHING = {"ROLLBACK_COMPLETE", "DELETE_COMPLETE"}
+# A change set in these states may still be executed (or is being): its tenants are served once it is. A new
+# stack made by a change set is REVIEW_IN_PROGRESS, with no parameters of its own, until the change set runs.
+PENDING_CHANGE_SET = {"CREATE_PENDING", "CREATE_IN_PROGRESS", "CREATE_COMPLETE"}
+PENDING_EXECUTION = {"UNAVAILABLE", "AVAILABLE", "EXECUTE_IN_PROGRESS"}
 
 
 def max_tenants(peer_aliases: int) -> int:
@@ -69,39 +74,70 @@ def limit_refusal(tenants: list[str], peer_aliases: int) -> str | None:
 
 @dataclass(frozen=True)
 class DeployedCell:
-    """A stack of this template as CloudFormation describes it: its cell, cluster and tenants."""
+    """A stack of this template as CloudFormation describes it, or one of its change sets not yet executed: its
+    cell, cluster and tenants."""
 
     stack_name: str
     status: str
     cell: str
     msk_cluster_arn: str
     tenants: tuple[str, ...]
+    change_set: str = ""  # the change set's name; empty for the stack as deployed
 
     def __str__(self) -> str:
-        return f"{_cell_name(self.cell)} (stack {self.stack_name})"
+        pending = f", change set {self.change_set} not yet executed" if self.change_set else ""
+        return f"{_cell_name(self.cell)} (stack {self.stack_name}{pending})"
 
 
 def _cell_name(cell: str) -> str:
     return f"cell {cell}" if cell else "the unnamed cell"
 
 
+def _cell(stack: dict[str, Any], parameters: list[dict[str, str]], change_set: str = "") -> DeployedCell | None:
+    """The cell these parameters make of `stack`, or None if they are not this template's (Tenants and
+    MskClusterArn; stacks deployed before the Cell parameter existed are the unnamed cell)."""
+    given = {p["ParameterKey"]: p.get("ParameterValue", "") for p in parameters}
+    if "Tenants" not in given or "MskClusterArn" not in given:
+        return None
+    return DeployedCell(
+        stack_name=stack["StackName"],
+        status=stack["StackStatus"],
+        cell=given.get("Cell", ""),
+        msk_cluster_arn=given["MskClusterArn"],
+        tenants=tuple(t for t in given["Tenants"].split(",") if t),
+        change_set=change_set,
+    )
+
+
+def _pending_change_sets(cloudformation: Any, stack: dict[str, Any]) -> list[DeployedCell]:
+    """The cells `stack`'s change sets not yet executed would make of it."""
+    cells = []
+    for page in cloudformation.get_paginator("list_change_sets").paginate(StackName=stack["StackId"]):
+        for summary in page["Summaries"]:
+            if (
+                summary.get("StackId", stack["StackId"]) != stack["StackId"]  # moto lists every stack's
+                or summary["Status"] not in PENDING_CHANGE_SET
+                or summary["ExecutionStatus"] not in PENDING_EXECUTION
+            ):
+                continue
+            described = cloudformation.describe_change_set(ChangeSetName=summary["ChangeSetId"])
+            cell = _cell(stack, described.get("Parameters", []), summary["ChangeSetName"])
+            if cell is not None:
+                cells.append(cell)
+    return cells
+
+
 def deployed_cells(cloudformation: Any) -> list[DeployedCell]:
-    """Every stack in the client's Region that is a cell of this template: one with the parameters Tenants and
-    MskClusterArn (stacks deployed before the Cell parameter existed are the unnamed cell)."""
+    """Every stack in the client's Region that is a cell of this template, and every cell its change sets not
+    yet executed would make (a new stack's change set included: it has no parameters until it runs)."""
     cells = []
     for page in cloudformation.get_paginator("describe_stacks").paginate():
         for stack in page["Stacks"]:
-            given = {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
-            if "Tenants" in given and "MskClusterArn" in given:
-                cells.append(
-                    DeployedCell(
-                        stack_name=stack["StackName"],
-                        status=stack["StackStatus"],
-                        cell=given.get("Cell", ""),
-                        msk_cluster_arn=given["MskClusterArn"],
-                        tenants=tuple(t for t in given["Tenants"].split(",") if t),
-                    )
-                )
+            cell = _cell(stack, stack.get("Parameters", []))
+            if cell is not None:
+                cells.append(cell)
+            if cell is not None or stack["StackStatus"] == "REVIEW_IN_PROGRESS":
+                cells += _pending_change_sets(cloudformation, stack)
     return cells
 
 
@@ -134,9 +170,11 @@ def cell_refusal(
     if not taken:
         return None
     served = "; ".join(f"{_listed(shared)} served by {other}" for shared, other in taken)
+    pending = any(other.change_set for _, other in taken)
     return (
         f"{served} already, on this MSK cluster: a tenant in two cells would be admitted twice, once in each"
-        f" cell's table; remove it from TENANTS, or deploy that cell without it first ({CELLS})"
+        f" cell's table; remove it from TENANTS, or deploy that cell without it first"
+        f"{' (a change set not yet executed counts: execute or delete it first)' if pending else ''} ({CELLS})"
     )
 
 

@@ -151,3 +151,56 @@ def test_the_command_exits_2_with_one_line_on_stderr(cloudformation: Any, capsys
     assert refusal.count("\n") == 1
     assert accepted == 0
     assert capsys.readouterr().err == ""
+
+
+# --- what CloudFormation will serve, not only what it serves ---------------------------------------------
+
+
+def _change_set(client: Any, stack: str, tenants: str, cell: str, kind: str) -> None:
+    """A change set `sam deploy` leaves for its confirmation (confirm_changeset = true in the default config)."""
+    parameters = {"Tenants": tenants, "MskClusterArn": CLUSTER, "Cell": cell}
+    client.create_change_set(
+        StackName=stack,
+        ChangeSetName=f"samcli-deploy-{cell}",
+        ChangeSetType=kind,
+        TemplateBody=json.dumps(STAND_IN),
+        Parameters=[{"ParameterKey": key, "ParameterValue": value} for key, value in parameters.items()],
+    )
+
+
+def test_a_new_cell_waiting_for_its_change_set_to_be_confirmed_serves_its_tenants(cloudformation: Any) -> None:
+    # Given cell c1 created by a change set an operator has not confirmed yet (the stack is REVIEW_IN_PROGRESS,
+    # with no parameters of its own)
+    _change_set(cloudformation, "poimen-admission-dev-c1", "acme", "c1", "CREATE")
+
+    # When cell c2 would serve acme too
+    refusal = cell_refusal(deployed_cells(cloudformation), "poimen-admission-dev-c2", "c2", ["acme"], CLUSTER)
+
+    # Then it is refused: confirmed one after the other, both cells would serve acme
+    assert refusal is not None
+    assert refusal.startswith("acme served by cell c1 (stack poimen-admission-dev-c1, change set samcli-deploy-c1")
+
+
+def test_a_change_set_adding_a_tenant_to_a_deployed_cell_counts(cloudformation: Any) -> None:
+    # Given cell c1 serving acme, and its change set adding globex waiting for confirmation
+    _deploy(cloudformation, "poimen-admission-dev-c1", "acme", cell="c1")
+    _change_set(cloudformation, "poimen-admission-dev-c1", "acme,globex", "c1", "UPDATE")
+    deployed = deployed_cells(cloudformation)
+
+    # Then another cell may serve neither acme nor globex, and still delta
+    for tenant in ("acme", "globex"):
+        assert cell_refusal(deployed, "poimen-admission-dev-c2", "c2", [tenant], CLUSTER) is not None, tenant
+    assert cell_refusal(deployed, "poimen-admission-dev-c2", "c2", ["delta"], CLUSTER) is None
+    # and c1 itself may be deployed again with its tenants
+    assert cell_refusal(deployed, "poimen-admission-dev-c1", "c1", ["acme", "globex"], CLUSTER) is None
+
+
+def test_an_executed_change_set_counts_as_the_stack_it_made(cloudformation: Any) -> None:
+    _change_set(cloudformation, "poimen-admission-dev-c1", "acme", "c1", "CREATE")
+    cloudformation.execute_change_set(StackName="poimen-admission-dev-c1", ChangeSetName="samcli-deploy-c1")
+
+    deployed = deployed_cells(cloudformation)
+
+    assert [(cell.stack_name, cell.change_set, cell.tenants) for cell in deployed] == [
+        ("poimen-admission-dev-c1", "", ("acme",))
+    ]

@@ -41,6 +41,20 @@ CELLS = "docs/operations.md#cells"
 CELL_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,15}")  # the template's Cell parameter
 # A stack in these states serves nothing: a failed creation rolled back, its mappings deleted.
 SERVES_NOTHING = {"ROLLBACK_COMPLETE", "DELETE_COMPLETE"}
+# A stack in these states holds two sets of tenants until it settles: CloudFormation describes the update's new
+# parameters while the mappings of tenants it removes are still there (deleted in the cleanup, after it), and
+# back again if it rolls back; UPDATE_FAILED (rollback disabled) and UPDATE_ROLLBACK_FAILED keep some of each.
+UNSETTLED = {
+    "UPDATE_IN_PROGRESS",
+    "UPDATE_COMPLETE_CLEANUP_IN_PROGRESS",
+    "UPDATE_ROLLBACK_IN_PROGRESS",
+    "UPDATE_ROLLBACK_COMPLETE_CLEANUP_IN_PROGRESS",
+    "UPDATE_FAILED",
+    "UPDATE_ROLLBACK_FAILED",
+    "IMPORT_IN_PROGRESS",
+    "IMPORT_ROLLBACK_IN_PROGRESS",
+    "IMPORT_ROLLBACK_FAILED",
+}
 # A change set in these states may still be executed (or is being): its tenants are served once it is. A new
 # stack made by a change set is REVIEW_IN_PROGRESS, with no parameters of its own, until the change set runs.
 PENDING_CHANGE_SET = {"CREATE_PENDING", "CREATE_IN_PROGRESS", "CREATE_COMPLETE"}
@@ -158,14 +172,21 @@ def cell_refusal(
                 f"stack {stack_name} is {_cell_name(other.cell)}, not {_cell_name(cell)}: a stack's cell"
                 " never changes (its layers and its multi-Region table are named after it); a new cell is a new stack"
             )
+    neighbours = [
+        other for other in deployed if other.stack_name != stack_name and other.msk_cluster_arn == msk_cluster_arn
+    ]
+    for other in neighbours:
+        if other.status in UNSETTLED and not other.change_set:
+            return (
+                f"{other} is {other.status}: until it settles, the tenants it serves are not known (it may still"
+                " serve those its update removes, or again those of before if it rolls back); deploy when it is"
+                f" complete or rolled back (a failed one: continue its rollback, or update it, first) ({CELLS})"
+            )
     wanted = set(tenants)
     taken = [
         (sorted(wanted & set(other.tenants)), other)
-        for other in deployed
-        if other.stack_name != stack_name
-        and other.status not in SERVES_NOTHING
-        and other.msk_cluster_arn == msk_cluster_arn
-        and wanted & set(other.tenants)
+        for other in neighbours
+        if other.status not in SERVES_NOTHING and wanted & set(other.tenants)
     ]
     if not taken:
         return None

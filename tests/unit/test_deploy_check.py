@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import boto3
+import botocore.session
 import pytest
 from moto import mock_aws
 
@@ -204,3 +205,35 @@ def test_an_executed_change_set_counts_as_the_stack_it_made(cloudformation: Any)
     assert [(cell.stack_name, cell.change_set, cell.tenants) for cell in deployed] == [
         ("poimen-admission-dev-c1", "", ("acme",))
     ]
+
+
+# Every status CloudFormation describes a stack with (botocore's model of the API), and those in which a stack
+# holds two sets of tenants: an update or an import not yet complete.
+STACK_STATUSES: list[str] = (
+    botocore.session.get_session().get_service_model("cloudformation").shape_for("StackStatus").enum  # type: ignore[attr-defined]
+)
+UNSETTLED = [s for s in STACK_STATUSES if s.startswith(("UPDATE_", "IMPORT_")) and not s.endswith("_COMPLETE")]
+
+
+@pytest.mark.parametrize("status", UNSETTLED)
+def test_a_cell_whose_update_has_not_settled_holds_every_other_cell_back(status: str) -> None:
+    # Given cell c1 in the middle of an update that removes acme: CloudFormation describes the new parameters,
+    # while acme's mapping is still there until the cleanup, and is there again if the update rolls back
+    deployed = [DeployedCell("poimen-admission-dev-c1", status, "c1", CLUSTER, ("globex",))]
+
+    # When cell c2 would take acme over
+    refusal = cell_refusal(deployed, "poimen-admission-dev-c2", "c2", ["acme"], CLUSTER)
+
+    # Then it waits for c1 to settle, whatever the tenants c1 is described with
+    assert refusal is not None
+    assert refusal.startswith(f"cell c1 (stack poimen-admission-dev-c1) is {status}")
+    assert "\n" not in refusal
+    # A stack on another cluster shares no topic nor group with this one: it holds nothing back.
+    assert cell_refusal(deployed, "poimen-admission-dev-c2", "c2", ["acme"], OTHER_CLUSTER) is None
+
+
+@pytest.mark.parametrize("status", [status for status in STACK_STATUSES if status not in UNSETTLED])
+def test_a_cell_with_one_set_of_tenants_holds_back_only_those(status: str) -> None:
+    deployed = [DeployedCell("poimen-admission-dev-c1", status, "c1", CLUSTER, ("globex",))]
+
+    assert cell_refusal(deployed, "poimen-admission-dev-c2", "c2", ["acme"], CLUSTER) is None

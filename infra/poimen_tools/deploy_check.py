@@ -1,5 +1,5 @@
 """What `make build` and `make deploy` refuse before SAM runs: more tenants than one stack holds, and (deploy)
-a tenant another cell already serves on the same MSK cluster.
+a tenant another cell already serves on the same MSK cluster or in the same Stage.
 
 One stack serves at most MAX_EVENT_SOURCE_MAPPINGS MSK event source mappings (one per tenant and dispatch
 topic: the tenant's own, and one per peer cluster alias) and a `Tenants` list of at most
@@ -12,13 +12,16 @@ tenants: two cells serving one tenant would admit its spawns in two tables (twic
 share the tenant's consumer group. `cells` reads every stack of the Region from CloudFormation, and the change
 sets of those stacks not yet executed (`sam deploy` leaves one for its confirmation: it serves its tenants once
 confirmed), and refuses, before anything changes, a tenant that a stack on the same cluster (its MskClusterArn)
-serves already or will serve, and a Cell that differs from the deployed stack's.
+serves already or will serve, and a Cell that differs from the deployed stack's. So does another cell of the
+same Stage on another cluster (its records may be replicated to this one and relayed here from
+<alias>.poimen.<tenant>.dispatch, or its callers fail over to this one), and in multi-Region mode another cell
+of the Stage in a peer Region (read there); the same cell's stack in a peer Region is its own (one table).
 
 Run by the SAM CLI's interpreter (the Makefile's build and deploy need nothing else; it has boto3):
 
     .venv-sam/bin/python infra/poimen_tools/deploy_check.py --prog "make build" limits --tenants a,b --peer-aliases 2
     .venv-sam/bin/python infra/poimen_tools/deploy_check.py --prog "make deploy" cells --stack-name S --cell C \
-        --tenants a,b --msk-cluster-arn arn:aws:kafka:...
+        --tenants a,b --msk-cluster-arn arn:aws:kafka:... --stage dev --peer-regions us-east-2,us-west-2
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ MAX_EVENT_SOURCE_MAPPINGS = 400
 # the other variables take at most about 600 bytes (the quota test renders them at their longest).
 MAX_TENANT_CHARACTERS = 3000
 CELLS = "docs/operations.md#cells"
+DEFAULT_STAGE = "dev"  # the template's Stage when none is given, as CloudFormation then describes the stack
 CELL_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,15}")  # the template's Cell parameter
 # A stack in these states serves nothing: a failed creation rolled back, its mappings deleted.
 SERVES_NOTHING = {"ROLLBACK_COMPLETE", "DELETE_COMPLETE"}
@@ -97,17 +101,22 @@ class DeployedCell:
     msk_cluster_arn: str
     tenants: tuple[str, ...]
     change_set: str = ""  # the change set's name; empty for the stack as deployed
+    stage: str = DEFAULT_STAGE
+    region: str = ""  # a peer Region's name; empty for the Region being deployed
 
     def __str__(self) -> str:
+        where = f" in {self.region}" if self.region else ""
         pending = f", change set {self.change_set} not yet executed" if self.change_set else ""
-        return f"{_cell_name(self.cell)} (stack {self.stack_name}{pending})"
+        return f"{_cell_name(self.cell)} (stack {self.stack_name}{where}{pending})"
 
 
 def _cell_name(cell: str) -> str:
     return f"cell {cell}" if cell else "the unnamed cell"
 
 
-def _cell(stack: dict[str, Any], parameters: list[dict[str, str]], change_set: str = "") -> DeployedCell | None:
+def _cell(
+    stack: dict[str, Any], parameters: list[dict[str, str]], region: str, change_set: str = ""
+) -> DeployedCell | None:
     """The cell these parameters make of `stack`, or None if they are not this template's (Tenants and
     MskClusterArn; stacks deployed before the Cell parameter existed are the unnamed cell)."""
     given = {p["ParameterKey"]: p.get("ParameterValue", "") for p in parameters}
@@ -120,10 +129,12 @@ def _cell(stack: dict[str, Any], parameters: list[dict[str, str]], change_set: s
         msk_cluster_arn=given["MskClusterArn"],
         tenants=tuple(t for t in given["Tenants"].split(",") if t),
         change_set=change_set,
+        stage=given.get("Stage", DEFAULT_STAGE),
+        region=region,
     )
 
 
-def _pending_change_sets(cloudformation: Any, stack: dict[str, Any]) -> list[DeployedCell]:
+def _pending_change_sets(cloudformation: Any, stack: dict[str, Any], region: str) -> list[DeployedCell]:
     """The cells `stack`'s change sets not yet executed would make of it."""
     cells = []
     for page in cloudformation.get_paginator("list_change_sets").paginate(StackName=stack["StackId"]):
@@ -135,23 +146,24 @@ def _pending_change_sets(cloudformation: Any, stack: dict[str, Any]) -> list[Dep
             ):
                 continue
             described = cloudformation.describe_change_set(ChangeSetName=summary["ChangeSetId"])
-            cell = _cell(stack, described.get("Parameters", []), summary["ChangeSetName"])
+            cell = _cell(stack, described.get("Parameters", []), region, summary["ChangeSetName"])
             if cell is not None:
                 cells.append(cell)
     return cells
 
 
-def deployed_cells(cloudformation: Any) -> list[DeployedCell]:
+def deployed_cells(cloudformation: Any, region: str = "") -> list[DeployedCell]:
     """Every stack in the client's Region that is a cell of this template, and every cell its change sets not
-    yet executed would make (a new stack's change set included: it has no parameters until it runs)."""
+    yet executed would make (a new stack's change set included: it has no parameters until it runs). `region`
+    names a peer Region's client; empty for the Region being deployed."""
     cells = []
     for page in cloudformation.get_paginator("describe_stacks").paginate():
         for stack in page["Stacks"]:
-            cell = _cell(stack, stack.get("Parameters", []))
+            cell = _cell(stack, stack.get("Parameters", []), region)
             if cell is not None:
                 cells.append(cell)
             if cell is not None or stack["StackStatus"] == "REVIEW_IN_PROGRESS":
-                cells += _pending_change_sets(cloudformation, stack)
+                cells += _pending_change_sets(cloudformation, stack, region)
     return cells
 
 
@@ -160,21 +172,35 @@ def _listed(tenants: list[str]) -> str:
     return shown if len(tenants) <= 5 else f"{shown} and {len(tenants) - 5} more"
 
 
+def _shares_tenants(other: DeployedCell, stack_name: str, cell: str, msk_cluster_arn: str, stage: str) -> bool:
+    """Whether `other` and the stack being deployed must not serve one tenant: the same cluster's topics and
+    consumer groups, or two tables of one Stage. The same cell in a peer Region is that cell's (its table)."""
+    if other.region == "" and other.stack_name == stack_name:
+        return False
+    if other.msk_cluster_arn == msk_cluster_arn:
+        return True
+    return other.stage == stage and (other.region == "" or other.cell != cell)
+
+
 def cell_refusal(
-    deployed: list[DeployedCell], stack_name: str, cell: str, tenants: list[str], msk_cluster_arn: str
+    deployed: list[DeployedCell],
+    stack_name: str,
+    cell: str,
+    tenants: list[str],
+    msk_cluster_arn: str,
+    stage: str = DEFAULT_STAGE,
 ) -> str | None:
-    """Why `stack_name` may not be deployed as `cell` serving `tenants` on that cluster (one line), or None."""
+    """Why `stack_name` may not be deployed as `cell` of `stage` serving `tenants` on that cluster (one line), or
+    None."""
     if cell and not CELL_PATTERN.fullmatch(cell):
         return f"CELL {cell!r} is not 1-16 of a-z, 0-9 and '-' starting with a letter or digit (the template's Cell)"
     for other in deployed:
-        if other.stack_name == stack_name and other.cell != cell:
+        if other.region == "" and other.stack_name == stack_name and other.cell != cell:
             return (
                 f"stack {stack_name} is {_cell_name(other.cell)}, not {_cell_name(cell)}: a stack's cell"
                 " never changes (its layers and its multi-Region table are named after it); a new cell is a new stack"
             )
-    neighbours = [
-        other for other in deployed if other.stack_name != stack_name and other.msk_cluster_arn == msk_cluster_arn
-    ]
+    neighbours = [other for other in deployed if _shares_tenants(other, stack_name, cell, msk_cluster_arn, stage)]
     for other in neighbours:
         if other.status in UNSETTLED and not other.change_set:
             return (
@@ -192,9 +218,11 @@ def cell_refusal(
         return None
     served = "; ".join(f"{_listed(shared)} served by {other}" for shared, other in taken)
     pending = any(other.change_set for _, other in taken)
+    scopes = ["on this MSK cluster" if o.msk_cluster_arn == msk_cluster_arn else f"in Stage {stage}" for _, o in taken]
+    scope = " or ".join(dict.fromkeys(scopes))
     return (
-        f"{served} already, on this MSK cluster: a tenant in two cells would be admitted twice, once in each"
-        f" cell's table; remove it from TENANTS, or deploy that cell without it first"
+        f"{served} already, {scope}: a tenant in two cells would be admitted twice, once in each cell's table;"
+        " remove it from TENANTS, or deploy that cell without it first"
         f"{' (a change set not yet executed counts: execute or delete it first)' if pending else ''} ({CELLS})"
     )
 
@@ -206,25 +234,34 @@ def main(arguments: list[str]) -> int:
     limits = commands.add_parser("limits", help="refuse more tenants than one stack serves")
     limits.add_argument("--tenants", required=True, help="the comma-separated tenant ids (TENANTS)")
     limits.add_argument("--peer-aliases", type=int, default=0, help="how many peer cluster aliases are given")
-    cells = commands.add_parser("cells", help="refuse a tenant another cell on the same MSK cluster serves")
+    cells = commands.add_parser("cells", help="refuse a tenant another cell on the cluster or of the Stage serves")
     cells.add_argument("--stack-name", required=True, help="the stack being deployed")
     cells.add_argument("--cell", default="", help="its cell (CELL; empty: the unnamed cell)")
     cells.add_argument("--tenants", required=True, help="the comma-separated tenant ids (TENANTS)")
     cells.add_argument("--msk-cluster-arn", required=True, help="the stack's MSK cluster (MSK_CLUSTER_ARN)")
+    cells.add_argument("--stage", required=True, help="the stack's Stage (samconfig.toml's parameter overrides)")
+    cells.add_argument(
+        "--peer-regions", default="", help="multi-Region mode: the comma-separated peer Regions, whose cells count too"
+    )
     options = parser.parse_args(arguments)
     tenants = [t for t in options.tenants.split(",") if t]
     if options.command == "limits":
         refusal = limit_refusal(tenants, options.peer_aliases)
     else:
+        peers = dict.fromkeys(region for region in options.peer_regions.split(",") if region)
         try:
             deployed = deployed_cells(boto3.client("cloudformation"))
+            for region in peers:
+                deployed += deployed_cells(boto3.client("cloudformation", region_name=region), region)
         except (BotoCoreError, ClientError) as error:
             print(
                 f"{options.prog}: could not read the deployed cells from CloudFormation ({error}): nothing deployed",
                 file=sys.stderr,
             )
             return 3
-        refusal = cell_refusal(deployed, options.stack_name, options.cell, tenants, options.msk_cluster_arn)
+        refusal = cell_refusal(
+            deployed, options.stack_name, options.cell, tenants, options.msk_cluster_arn, options.stage
+        )
     if refusal is not None:
         print(f"{options.prog}: {refusal}", file=sys.stderr)
         return 2

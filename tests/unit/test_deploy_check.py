@@ -17,6 +17,7 @@ from poimen_tools.deploy_check import DeployedCell, cell_refusal, deployed_cells
 
 CLUSTER = "arn:aws:kafka:us-east-1:111122223333:cluster/poimen/5f0c3a1e-8d2b-4c6a-9e1f-2b7d4c8a6e30-2"
 OTHER_CLUSTER = "arn:aws:kafka:us-east-1:111122223333:cluster/other/00000000-0000-0000-0000-000000000000-1"
+EAST2_CLUSTER = "arn:aws:kafka:us-east-2:111122223333:cluster/poimen/0c1d2e3f-8d2b-4c6a-9e1f-2b7d4c8a6e30-1"
 # A stand-in for template.yaml (moto cannot run its transforms) with the parameters the check reads. Tenants
 # is a String here: moto describes a CommaDelimitedList's value as a Python list's repr, where CloudFormation
 # gives back the comma-separated text it was given, as it does for a String.
@@ -83,8 +84,50 @@ def test_disjoint_tenants_or_another_cluster_are_accepted(cloudformation: Any) -
     deployed = deployed_cells(cloudformation)
 
     assert cell_refusal(deployed, "poimen-admission-dev-c2", "c2", ["delta"], CLUSTER) is None
-    # Another cluster's stack consumes other topics and groups: the same tenant id there is another deployment.
-    assert cell_refusal(deployed, "poimen-admission-dev-c2", "c2", ["acme"], OTHER_CLUSTER) is None
+    # Another cluster's stack of another Stage consumes other topics and groups into another deployment's table.
+    assert cell_refusal(deployed, "poimen-admission-prod-c2", "c2", ["acme"], OTHER_CLUSTER, stage="prod") is None
+
+
+def test_a_tenant_another_cell_of_the_stage_serves_on_another_cluster_is_refused(cloudformation: Any) -> None:
+    # Given cell c1 of Stage dev serving acme on another cluster (whose dispatch topics may be replicated to this
+    # one and consumed here as <alias>.poimen.acme.dispatch, or published to by the same callers)
+    _deploy(cloudformation, "poimen-admission-dev-c1", "acme", cluster=OTHER_CLUSTER, cell="c1")
+
+    # When cell c2 of Stage dev would serve acme on this cluster
+    refusal = cell_refusal(deployed_cells(cloudformation), "poimen-admission-dev-c2", "c2", ["acme"], CLUSTER)
+
+    # Then it is refused: two tables of one Stage would admit acme's keys
+    assert refusal is not None
+    assert refusal.startswith("acme served by cell c1 (stack poimen-admission-dev-c1) already, in Stage dev:")
+
+
+def test_in_multi_region_mode_the_peer_regions_cells_count(cloudformation: Any) -> None:
+    # Given cell c1 of Stage dev serving acme in us-east-2, one of this deployment's peer Regions
+    east2 = boto3.client("cloudformation", region_name="us-east-2")
+    _deploy(east2, "poimen-admission-dev-c1", "acme", cluster=EAST2_CLUSTER, cell="c1")
+    deployed = deployed_cells(cloudformation) + deployed_cells(east2, region="us-east-2")
+
+    # When cell c2 would serve acme here, its failover Region's callers admitting into c1's table
+    refusal = cell_refusal(deployed, "poimen-admission-dev-c2", "c2", ["acme"], CLUSTER)
+
+    # Then it is refused, naming where; and c1's own stack here may serve acme (one table in every Region)
+    assert refusal is not None
+    assert refusal.startswith(
+        "acme served by cell c1 (stack poimen-admission-dev-c1 in us-east-2) already, in Stage dev"
+    )
+    assert cell_refusal(deployed, "poimen-admission-dev-c1", "c1", ["acme"], CLUSTER) is None
+
+
+def test_the_command_reads_the_peer_regions(cloudformation: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    _deploy(boto3.client("cloudformation", region_name="us-east-2"), "poimen-admission-dev-c1", "acme", cell="c1")
+    arguments = ["cells", "--stack-name", "poimen-admission-dev-c2", "--cell", "c2", "--tenants", "acme"]
+    arguments += ["--msk-cluster-arn", CLUSTER, "--stage", "dev"]
+
+    alone = main([*arguments, "--peer-regions", ","])
+    with_peers = main([*arguments, "--peer-regions", "us-east-2,us-west-2"])
+
+    assert (alone, with_peers) == (0, 2)
+    assert "(stack poimen-admission-dev-c1 in us-east-2)" in capsys.readouterr().err
 
 
 def test_a_cell_redeployed_with_its_own_tenants_is_accepted(cloudformation: Any) -> None:
@@ -142,6 +185,7 @@ def test_a_cell_the_template_would_refuse_is_refused_first(cell: str) -> None:
 def test_the_command_exits_2_with_one_line_on_stderr(cloudformation: Any, capsys: pytest.CaptureFixture[str]) -> None:
     _deploy(cloudformation, "poimen-admission-dev-c1", "acme", cell="c1")
     arguments = ["--prog", "make deploy", "cells", "--stack-name", "poimen-admission-dev-c2", "--cell", "c2"]
+    arguments += ["--stage", "dev"]
 
     refused = main([*arguments, "--tenants", "acme", "--msk-cluster-arn", CLUSTER])
     refusal = capsys.readouterr().err
@@ -228,8 +272,8 @@ def test_a_cell_whose_update_has_not_settled_holds_every_other_cell_back(status:
     assert refusal is not None
     assert refusal.startswith(f"cell c1 (stack poimen-admission-dev-c1) is {status}")
     assert "\n" not in refusal
-    # A stack on another cluster shares no topic nor group with this one: it holds nothing back.
-    assert cell_refusal(deployed, "poimen-admission-dev-c2", "c2", ["acme"], OTHER_CLUSTER) is None
+    # A stack on another cluster of another Stage shares no topic, group nor table with this one.
+    assert cell_refusal(deployed, "poimen-admission-prod-c2", "c2", ["acme"], OTHER_CLUSTER, stage="prod") is None
 
 
 @pytest.mark.parametrize("status", [status for status in STACK_STATUSES if status not in UNSETTLED])

@@ -222,7 +222,8 @@ deploy: build
 		*) echo "make deploy: TABLE_MODE is single, global-home or global-replica, not '$(TABLE_MODE)'" >&2; exit 1 ;; \
 	esac
 	$(DEPLOY_CHECK) cells --stack-name "$(STACK_NAME)" --cell "$(CELL)" --tenants "$(TENANTS)" \
-		--msk-cluster-arn "$(MSK_CLUSTER_ARN)" --stage "$(STAGE)" --peer-regions "$(PEER_REGION_1),$(PEER_REGION_2)"
+		--msk-cluster-arn "$(MSK_CLUSTER_ARN)" --stage "$(STAGE)" --peer-regions "$(PEER_REGION_1),$(PEER_REGION_2)" \
+		--peer-cluster-aliases "$(PEER_CLUSTER_ALIAS_1),$(PEER_CLUSTER_ALIAS_2)"
 	SAM_CLI_TELEMETRY=0 $(SAM) deploy --config-env $(CONFIG_ENV) --stack-name $(STACK_NAME) --parameter-overrides $(STAGE_PARAMETERS) \
 		"MskClusterArn=$(MSK_CLUSTER_ARN)" "Tenants=$(TENANTS)" \
 		"KafkaBootstrapServers=$(KAFKA_BOOTSTRAP_SERVERS)" "OutboxSubnetIds=$(OUTBOX_SUBNET_IDS)" \

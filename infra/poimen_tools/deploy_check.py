@@ -103,6 +103,7 @@ class DeployedCell:
     change_set: str = ""  # the change set's name; empty for the stack as deployed
     stage: str = DEFAULT_STAGE
     region: str = ""  # a peer Region's name; empty for the Region being deployed
+    peer_cluster_aliases: tuple[str, str] = ("", "")  # PeerClusterAlias1, PeerClusterAlias2
 
     def __str__(self) -> str:
         where = f" in {self.region}" if self.region else ""
@@ -131,6 +132,7 @@ def _cell(
         change_set=change_set,
         stage=given.get("Stage", DEFAULT_STAGE),
         region=region,
+        peer_cluster_aliases=(given.get("PeerClusterAlias1", ""), given.get("PeerClusterAlias2", "")),
     )
 
 
@@ -170,6 +172,22 @@ def deployed_cells(cloudformation: Any, region: str = "") -> list[DeployedCell]:
 def _listed(tenants: list[str]) -> str:
     shown = ", ".join(tenants[:5])
     return shown if len(tenants) <= 5 else f"{shown} and {len(tenants) - 5} more"
+
+
+def kept_aliases_refusal(
+    deployed: list[DeployedCell], stack_name: str, tenants: list[str], given: tuple[str, str]
+) -> str | None:
+    """limit_refusal for the peer cluster aliases the stack will have: those given, and those of the deployed
+    stack that are not (sam deploy passes UsePreviousValue for a parameter it is not given, so an alias stays
+    and its mappings with it, while make build counted only the aliases given)."""
+    stack = [c for c in deployed if c.region == "" and c.stack_name == stack_name and not c.change_set]
+    previous = stack[0].peer_cluster_aliases if stack else ("", "")
+    kept = [(n, old) for n, (new, old) in enumerate(zip(given, previous, strict=True), 1) if old and not new]
+    refusal = limit_refusal(tenants, sum(bool(new or old) for new, old in zip(given, previous, strict=True)))
+    if refusal is None or not kept:
+        return refusal
+    names = " and ".join(f"PeerClusterAlias{n} ({alias})" for n, alias in kept)
+    return f"{refusal}; {names} kept from the deployed stack, as sam deploy keeps a parameter it is not given"
 
 
 def _shares_tenants(other: DeployedCell, stack_name: str, cell: str, msk_cluster_arn: str, stage: str) -> bool:
@@ -241,6 +259,11 @@ def main(arguments: list[str]) -> int:
     cells.add_argument("--msk-cluster-arn", required=True, help="the stack's MSK cluster (MSK_CLUSTER_ARN)")
     cells.add_argument("--stage", required=True, help="the stack's Stage (samconfig.toml's parameter overrides)")
     cells.add_argument(
+        "--peer-cluster-aliases",
+        default=",",
+        help="PEER_CLUSTER_ALIAS_1,PEER_CLUSTER_ALIAS_2 as given (an empty one: the deployed stack's stays)",
+    )
+    cells.add_argument(
         "--peer-regions", default="", help="multi-Region mode: the comma-separated peer Regions, whose cells count too"
     )
     options = parser.parse_args(arguments)
@@ -259,7 +282,8 @@ def main(arguments: list[str]) -> int:
                 file=sys.stderr,
             )
             return 3
-        refusal = cell_refusal(
+        first, _, second = options.peer_cluster_aliases.partition(",")
+        refusal = kept_aliases_refusal(deployed, options.stack_name, tenants, (first, second)) or cell_refusal(
             deployed, options.stack_name, options.cell, tenants, options.msk_cluster_arn, options.stage
         )
     if refusal is not None:

@@ -312,7 +312,7 @@ def test_deploy_command_hands_sam_the_stages_the_accounts_and_the_cells_paramete
     stack = f"poimen-admission-staging{f'-{cell}' if cell else ''}"
     assert f'--stack-name "{stack}" --cell "{cell}" --tenants "{variables["TENANTS"]}"' in lines[check]
     # The Stage's other cells count on any cluster, and (multi-Region mode, none here) in the peer Regions.
-    assert lines[check].endswith('--stage "staging" --peer-regions ","')
+    assert " ".join(lines[check].split()).endswith('--stage "staging" --peer-regions "," --peer-cluster-aliases ","')
     deploy_line = lines[deploy]
     assert f"--config-env {variables['CONFIG_ENV']} --stack-name {stack}" in deploy_line
     assert "--parameter-overrides Stage=staging TableDeletionProtection=true LogRetentionDays=30" in deploy_line

@@ -13,7 +13,7 @@ import botocore.session
 import pytest
 from moto import mock_aws
 
-from poimen_tools.deploy_check import DeployedCell, cell_refusal, deployed_cells, main
+from poimen_tools.deploy_check import DeployedCell, cell_refusal, deployed_cells, main, max_tenants
 
 CLUSTER = "arn:aws:kafka:us-east-1:111122223333:cluster/poimen/5f0c3a1e-8d2b-4c6a-9e1f-2b7d4c8a6e30-2"
 OTHER_CLUSTER = "arn:aws:kafka:us-east-1:111122223333:cluster/other/00000000-0000-0000-0000-000000000000-1"
@@ -26,6 +26,8 @@ STAND_IN = {
         "Tenants": {"Type": "String"},
         "MskClusterArn": {"Type": "String"},
         "Cell": {"Type": "String", "Default": ""},
+        "PeerClusterAlias1": {"Type": "String", "Default": ""},
+        "PeerClusterAlias2": {"Type": "String", "Default": ""},
     },
     "Resources": {"Queue": {"Type": "AWS::SQS::Queue"}},
 }
@@ -41,8 +43,10 @@ def cloudformation() -> Iterator[Any]:
         yield boto3.client("cloudformation", region_name="us-east-1")
 
 
-def _deploy(client: Any, stack: str, tenants: str, cluster: str = CLUSTER, cell: str | None = None) -> None:
-    parameters = {"Tenants": tenants, "MskClusterArn": cluster, **({"Cell": cell} if cell is not None else {})}
+def _deploy(
+    client: Any, stack: str, tenants: str, cluster: str = CLUSTER, cell: str | None = None, **more: str
+) -> None:
+    parameters = {"Tenants": tenants, "MskClusterArn": cluster, **({"Cell": cell} if cell is not None else {}), **more}
     client.create_stack(
         StackName=stack,
         TemplateBody=json.dumps(STAND_IN if cell is not None else BEFORE_CELLS),
@@ -281,3 +285,24 @@ def test_a_cell_with_one_set_of_tenants_holds_back_only_those(status: str) -> No
     deployed = [DeployedCell("poimen-admission-dev-c1", status, "c1", CLUSTER, ("globex",))]
 
     assert cell_refusal(deployed, "poimen-admission-dev-c2", "c2", ["acme"], CLUSTER) is None
+
+
+def test_the_peer_cluster_aliases_a_stack_keeps_count_against_its_maximum(
+    cloudformation: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a stack deployed with one peer cluster alias: sam deploy keeps a parameter it is not given (it passes
+    # UsePreviousValue), so a deploy without PEER_CLUSTER_ALIAS_1 keeps the alias and its mappings
+    _deploy(cloudformation, "poimen-admission-dev", "acme", cell="", PeerClusterAlias1="east1")
+    arguments = ["--prog", "make deploy", "cells", "--stack-name", "poimen-admission-dev", "--cell", ""]
+    arguments += ["--msk-cluster-arn", CLUSTER, "--stage", "dev", "--peer-cluster-aliases", ","]
+
+    # When it is deployed with as many tenants as make build's count of the aliases given (none) accepts
+    kept = main([*arguments, "--tenants", ",".join(f"t{n}" for n in range(max_tenants(0)))])
+    refusal = capsys.readouterr().err
+    halved = main([*arguments, "--tenants", ",".join(f"t{n}" for n in range(max_tenants(1)))])
+
+    # Then it is refused by the aliases the stack will have, in one line that says which it keeps
+    assert (kept, halved) == (2, 0)
+    assert refusal.startswith("make deploy: 400 tenants, and one stack serves at most 200 with one peer cluster alias")
+    assert "PeerClusterAlias1 (east1) kept from the deployed stack" in refusal
+    assert refusal.count("\n") == 1

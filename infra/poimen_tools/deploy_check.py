@@ -43,6 +43,7 @@ MAX_TENANT_CHARACTERS = 3000
 CELLS = "docs/operations.md#cells"
 DEFAULT_STAGE = "dev"  # the template's Stage when none is given, as CloudFormation then describes the stack
 CELL_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,15}")  # the template's Cell parameter
+TENANT_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # each id of the template's Tenants parameter
 # A stack in these states serves nothing: a failed creation rolled back, its mappings deleted.
 SERVES_NOTHING = {"ROLLBACK_COMPLETE", "DELETE_COMPLETE"}
 # A stack in these states holds two sets of tenants until it settles: CloudFormation describes the update's new
@@ -71,7 +72,15 @@ def max_tenants(peer_aliases: int) -> int:
 
 
 def limit_refusal(tenants: list[str], peer_aliases: int) -> str | None:
-    """Why one stack cannot serve `tenants` (one line that says how to split them), or None if it can."""
+    """Why one stack cannot serve `tenants` (one line that says how to split them, or which id the template
+    would refuse), or None if it can."""
+    bad = [tenant for tenant in tenants if not TENANT_PATTERN.fullmatch(tenant)]
+    if bad:
+        what = repr(bad[0]) if bad[0] else "an empty id"
+        return (
+            f"TENANTS has {what}: each tenant id is 1-63 of a-z, 0-9 and '-', starting with a letter or digit, the"
+            " ids separated by single commas (the template's Tenants; CloudFormation would refuse the deploy)"
+        )
     most = max_tenants(peer_aliases)
     aliases = ["no peer cluster alias", "one peer cluster alias", "two peer cluster aliases"][peer_aliases]
     if len(tenants) > most:
@@ -251,7 +260,9 @@ def main(arguments: list[str]) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     limits = commands.add_parser("limits", help="refuse more tenants than one stack serves")
     limits.add_argument("--tenants", required=True, help="the comma-separated tenant ids (TENANTS)")
-    limits.add_argument("--peer-aliases", type=int, default=0, help="how many peer cluster aliases are given")
+    limits.add_argument(
+        "--peer-aliases", type=int, choices=(0, 1, 2), default=0, help="how many peer cluster aliases are given"
+    )
     cells = commands.add_parser("cells", help="refuse a tenant another cell on the cluster or of the Stage serves")
     cells.add_argument("--stack-name", required=True, help="the stack being deployed")
     cells.add_argument("--cell", default="", help="its cell (CELL; empty: the unnamed cell)")
@@ -267,7 +278,7 @@ def main(arguments: list[str]) -> int:
         "--peer-regions", default="", help="multi-Region mode: the comma-separated peer Regions, whose cells count too"
     )
     options = parser.parse_args(arguments)
-    tenants = [t for t in options.tenants.split(",") if t]
+    tenants = options.tenants.split(",")
     if options.command == "limits":
         refusal = limit_refusal(tenants, options.peer_aliases)
     else:

@@ -13,7 +13,8 @@ import botocore.session
 import pytest
 from moto import mock_aws
 
-from poimen_tools.deploy_check import DeployedCell, cell_refusal, deployed_cells, main, max_tenants
+from poimen_tools.deploy_check import TENANT_PATTERN, DeployedCell, cell_refusal, deployed_cells, main, max_tenants
+from poimen_tools.local.template import Template
 
 CLUSTER = "arn:aws:kafka:us-east-1:111122223333:cluster/poimen/5f0c3a1e-8d2b-4c6a-9e1f-2b7d4c8a6e30-2"
 OTHER_CLUSTER = "arn:aws:kafka:us-east-1:111122223333:cluster/other/00000000-0000-0000-0000-000000000000-1"
@@ -306,3 +307,38 @@ def test_the_peer_cluster_aliases_a_stack_keeps_count_against_its_maximum(
     assert refusal.startswith("make deploy: 400 tenants, and one stack serves at most 200 with one peer cluster alias")
     assert "PeerClusterAlias1 (east1) kept from the deployed stack" in refusal
     assert refusal.count("\n") == 1
+
+
+# --- what make build hands SAM ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["a" * 64, "Acme", "-acme", "a_b", "a.b", " acme", ""])
+def test_a_tenant_id_the_template_refuses_is_refused_before_sam_runs(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given an id the Tenants parameter's AllowedPattern refuses (CloudFormation would, once built and uploaded),
+    # or an empty one (TENANTS=acme,,globex or a trailing comma)
+    code = main(["--prog", "make build", "limits", "--tenants", f"acme,{bad},globex"])
+
+    # Then make build refuses it in one line, before SAM runs
+    refusal = capsys.readouterr().err
+    assert code == 2
+    assert refusal.startswith(f"make build: TENANTS has {'an empty id' if not bad else repr(bad)}")
+    assert refusal.count("\n") == 1
+
+
+@pytest.mark.parametrize("good", ["a", "0", "a" * 63, "0-x", "beta-2"])
+def test_the_ids_the_template_accepts_are_accepted(good: str) -> None:
+    assert main(["limits", "--tenants", f"acme,{good}"]) == 0
+
+
+def test_make_build_checks_tenant_ids_by_the_templates_pattern(template: Template) -> None:
+    assert template.document["Parameters"]["Tenants"]["AllowedPattern"] == f"^{TENANT_PATTERN.pattern}$"
+
+
+@pytest.mark.parametrize("aliases", ["3", "-1"])
+def test_more_peer_aliases_than_the_template_has_are_a_usage_error(aliases: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["limits", "--tenants", "acme", "--peer-aliases", aliases])
+
+    assert exit_.value.code == 2

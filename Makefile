@@ -97,6 +97,7 @@ MULTI_REGION_PARAMETERS = $(if $(TABLE_MODE),"TableMode=$(TABLE_MODE)") $(if $(P
 # environment's own overrides, read from that file (one source for them).
 STAGE_PARAMETERS = $(shell $(PYTHON) -c "import tomllib; \
 	print(tomllib.load(open('samconfig.toml', 'rb'))['$(CONFIG_ENV)']['deploy']['parameters']['parameter_overrides'])")
+STAGE = $(patsubst Stage=%,%,$(filter Stage=%,$(STAGE_PARAMETERS)))
 STACK_NAME = $(shell $(PYTHON) -c "import tomllib; \
 	print(tomllib.load(open('samconfig.toml', 'rb'))['$(CONFIG_ENV)']['global']['parameters']['stack_name'])")$(if $(CELL),-$(CELL))
 
@@ -205,7 +206,8 @@ build: $(SAM)
 	$(COMPILE_BYTECODE) .aws-sam/build/*/
 
 # Package and deploy what `make build` built to the stack of CONFIG_ENV (and CELL), with the caller's AWS
-# credentials, once CloudFormation says no other cell on the cluster serves one of TENANTS.
+# credentials, once CloudFormation says no other cell on the cluster or of the Stage (here, and in the peer
+# Regions in multi-Region mode) serves one of TENANTS.
 deploy: build
 	@test -n "$(TENANTS)" -a -n "$(MSK_CLUSTER_ARN)" -a -n "$(KAFKA_BOOTSTRAP_SERVERS)" -a -n "$(OUTBOX_SUBNET_IDS)" \
 		-a -n "$(OUTBOX_SECURITY_GROUP_IDS)" || { echo "make deploy: set TENANTS=<ids>, MSK_CLUSTER_ARN=<arn>," \
@@ -220,7 +222,8 @@ deploy: build
 		*) echo "make deploy: TABLE_MODE is single, global-home or global-replica, not '$(TABLE_MODE)'" >&2; exit 1 ;; \
 	esac
 	$(DEPLOY_CHECK) cells --stack-name "$(STACK_NAME)" --cell "$(CELL)" --tenants "$(TENANTS)" \
-		--msk-cluster-arn "$(MSK_CLUSTER_ARN)"
+		--msk-cluster-arn "$(MSK_CLUSTER_ARN)" --stage "$(STAGE)" --peer-regions "$(PEER_REGION_1),$(PEER_REGION_2)" \
+		--peer-cluster-aliases "$(PEER_CLUSTER_ALIAS_1),$(PEER_CLUSTER_ALIAS_2)"
 	SAM_CLI_TELEMETRY=0 $(SAM) deploy --config-env $(CONFIG_ENV) --stack-name $(STACK_NAME) --parameter-overrides $(STAGE_PARAMETERS) \
 		"MskClusterArn=$(MSK_CLUSTER_ARN)" "Tenants=$(TENANTS)" \
 		"KafkaBootstrapServers=$(KAFKA_BOOTSTRAP_SERVERS)" "OutboxSubnetIds=$(OUTBOX_SUBNET_IDS)" \

@@ -1,5 +1,5 @@
 """What `make build` and `make deploy` refuse before SAM runs: more tenants than one stack holds, and (deploy)
-a tenant another cell already serves on the same MSK cluster.
+a tenant another cell already serves on the same MSK cluster or in the same Stage.
 
 One stack serves at most MAX_EVENT_SOURCE_MAPPINGS MSK event source mappings (one per tenant and dispatch
 topic: the tenant's own, and one per peer cluster alias) and a `Tenants` list of at most
@@ -9,15 +9,19 @@ quota AWS enforces at deploy; docs/operations.md#how-many-tenants-a-stack-serves
 
 Cells (docs/operations.md#cells) are stacks of this template on one MSK cluster, each serving its own
 tenants: two cells serving one tenant would admit its spawns in two tables (twice), and their mappings would
-share the tenant's consumer group. `cells` reads every stack of the Region from CloudFormation and refuses,
-before anything changes, a tenant that a stack on the same cluster (its MskClusterArn) serves already, and
-a Cell that differs from the deployed stack's.
+share the tenant's consumer group. `cells` reads every stack of the Region from CloudFormation, and the change
+sets of those stacks not yet executed (`sam deploy` leaves one for its confirmation: it serves its tenants once
+confirmed), and refuses, before anything changes, a tenant that a stack on the same cluster (its MskClusterArn)
+serves already or will serve, and a Cell that differs from the deployed stack's. So does another cell of the
+same Stage on another cluster (its records may be replicated to this one and relayed here from
+<alias>.poimen.<tenant>.dispatch, or its callers fail over to this one), and in multi-Region mode another cell
+of the Stage in a peer Region (read there); the same cell's stack in a peer Region is its own (one table).
 
 Run by the SAM CLI's interpreter (the Makefile's build and deploy need nothing else; it has boto3):
 
     .venv-sam/bin/python infra/poimen_tools/deploy_check.py --prog "make build" limits --tenants a,b --peer-aliases 2
     .venv-sam/bin/python infra/poimen_tools/deploy_check.py --prog "make deploy" cells --stack-name S --cell C \
-        --tenants a,b --msk-cluster-arn arn:aws:kafka:...
+        --tenants a,b --msk-cluster-arn arn:aws:kafka:... --stage dev --peer-regions us-east-2,us-west-2
 """
 
 from __future__ import annotations
@@ -37,9 +41,29 @@ MAX_EVENT_SOURCE_MAPPINGS = 400
 # the other variables take at most about 600 bytes (the quota test renders them at their longest).
 MAX_TENANT_CHARACTERS = 3000
 CELLS = "docs/operations.md#cells"
+DEFAULT_STAGE = "dev"  # the template's Stage when none is given, as CloudFormation then describes the stack
 CELL_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,15}")  # the template's Cell parameter
+TENANT_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # each id of the template's Tenants parameter
 # A stack in these states serves nothing: a failed creation rolled back, its mappings deleted.
 SERVES_NOTHING = {"ROLLBACK_COMPLETE", "DELETE_COMPLETE"}
+# A stack in these states holds two sets of tenants until it settles: CloudFormation describes the update's new
+# parameters while the mappings of tenants it removes are still there (deleted in the cleanup, after it), and
+# back again if it rolls back; UPDATE_FAILED (rollback disabled) and UPDATE_ROLLBACK_FAILED keep some of each.
+UNSETTLED = {
+    "UPDATE_IN_PROGRESS",
+    "UPDATE_COMPLETE_CLEANUP_IN_PROGRESS",
+    "UPDATE_ROLLBACK_IN_PROGRESS",
+    "UPDATE_ROLLBACK_COMPLETE_CLEANUP_IN_PROGRESS",
+    "UPDATE_FAILED",
+    "UPDATE_ROLLBACK_FAILED",
+    "IMPORT_IN_PROGRESS",
+    "IMPORT_ROLLBACK_IN_PROGRESS",
+    "IMPORT_ROLLBACK_FAILED",
+}
+# A change set in these states may still be executed (or is being): its tenants are served once it is. A new
+# stack made by a change set is REVIEW_IN_PROGRESS, with no parameters of its own, until the change set runs.
+PENDING_CHANGE_SET = {"CREATE_PENDING", "CREATE_IN_PROGRESS", "CREATE_COMPLETE"}
+PENDING_EXECUTION = {"UNAVAILABLE", "AVAILABLE", "EXECUTE_IN_PROGRESS"}
 
 
 def max_tenants(peer_aliases: int) -> int:
@@ -48,7 +72,15 @@ def max_tenants(peer_aliases: int) -> int:
 
 
 def limit_refusal(tenants: list[str], peer_aliases: int) -> str | None:
-    """Why one stack cannot serve `tenants` (one line that says how to split them), or None if it can."""
+    """Why one stack cannot serve `tenants` (one line that says how to split them, or which id the template
+    would refuse), or None if it can."""
+    bad = [tenant for tenant in tenants if not TENANT_PATTERN.fullmatch(tenant)]
+    if bad:
+        what = repr(bad[0]) if bad[0] else "an empty id"
+        return (
+            f"TENANTS has {what}: each tenant id is 1-63 of a-z, 0-9 and '-', starting with a letter or digit, the"
+            " ids separated by single commas (the template's Tenants; CloudFormation would refuse the deploy)"
+        )
     most = max_tenants(peer_aliases)
     aliases = ["no peer cluster alias", "one peer cluster alias", "two peer cluster aliases"][peer_aliases]
     if len(tenants) > most:
@@ -69,39 +101,80 @@ def limit_refusal(tenants: list[str], peer_aliases: int) -> str | None:
 
 @dataclass(frozen=True)
 class DeployedCell:
-    """A stack of this template as CloudFormation describes it: its cell, cluster and tenants."""
+    """A stack of this template as CloudFormation describes it, or one of its change sets not yet executed: its
+    cell, cluster and tenants."""
 
     stack_name: str
     status: str
     cell: str
     msk_cluster_arn: str
     tenants: tuple[str, ...]
+    change_set: str = ""  # the change set's name; empty for the stack as deployed
+    stage: str = DEFAULT_STAGE
+    region: str = ""  # a peer Region's name; empty for the Region being deployed
+    peer_cluster_aliases: tuple[str, str] = ("", "")  # PeerClusterAlias1, PeerClusterAlias2
 
     def __str__(self) -> str:
-        return f"{_cell_name(self.cell)} (stack {self.stack_name})"
+        where = f" in {self.region}" if self.region else ""
+        pending = f", change set {self.change_set} not yet executed" if self.change_set else ""
+        return f"{_cell_name(self.cell)} (stack {self.stack_name}{where}{pending})"
 
 
 def _cell_name(cell: str) -> str:
     return f"cell {cell}" if cell else "the unnamed cell"
 
 
-def deployed_cells(cloudformation: Any) -> list[DeployedCell]:
-    """Every stack in the client's Region that is a cell of this template: one with the parameters Tenants and
-    MskClusterArn (stacks deployed before the Cell parameter existed are the unnamed cell)."""
+def _cell(
+    stack: dict[str, Any], parameters: list[dict[str, str]], region: str, change_set: str = ""
+) -> DeployedCell | None:
+    """The cell these parameters make of `stack`, or None if they are not this template's (Tenants and
+    MskClusterArn; stacks deployed before the Cell parameter existed are the unnamed cell)."""
+    given = {p["ParameterKey"]: p.get("ParameterValue", "") for p in parameters}
+    if "Tenants" not in given or "MskClusterArn" not in given:
+        return None
+    return DeployedCell(
+        stack_name=stack["StackName"],
+        status=stack["StackStatus"],
+        cell=given.get("Cell", ""),
+        msk_cluster_arn=given["MskClusterArn"],
+        tenants=tuple(t for t in given["Tenants"].split(",") if t),
+        change_set=change_set,
+        stage=given.get("Stage", DEFAULT_STAGE),
+        region=region,
+        peer_cluster_aliases=(given.get("PeerClusterAlias1", ""), given.get("PeerClusterAlias2", "")),
+    )
+
+
+def _pending_change_sets(cloudformation: Any, stack: dict[str, Any], region: str) -> list[DeployedCell]:
+    """The cells `stack`'s change sets not yet executed would make of it."""
+    cells = []
+    for page in cloudformation.get_paginator("list_change_sets").paginate(StackName=stack["StackId"]):
+        for summary in page["Summaries"]:
+            if (
+                summary.get("StackId", stack["StackId"]) != stack["StackId"]  # moto lists every stack's
+                or summary["Status"] not in PENDING_CHANGE_SET
+                or summary["ExecutionStatus"] not in PENDING_EXECUTION
+            ):
+                continue
+            described = cloudformation.describe_change_set(ChangeSetName=summary["ChangeSetId"])
+            cell = _cell(stack, described.get("Parameters", []), region, summary["ChangeSetName"])
+            if cell is not None:
+                cells.append(cell)
+    return cells
+
+
+def deployed_cells(cloudformation: Any, region: str = "") -> list[DeployedCell]:
+    """Every stack in the client's Region that is a cell of this template, and every cell its change sets not
+    yet executed would make (a new stack's change set included: it has no parameters until it runs). `region`
+    names a peer Region's client; empty for the Region being deployed."""
     cells = []
     for page in cloudformation.get_paginator("describe_stacks").paginate():
         for stack in page["Stacks"]:
-            given = {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
-            if "Tenants" in given and "MskClusterArn" in given:
-                cells.append(
-                    DeployedCell(
-                        stack_name=stack["StackName"],
-                        status=stack["StackStatus"],
-                        cell=given.get("Cell", ""),
-                        msk_cluster_arn=given["MskClusterArn"],
-                        tenants=tuple(t for t in given["Tenants"].split(",") if t),
-                    )
-                )
+            cell = _cell(stack, stack.get("Parameters", []), region)
+            if cell is not None:
+                cells.append(cell)
+            if cell is not None or stack["StackStatus"] == "REVIEW_IN_PROGRESS":
+                cells += _pending_change_sets(cloudformation, stack, region)
     return cells
 
 
@@ -110,33 +183,74 @@ def _listed(tenants: list[str]) -> str:
     return shown if len(tenants) <= 5 else f"{shown} and {len(tenants) - 5} more"
 
 
-def cell_refusal(
-    deployed: list[DeployedCell], stack_name: str, cell: str, tenants: list[str], msk_cluster_arn: str
+def kept_aliases_refusal(
+    deployed: list[DeployedCell], stack_name: str, tenants: list[str], given: tuple[str, str]
 ) -> str | None:
-    """Why `stack_name` may not be deployed as `cell` serving `tenants` on that cluster (one line), or None."""
+    """limit_refusal for the peer cluster aliases the stack will have: those given, and those of the deployed
+    stack that are not (sam deploy passes UsePreviousValue for a parameter it is not given, so an alias stays
+    and its mappings with it, while make build counted only the aliases given)."""
+    stack = [c for c in deployed if c.region == "" and c.stack_name == stack_name and not c.change_set]
+    previous = stack[0].peer_cluster_aliases if stack else ("", "")
+    kept = [(n, old) for n, (new, old) in enumerate(zip(given, previous, strict=True), 1) if old and not new]
+    refusal = limit_refusal(tenants, sum(bool(new or old) for new, old in zip(given, previous, strict=True)))
+    if refusal is None or not kept:
+        return refusal
+    names = " and ".join(f"PeerClusterAlias{n} ({alias})" for n, alias in kept)
+    return f"{refusal}; {names} kept from the deployed stack, as sam deploy keeps a parameter it is not given"
+
+
+def _shares_tenants(other: DeployedCell, stack_name: str, cell: str, msk_cluster_arn: str, stage: str) -> bool:
+    """Whether `other` and the stack being deployed must not serve one tenant: the same cluster's topics and
+    consumer groups, or two tables of one Stage. The same cell in a peer Region is that cell's (its table)."""
+    if other.region == "" and other.stack_name == stack_name:
+        return False
+    if other.msk_cluster_arn == msk_cluster_arn:
+        return True
+    return other.stage == stage and (other.region == "" or other.cell != cell)
+
+
+def cell_refusal(
+    deployed: list[DeployedCell],
+    stack_name: str,
+    cell: str,
+    tenants: list[str],
+    msk_cluster_arn: str,
+    stage: str = DEFAULT_STAGE,
+) -> str | None:
+    """Why `stack_name` may not be deployed as `cell` of `stage` serving `tenants` on that cluster (one line), or
+    None."""
     if cell and not CELL_PATTERN.fullmatch(cell):
         return f"CELL {cell!r} is not 1-16 of a-z, 0-9 and '-' starting with a letter or digit (the template's Cell)"
     for other in deployed:
-        if other.stack_name == stack_name and other.cell != cell:
+        if other.region == "" and other.stack_name == stack_name and other.cell != cell:
             return (
                 f"stack {stack_name} is {_cell_name(other.cell)}, not {_cell_name(cell)}: a stack's cell"
                 " never changes (its layers and its multi-Region table are named after it); a new cell is a new stack"
             )
+    neighbours = [other for other in deployed if _shares_tenants(other, stack_name, cell, msk_cluster_arn, stage)]
+    for other in neighbours:
+        if other.status in UNSETTLED and not other.change_set:
+            return (
+                f"{other} is {other.status}: until it settles, the tenants it serves are not known (it may still"
+                " serve those its update removes, or again those of before if it rolls back); deploy when it is"
+                f" complete or rolled back (a failed one: continue its rollback, or update it, first) ({CELLS})"
+            )
     wanted = set(tenants)
     taken = [
         (sorted(wanted & set(other.tenants)), other)
-        for other in deployed
-        if other.stack_name != stack_name
-        and other.status not in SERVES_NOTHING
-        and other.msk_cluster_arn == msk_cluster_arn
-        and wanted & set(other.tenants)
+        for other in neighbours
+        if other.status not in SERVES_NOTHING and wanted & set(other.tenants)
     ]
     if not taken:
         return None
     served = "; ".join(f"{_listed(shared)} served by {other}" for shared, other in taken)
+    pending = any(other.change_set for _, other in taken)
+    scopes = ["on this MSK cluster" if o.msk_cluster_arn == msk_cluster_arn else f"in Stage {stage}" for _, o in taken]
+    scope = " or ".join(dict.fromkeys(scopes))
     return (
-        f"{served} already, on this MSK cluster: a tenant in two cells would be admitted twice, once in each"
-        f" cell's table; remove it from TENANTS, or deploy that cell without it first ({CELLS})"
+        f"{served} already, {scope}: a tenant in two cells would be admitted twice, once in each cell's table;"
+        " remove it from TENANTS, or deploy that cell without it first"
+        f"{' (a change set not yet executed counts: execute or delete it first)' if pending else ''} ({CELLS})"
     )
 
 
@@ -146,26 +260,43 @@ def main(arguments: list[str]) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     limits = commands.add_parser("limits", help="refuse more tenants than one stack serves")
     limits.add_argument("--tenants", required=True, help="the comma-separated tenant ids (TENANTS)")
-    limits.add_argument("--peer-aliases", type=int, default=0, help="how many peer cluster aliases are given")
-    cells = commands.add_parser("cells", help="refuse a tenant another cell on the same MSK cluster serves")
+    limits.add_argument(
+        "--peer-aliases", type=int, choices=(0, 1, 2), default=0, help="how many peer cluster aliases are given"
+    )
+    cells = commands.add_parser("cells", help="refuse a tenant another cell on the cluster or of the Stage serves")
     cells.add_argument("--stack-name", required=True, help="the stack being deployed")
     cells.add_argument("--cell", default="", help="its cell (CELL; empty: the unnamed cell)")
     cells.add_argument("--tenants", required=True, help="the comma-separated tenant ids (TENANTS)")
     cells.add_argument("--msk-cluster-arn", required=True, help="the stack's MSK cluster (MSK_CLUSTER_ARN)")
+    cells.add_argument("--stage", required=True, help="the stack's Stage (samconfig.toml's parameter overrides)")
+    cells.add_argument(
+        "--peer-cluster-aliases",
+        default=",",
+        help="PEER_CLUSTER_ALIAS_1,PEER_CLUSTER_ALIAS_2 as given (an empty one: the deployed stack's stays)",
+    )
+    cells.add_argument(
+        "--peer-regions", default="", help="multi-Region mode: the comma-separated peer Regions, whose cells count too"
+    )
     options = parser.parse_args(arguments)
-    tenants = [t for t in options.tenants.split(",") if t]
+    tenants = options.tenants.split(",")
     if options.command == "limits":
         refusal = limit_refusal(tenants, options.peer_aliases)
     else:
+        peers = dict.fromkeys(region for region in options.peer_regions.split(",") if region)
         try:
             deployed = deployed_cells(boto3.client("cloudformation"))
+            for region in peers:
+                deployed += deployed_cells(boto3.client("cloudformation", region_name=region), region)
         except (BotoCoreError, ClientError) as error:
             print(
                 f"{options.prog}: could not read the deployed cells from CloudFormation ({error}): nothing deployed",
                 file=sys.stderr,
             )
             return 3
-        refusal = cell_refusal(deployed, options.stack_name, options.cell, tenants, options.msk_cluster_arn)
+        first, _, second = options.peer_cluster_aliases.partition(",")
+        refusal = kept_aliases_refusal(deployed, options.stack_name, tenants, (first, second)) or cell_refusal(
+            deployed, options.stack_name, options.cell, tenants, options.msk_cluster_arn, options.stage
+        )
     if refusal is not None:
         print(f"{options.prog}: {refusal}", file=sys.stderr)
         return 2

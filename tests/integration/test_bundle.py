@@ -287,6 +287,12 @@ def test_deploy_command_runs_up_to_its_first_call_to_aws(built: Path, commands: 
     (refusal,) = [line for line in result.stderr.splitlines() if line.startswith("make deploy:")]
     assert refusal.startswith("make deploy: could not read the deployed cells from CloudFormation")
     assert f'Could not connect to the endpoint URL: "{closed}/' in refusal
+    # make exits 2 on every failure: the check's own code (3, AWS out of reach) is in make's last line, and the
+    # operations page says so rather than promise an exit code make cannot give
+    assert result.returncode == 2
+    assert re.fullmatch(r"make: \*\*\* \[Makefile:\d+: deploy\] Error 3", result.stderr.splitlines()[-1])
+    operations = " ".join((REPO / "docs" / "operations.md").read_text().split())
+    assert "AWS out of reach: nothing deployed, `make deploy` exits 2 and its last line ends `Error 3`" in operations
     assert not [
         line for line in result.stdout.splitlines() if line.startswith("SAM_CLI_TELEMETRY=0 .venv-sam/bin/sam deploy")
     ]
@@ -311,6 +317,8 @@ def test_deploy_command_hands_sam_the_stages_the_accounts_and_the_cells_paramete
     assert check < deploy
     stack = f"poimen-admission-staging{f'-{cell}' if cell else ''}"
     assert f'--stack-name "{stack}" --cell "{cell}" --tenants "{variables["TENANTS"]}"' in lines[check]
+    # The Stage's other cells count on any cluster, and (multi-Region mode, none here) in the peer Regions.
+    assert " ".join(lines[check].split()).endswith('--stage "staging" --peer-regions "," --peer-cluster-aliases ","')
     deploy_line = lines[deploy]
     assert f"--config-env {variables['CONFIG_ENV']} --stack-name {stack}" in deploy_line
     assert "--parameter-overrides Stage=staging TableDeletionProtection=true LogRetentionDays=30" in deploy_line
@@ -349,7 +357,8 @@ def test_deploy_command_refuses_a_tenant_another_cell_serves(built: Path, comman
         result = _run(commands[1], env)
 
     # Then it is refused before sam deploy, in one line naming that cell
-    assert result.returncode != 0
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1].endswith("] Error 2")
     (refusal,) = [line for line in result.stderr.splitlines() if line.startswith("make deploy:")]
     assert refusal.startswith(
         f"make deploy: {tenant} served by cell c1 (stack poimen-admission-staging-c1) already, on this MSK cluster"

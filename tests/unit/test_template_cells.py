@@ -122,19 +122,31 @@ def test_a_stack_without_a_cell_keeps_its_names(mode: str) -> None:
         if resource["Type"] == "AWS::Lambda::LayerVersion"
     }
 
-    # The names the stack had before cells: a changed table name would replace the table (a new, empty one).
-    assert layers == {f"poimen-{STAGE}", f"poimen-kafka-{STAGE}"}
+    # The names the stack had before cells (the layers' but poimen-core-, harmless: a layer's version is replaced
+    # on every change of its content anyway); a changed table name would replace the table (a new, empty one).
+    assert layers == {f"poimen-core-{STAGE}", f"poimen-kafka-{STAGE}"}
     assert _table_by_name(template) in (None, f"poimen-admission-{STAGE}")
 
 
-def test_no_stage_and_cell_name_what_another_pair_names() -> None:
-    # Stage dev-c2 without a cell and Stage dev in cell c2 would both be poimen-admission-dev-c2 with a '-'.
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        # Stage dev-c2 without a cell and Stage dev in cell c2 would both be poimen-admission-dev-c2 with a '-'.
+        (("dev-c2", ""), ("dev", "c2")),
+        # A Stage that starts like the Kafka layer's prefix: poimen-<Stage> must not be poimen-kafka-<Stage>.
+        (("kafka-dev", ""), ("dev", "")),
+        (("kafka-dev", "c1"), ("dev", "c1")),
+    ],
+)
+def test_no_stage_and_cell_name_what_another_pair_names(first: tuple[str, str], second: tuple[str, str]) -> None:
     region, parameters = MODES["home"]
-    hyphenated = _transformed_in(region, **parameters, Stage="dev-c2", Tenants=CELLS["c1"]["Tenants"])
-    celled = _transformed_in(region, **parameters, Stage="dev", Cell="c2", Tenants=CELLS["c2"]["Tenants"])
+    one, other = (
+        _transformed_in(region, **parameters, Stage=stage, Tenants=tenants, **({"Cell": cell} if cell else {}))
+        for (stage, cell), tenants in ((first, CELLS["c1"]["Tenants"]), (second, CELLS["c2"]["Tenants"]))
+    )
 
-    assert _table_by_name(hyphenated) != _table_by_name(celled)
-    assert _physical_names(hyphenated, "a") & _physical_names(celled, "b") == set()
+    assert _table_by_name(one) != _table_by_name(other)
+    assert _physical_names(one, "a") & _physical_names(other, "b") == set()
 
 
 def test_make_deploy_checks_the_cell_by_the_templates_pattern(template: Template) -> None:

@@ -90,7 +90,8 @@ def test_the_transform_keeps_every_sub_it_cannot_resolve() -> None:
         "Fn::Sub": "https://${AdmissionApi}.execute-api.${AWS::Region}.${AWS::URLSuffix}"
     }
     # What a parameter resolves offline is substituted, and the rest of that Fn::Sub kept.
-    assert _only(resources, "AWS::Lambda::LayerVersion", "PoimenLayer")[1]["Properties"]["LayerName"] == "poimen-dev"
+    layer = _only(resources, "AWS::Lambda::LayerVersion", "PoimenLayer")[1]
+    assert layer["Properties"]["LayerName"] == "poimen-core-dev"
 
 
 def _of_type(resources: dict[str, Any], kind: str) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import boto3
 import pytest
 from aws_lambda_powertools.utilities.data_classes.kafka_event import KafkaEventRecord
 
-from poimen.relay import DeadLetterReason, dead_letter_body
+from poimen.dead_letter import DeadLetterReason, dead_letter_body
 from poimen_tools.local.event_source import on_failure_record
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs

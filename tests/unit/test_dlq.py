@@ -20,7 +20,7 @@ import urllib3
 from aws_lambda_powertools.utilities.data_classes.kafka_event import KafkaEventRecord
 from botocore.credentials import Credentials
 
-from poimen.relay import MAX_DEAD_LETTER_BYTES, DeadLetterReason, dead_letter_attributes, dead_letter_body
+from poimen.dead_letter import MAX_DEAD_LETTER_BYTES, DeadLetterReason, dead_letter_attributes, dead_letter_body
 from poimen.store import Store
 from poimen_tools import dlq
 from poimen_tools.cli import main

@@ -3,10 +3,7 @@ the dispatch a record stands for, read as the relay reads it."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
-import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -14,21 +11,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from poimen.contract import RunRequest, parse_json
-from poimen.kafka import tenant_of_dispatch_topic
-from poimen.relay import INVALID_TOPIC_DETAIL, TRACEPARENT, DeadLetterReason
+from poimen.dead_letter import RELAY_KINDS, DeadLetterReason
+from poimen.dead_letter import holds_value as record_holds_value
+from poimen.inbox_rule import read_spawn, record_timestamp_ms
 from poimen.retention import expired
 
-RELAY_KINDS = (
-    "invalid-topic",
-    "empty-value",
-    "undecodable",
-    "invalid-json",
-    "expired",
-    "keyless-replica",  # a keyless spawn replicated from another Region: sent with its derived key
-    "rejected",
-    "outcome-unknown",
-    "relay-error",
-)
 OUTCOME_UNKNOWN = "outcome-unknown"  # a keyless record the API may have admitted: its letter names the run
 FAILED_BATCH = "failed-batch"
 UNRECOGNISED = "unrecognised"  # a message or object that is neither; listed, never touched
@@ -75,11 +62,6 @@ class Parcel:
     @property
     def in_queue(self) -> bool:
         return self.id.startswith("sqs:")
-
-
-def kafka_record_id(record: dict[str, Any]) -> str:
-    """`<topic>-<partition>@<offset>`: a Kafka record's identity."""
-    return f"{record.get('topic')}-{record.get('partition')}@{record.get('offset')}"
 
 
 def coordinates(record: dict[str, Any]) -> str:
@@ -133,27 +115,17 @@ def derived_key(record: dict[str, Any]) -> str:
 
 
 def dispatch_of(record: dict[str, Any]) -> Dispatch | DeadLetterReason:
-    """The record as the relay sees it: a dispatch to send, or why the relay dead-letters it; and a value
-    that is no spawn request by the API's contract (`poimen.contract.RunRequest`) is refused as the API
-    would refuse it, without sending it."""
-    tenant = tenant_of_dispatch_topic(str(record.get("topic")))
-    if tenant is None:
-        return DeadLetterReason("invalid-topic", INVALID_TOPIC_DETAIL)
-    if record.get("value") is None:
-        return DeadLetterReason("empty-value", "the record has no value")
+    """The record as the relay reads it (poimen.inbox_rule): a dispatch to send, or why the relay dead-letters
+    it; and a value that is no spawn request by the API's contract (`poimen.contract.RunRequest`) is refused
+    as the API would refuse it, without sending it."""
     try:
-        text = base64.b64decode(record["value"], validate=True).decode("utf-8")
-        spawn = json.loads(text)
-    except (binascii.Error, TypeError) as error:
-        return DeadLetterReason("undecodable", f"value is not base64: {error}")
-    except UnicodeDecodeError as error:
-        return DeadLetterReason("undecodable", f"value is not UTF-8: {error}")
-    except (ValueError, RecursionError) as error:
-        return DeadLetterReason("invalid-json", f"value is not JSON: {error}")
-    if not isinstance(spawn, dict):
-        return DeadLetterReason("invalid-json", "value is not a JSON object")
+        spawn = read_spawn(record)
+    except (TypeError, ValueError, AttributeError) as error:  # as the relay: a fault of the record's own
+        return DeadLetterReason("relay-error", f"{type(error).__name__}: {error}")
+    if isinstance(spawn, DeadLetterReason):
+        return spawn
     try:
-        request = RunRequest.model_validate(parse_json(text))  # numbers exact, as the API reads them
+        request = RunRequest.model_validate(parse_json(spawn.body.decode()))  # numbers exact, as the API reads them
     except ValidationError as error:
         problems = "; ".join(
             f"{'.'.join(str(part) for part in problem['loc']) or 'request'}: {problem['msg']}"
@@ -162,25 +134,7 @@ def dispatch_of(record: dict[str, Any]) -> Dispatch | DeadLetterReason:
         return DeadLetterReason("rejected", f"not a valid spawn request: {problems}")
     except (ValueError, RecursionError) as error:
         return DeadLetterReason("rejected", f"not JSON as the admission API reads it: {error}")
-    return Dispatch(tenant, request, request.dispatch_key or derived_key(record), _traceparent(record))
-
-
-def _traceparent(record: dict[str, Any]) -> str | None:
-    """Forwarded as the relay forwards it: only if it is well-formed W3C Trace Context."""
-    for header in record.get("headers") or []:
-        if isinstance(header, dict) and isinstance(header.get("traceparent"), list):
-            try:
-                text = bytes(header["traceparent"]).decode("ascii", "replace")
-            except (TypeError, ValueError):
-                return None
-            return text if TRACEPARENT.fullmatch(text) else None
-    return None
-
-
-def record_timestamp_ms(record: dict[str, Any]) -> int | None:
-    """The record's Kafka timestamp in milliseconds; None for a record without one (-1), as the relay reads it."""
-    value = record.get("timestamp")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return Dispatch(spawn.tenant, request, request.dispatch_key or derived_key(record), spawn.traceparent)
 
 
 def outlived(record: dict[str, Any], run_retention_days: int | None, now_ms: float) -> bool:
@@ -192,7 +146,7 @@ def outlived(record: dict[str, Any], run_retention_days: int | None, now_ms: flo
 
 def holds_value(letter: DeadLetter) -> bool:
     """Whether the letter keeps its record's value (a null value is a value: a tombstone's)."""
-    return letter.record is not None and "valueOmitted" not in letter.record
+    return letter.record is not None and record_holds_value(letter.record)
 
 
 def sendable(letter: DeadLetter) -> Dispatch | DeadLetterReason | None:

@@ -10,9 +10,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TextIO
 
-from aws_lambda_powertools.utilities.data_classes.kafka_event import KafkaEventRecord
-
-from poimen.relay import DeadLetterReason, age_text, dead_letter_attributes, dead_letter_body
+from poimen.dead_letter import DeadLetterReason, age_text, dead_letter_attributes, dead_letter_body
+from poimen.inbox_rule import record_timestamp_ms
 from poimen_tools.dlq.errors import EXIT_OK, EXIT_REMAINING, DlqError, Interrupted
 from poimen_tools.dlq.letters import DeadLetterQueue
 from poimen_tools.dlq.model import (
@@ -23,7 +22,6 @@ from poimen_tools.dlq.model import (
     holds_value,
     named_run,
     outlived,
-    record_timestamp_ms,
     sendable,
 )
 from poimen_tools.dlq.parked import FailedBatches
@@ -321,7 +319,7 @@ class Redrive:
         if self._queue is None:
             self._failing(letter, reason, "kept in its object")
             return _KEEP
-        record = KafkaEventRecord(source.record)
+        record = source.record
         body = dead_letter_body(record, reason)
         if json.loads(body)["record"].get("value") != source.record.get("value"):  # it would lose the value
             if held is not None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from poimen.relay import DeadLetterReason
+from poimen.dead_letter import DeadLetterReason
 from poimen.wire import rfc3339
 from poimen_tools.dlq.model import KINDS, DeadLetter, Dispatch, Parcel, sendable
 

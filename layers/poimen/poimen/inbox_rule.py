@@ -1,0 +1,145 @@
+"""One rule for what a dispatch record may become: a spawn to POST to /v1/runs (its value verbatim, for the
+tenant of its topic), or a dead letter with its reason. The inbox relay judges each record it is delivered
+with it, and `poimen dlq redrive` judges each record again with it before sending it, so that a redrive
+never admits what the relay refuses.
+
+Standard library only (no pydantic: the relay's cold start); records are the mappings MSK delivers.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from poimen.dead_letter import INVALID_TOPIC_DETAIL, DeadLetterReason, age_text
+from poimen.kafka import source_alias_of_dispatch_topic, tenant_of_dispatch_topic
+from poimen.retention import expired
+from poimen.wire import TRACEPARENT_PATTERN
+
+_TRACEPARENT = re.compile(TRACEPARENT_PATTERN)
+# The admission API's answers that are worth sending again (with a dispatch_key: it can only admit or replay
+# that run); and the answers that blame the record itself, which is dead-lettered as `rejected`. Any other
+# refusal (401, 403, 404, 405, 3xx, ...) says the caller or the API is misconfigured, which every record
+# would hit alike: the relay fails the batch, redrive stops, and a fix lets the same records through.
+RETRYABLE_STATUSES = frozenset({408, 429}) | frozenset(range(500, 600))
+RECORD_FAULT_STATUSES = frozenset({400, 413, 415, 422})
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """A record whose value is a spawn request for the tenant of its topic."""
+
+    tenant: str
+    body: bytes  # the value, sent verbatim
+    fields: dict[str, Any]  # the value, parsed
+    timestamp_ms: int | None  # the record's Kafka timestamp; None for a record without one (-1)
+    traceparent: str | None  # its traceparent header, if well-formed W3C Trace Context
+
+    @property
+    def dispatch_key(self) -> Any:
+        """The spawn's own dispatch_key (None: the publisher set none)."""
+        return self.fields.get("dispatch_key")
+
+
+@dataclass(frozen=True)
+class HeldBack:
+    """A spawn the relay does not admit, dead-lettered with `reason`: still a spawn, which an operator may
+    redrive when asking for its kind by name."""
+
+    spawn: Spawn
+    reason: DeadLetterReason
+
+
+Verdict = Spawn | HeldBack | DeadLetterReason
+
+
+def judge(record: Mapping[str, Any], now_ms: float, run_retention_days: int | None) -> Verdict:
+    """What the record may become at `now_ms` under a run retention of `run_retention_days` (None: runs are
+    kept forever): a Spawn to admit, a HeldBack spawn, or why it is no spawn at all."""
+    spawn = read_spawn(record)
+    if isinstance(spawn, DeadLetterReason):
+        return spawn
+    held = _held_back(spawn, str(record.get("topic")), now_ms, run_retention_days)
+    return spawn if held is None else HeldBack(spawn, held)
+
+
+def read_spawn(record: Mapping[str, Any]) -> Spawn | DeadLetterReason:
+    """The spawn the record's value holds for the tenant of its topic, or why it holds none."""
+    tenant = tenant_of_dispatch_topic(str(record.get("topic")))
+    if tenant is None:
+        return DeadLetterReason("invalid-topic", INVALID_TOPIC_DETAIL)
+    value = record.get("value")
+    if value is None:  # a tombstone: Kafka's null value
+        return DeadLetterReason("empty-value", "the record has no value")
+    try:
+        body = base64.b64decode(value, validate=True)
+        fields = json.loads(body.decode("utf-8"))
+    except (binascii.Error, TypeError) as error:
+        return DeadLetterReason("undecodable", f"value is not base64: {error}")
+    except UnicodeDecodeError as error:
+        return DeadLetterReason("undecodable", f"value is not UTF-8: {error}")
+    except (ValueError, RecursionError) as error:
+        return DeadLetterReason("invalid-json", f"value is not JSON: {error}")
+    if not isinstance(fields, dict):
+        return DeadLetterReason("invalid-json", "value is not a JSON object")
+    return Spawn(tenant, body, fields, record_timestamp_ms(record), traceparent(record))
+
+
+def _held_back(spawn: Spawn, topic: str, now_ms: float, run_retention_days: int | None) -> DeadLetterReason | None:
+    timestamp_ms = spawn.timestamp_ms
+    if timestamp_ms is not None and expired(timestamp_ms, now_ms, run_retention_days):
+        detail = (
+            f"the record is {age_text(now_ms - timestamp_ms)} old, older than the run retention of "
+            f"{run_retention_days} days: its run may have expired, and admitting it again would be a second run"
+        )
+        return DeadLetterReason("expired", detail)
+    source_alias = source_alias_of_dispatch_topic(topic)
+    if spawn.dispatch_key is None and source_alias is not None:
+        # Its original, on the source Region's own topic, is relayed there; relayed here too, it would be a
+        # second run (nothing ties a keyless spawn's two relays to one run id).
+        detail = (
+            f"a spawn without dispatch_key replicated from cluster {source_alias}: relayed only in its "
+            "source Region, from its original topic; redrive it only if that Region lost the original"
+        )
+        return DeadLetterReason("keyless-replica", detail)
+    return None
+
+
+def rejected(status: int, answer: Any) -> DeadLetterReason:
+    """The reason of a record the admission API refused with one of RECORD_FAULT_STATUSES."""
+    return DeadLetterReason("rejected", f"the admission API answered {status}", status, answer)
+
+
+def record_timestamp_ms(record: Mapping[str, Any]) -> int | None:
+    """The record's Kafka timestamp in milliseconds; None for a record without one (-1): no lag, no age."""
+    value = record.get("timestamp")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def traceparent(record: Mapping[str, Any]) -> str | None:
+    """The record's traceparent header if it is well-formed W3C Trace Context; anything else stays behind
+    (a CR or LF in a header value would make an HTTP client refuse the whole request)."""
+    value = header(record, "traceparent")
+    if value is None:
+        return None
+    text = value.decode("ascii", "replace")
+    return text if _TRACEPARENT.fullmatch(text) else None
+
+
+def header(record: Mapping[str, Any], name: str) -> bytes | None:
+    """The last header of that name (case-insensitive, as Powertools' decoded_headers), its bytes as MSK
+    delivers them: a list of integers, signed (Java bytes) or not. A header whose value is null (Kafka
+    allows it) counts as absent, as aws-lambda-go reads it, rather than as a fault of the record; a value
+    no Kafka client could have produced raises (TypeError, ValueError): the relay dead-letters such a
+    record as `relay-error`."""
+    found = None
+    for entry in record.get("headers") or []:
+        for key, value in entry.items():
+            if key.lower() == name and value is not None:
+                found = bytes(byte + 256 if byte < 0 else byte for byte in value)
+    return found

@@ -471,19 +471,60 @@ def test_a_keyless_record_redriven_is_a_new_run_and_is_gone_after(stack: Stack) 
     assert len(stack.runs()) == 1
 
 
-def test_a_keyless_replica_letter_is_listed_and_redriven_under_its_derived_key(stack: Stack) -> None:
-    # Given a keyless spawn replicated from the cluster `west`, which the relay dead-letters
+def _rows(out: str) -> list[list[str]]:
+    return [line.rsplit(maxsplit=1) for line in out.splitlines()]
+
+
+KEYLESS_REPLICAS_ROW = ["not chosen: keyless-replica (send them with --kind keyless-replica)", "1"]
+
+
+def test_redrive_leaves_keyless_replica_letters_unless_asked_for_by_name(stack: Stack) -> None:
+    # Given a keyless spawn replicated from the cluster `west`, which the relay dead-letters (its original is
+    # relayed in its own Region: every keyless spawn leaves such a letter in each peer's queue)
     record = stack.record(spawn(), 5, topic=f"west.poimen.{stack.tenant}.dispatch")
     stack.harness.run([record])
-    # When the dead letters are listed, then redriven (its source Region lost the original)
     listed = json.loads(stack.cli("list", "--json").out)
-    summary, _, _ = stack.redrive()
-    # Then it was listed as keyless-replica, sent once under the dispatch_key derived from the record, and is gone
+    # When the queue is redriven with the default kinds
+    default = stack.cli("redrive", "--yes")
+    # Then nothing was sent: the letter is kept, and the summary and a line say how many and why
     assert {kind: entry["letters"] for kind, entry in listed["kinds"].items()} == {"keyless-replica": 1}
-    assert summary.redriven == 1
+    assert default.code == EXIT_OK
+    assert stack.runs() == []
+    assert len(stack.messages()) == 1
+    assert KEYLESS_REPLICAS_ROW in _rows(default.out)
+    assert (
+        "not chosen: 1 keyless-replica dead letter: a keyless spawn replicated from another Region, relayed "
+        "there from its original; send it with --kind keyless-replica only if that Region lost the original"
+    ) in default.err.splitlines()
+    # When it is asked for by name (its Region lost the original)
+    named = stack.cli("redrive", "--yes", "--kind", "keyless-replica")
+    # Then it is sent once, under the dispatch_key derived from the record, and is gone
+    assert named.code == EXIT_OK
     (run,) = stack.runs()
     assert run["dispatch_key"]["S"] == dlq.model.derived_key(msk_record(record))
     assert stack.messages() == []
+
+
+def test_a_parked_batch_of_a_replicated_topic_admits_its_keyless_records_no_second_time(stack: Stack) -> None:
+    # Given a keyless spawn relayed in its own Region from its original topic (one run), and its replica's
+    # batch parked here beside a keyed spawn, by an outage
+    replica = f"west.poimen.{stack.tenant}.dispatch"
+    stack.harness.run([stack.record(spawn(), 1)])
+    stack.park([stack.record(spawn(), 1, topic=replica), stack.record(spawn("k-1"), 2, topic=replica)])
+    # When the parked batch is redriven, as the runbook says once the outage is over
+    outcome = stack.cli("redrive", "--yes")
+    # Then the keyed spawn is a run and the keyless one is not admitted again: it is the queue's keyless-replica
+    # letter the relay would have made, and nothing is left in the bucket
+    assert sorted(str(run.get("dispatch_key", {}).get("S")) for run in stack.runs()) == ["None", "k-1"]
+    (letter,) = stack.messages()
+    assert (letter["record"]["topic"], letter["record"]["offset"]) == (replica, 1)
+    assert letter["reason"]["kind"] == "keyless-replica"
+    assert stack.objects() == {}
+    assert outcome.code == EXIT_REMAINING
+    assert ["still failing", "1"] in _rows(outcome.out)
+    assert any(
+        line.startswith("still failing: s3:") and ": keyless-replica: " in line for line in outcome.err.splitlines()
+    )
 
 
 def test_a_keyless_record_whose_answer_was_lost_is_one_run_when_sent_again(stack: Stack) -> None:

@@ -45,7 +45,7 @@ from poimen_tools.credentials import local_credentials
 from poimen_tools.dlq.api import AdmissionApi
 from poimen_tools.dlq.errors import EXIT_OK, AwsUnavailable, DeadLetterNotFound, DlqError, UsageError
 from poimen_tools.dlq.letters import DeadLetterQueue
-from poimen_tools.dlq.model import KINDS, DeadLetter, Parcel
+from poimen_tools.dlq.model import HELD_KINDS, KINDS, DeadLetter, Parcel
 from poimen_tools.dlq.parked import FailedBatches
 from poimen_tools.dlq.redrive import Plan, Progress, Redrive, plan
 from poimen_tools.dlq.render import inventory, letter_document, render_inventory, render_letter, table
@@ -56,6 +56,11 @@ from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY
 # `redrive` holds every message it read for 5 minutes, so that no message is read twice while it works.
 LIST_VISIBILITY_SECONDS = 30
 REDRIVE_VISIBILITY_SECONDS = 300
+
+# A keyless spawn replicated from another Region: the relay there admitted its original, so it is sent only
+# when asked for by name (every keyless spawn leaves one such letter in each peer Region's queue).
+KEYLESS_REPLICA = "keyless-replica"
+DEFAULT_KINDS = tuple(kind for kind in KINDS if kind != KEYLESS_REPLICA)
 
 _RECORD_FRAGMENT = re.compile(r"(?P<topic>.+)-(?P<partition>\d+)@(?P<offset>\d+)")
 
@@ -156,7 +161,8 @@ def add_dlq_commands(commands: argparse._SubParsersAction[argparse.ArgumentParse
         action="append",
         choices=KINDS,
         metavar="KIND",
-        help=f"only this kind (repeatable; default: all): {', '.join(KINDS)}",
+        help=f"only this kind (repeatable; default: all but {KEYLESS_REPLICA}): {', '.join(KINDS)}. A kind the relay "
+        f"holds back though the record is a spawn ({', '.join(HELD_KINDS)}) is sent only when named here",
     )
     redrive.add_argument(
         "--run-retention-days",
@@ -228,9 +234,19 @@ def _run(
             raise UsageError("redrive needs --api-url (stack output AdmissionApiUrl), or --dry-run")
         signer = credentials or _caller_credentials(args.dev_key, args.api_url)
         api = AdmissionApi(args.api_url, signer, args.region, http)
+    kinds = args.kind or DEFAULT_KINDS
+    waived = [kind for kind in args.kind or () if kind in HELD_KINDS]
     with holding(queue, batches, REDRIVE_VISIBILITY_SECONDS) as parcels:
-        chosen = [parcel for parcel in parcels if not args.kind or parcel.kind in args.kind]
-        planned = plan(chosen, args.run_retention_days)
+        chosen = [parcel for parcel in parcels if parcel.kind in kinds]
+        replicas = {
+            letter.record_id or letter.id
+            for parcel in parcels
+            if parcel.kind == KEYLESS_REPLICA and parcel.kind not in kinds
+            for letter in parcel.letters
+        }
+        if replicas:
+            print(_not_chosen(len(replicas)), file=err)
+        planned = plan(chosen, args.run_retention_days, waived)
         if api is not None and planned.letters and not args.yes:
             _confirm(planned, api, stdin, err)
         redrive = Redrive(
@@ -240,7 +256,9 @@ def _run(
             Progress(planned.letters, err),
             lambda line: print(line, file=out),
             args.run_retention_days,
+            waived,
         )
+        redrive.summary.keyless_replicas_not_chosen = len(replicas)
         with _first_interrupt_stops(redrive):
             summary = redrive.run(chosen)
     rows = [("outcome", "records"), *((name, str(count)) for name, count in summary.rows(api is None))]
@@ -293,6 +311,16 @@ def _find(dead_letter_id: str, queue: DeadLetterQueue | None, batches: FailedBat
                     return parcel.letters
         raise DeadLetterNotFound(f"no message {dead_letter_id} in {queue.url}: {hint}")
     raise UsageError(f"{dead_letter_id!r} is not a dead-letter ID (sqs:<MessageId> or s3:<key>[#...]): {hint}")
+
+
+def _not_chosen(replicas: int) -> str:
+    letters = "dead letter" if replicas == 1 else "dead letters"
+    spawn = "a keyless spawn" if replicas == 1 else "each a keyless spawn"
+    it = "it" if replicas == 1 else "them"
+    return (
+        f"not chosen: {replicas} {KEYLESS_REPLICA} {letters}: {spawn} replicated from another Region, relayed "
+        f"there from its original; send {it} with --kind {KEYLESS_REPLICA} only if that Region lost the original"
+    )
 
 
 def _confirm(planned: Plan, api: AdmissionApi, stdin: TextIO, err: TextIO) -> None:

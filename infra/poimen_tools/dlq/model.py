@@ -13,8 +13,7 @@ from pydantic import ValidationError
 from poimen.contract import RunRequest, parse_json
 from poimen.dead_letter import RELAY_KINDS, DeadLetterReason
 from poimen.dead_letter import holds_value as record_holds_value
-from poimen.inbox_rule import read_spawn, record_timestamp_ms
-from poimen.retention import expired
+from poimen.inbox_rule import HeldBack, Spawn, judge
 
 OUTCOME_UNKNOWN = "outcome-unknown"  # a keyless record the API may have admitted: its letter names the run
 FAILED_BATCH = "failed-batch"
@@ -114,16 +113,42 @@ def derived_key(record: dict[str, Any]) -> str:
     return DERIVED_KEY_PREFIX + hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def dispatch_of(record: dict[str, Any]) -> Dispatch | DeadLetterReason:
-    """The record as the relay reads it (poimen.inbox_rule): a dispatch to send, or why the relay dead-letters
-    it; and a value that is no spawn request by the API's contract (`poimen.contract.RunRequest`) is refused
-    as the API would refuse it, without sending it."""
+@dataclass(frozen=True)
+class Held:
+    """A dispatch the relay holds back though it is a spawn (`poimen.inbox_rule.HeldBack`): dead-lettered
+    with `reason`, and sent by redrive only when its kind is asked for by name (`--kind`)."""
+
+    reason: DeadLetterReason
+    dispatch: Dispatch | DeadLetterReason  # what sending it would send, or why the API would refuse it
+
+
+# The reasons of Held: the relay's, for a record that is a spawn all the same.
+HELD_KINDS = ("expired", "keyless-replica")
+
+
+def judged(record: dict[str, Any], now_ms: float, run_retention_days: int | None) -> Dispatch | Held | DeadLetterReason:
+    """The record judged by the relay's rule (`poimen.inbox_rule.judge`) at `now_ms`: a dispatch to send, one
+    the relay holds back, or why the relay dead-letters it. A value that is no spawn request by the API's
+    contract (`poimen.contract.RunRequest`) is refused as the API would refuse it, without sending it."""
     try:
-        spawn = read_spawn(record)
+        verdict = judge(record, now_ms, run_retention_days)
     except (TypeError, ValueError, AttributeError) as error:  # as the relay: a fault of the record's own
         return DeadLetterReason("relay-error", f"{type(error).__name__}: {error}")
-    if isinstance(spawn, DeadLetterReason):
-        return spawn
+    if isinstance(verdict, DeadLetterReason):
+        return verdict
+    if isinstance(verdict, HeldBack):
+        return Held(verdict.reason, _request(record, verdict.spawn))
+    return _request(record, verdict)
+
+
+def dispatch_of(record: dict[str, Any]) -> Dispatch | DeadLetterReason:
+    """What sending the record would send, whatever its age or topic: its value read as the relay reads it
+    (`poimen.inbox_rule.read_spawn`), as a spawn request by the API's contract; or why it cannot be sent."""
+    verdict = judged(record, 0, None)
+    return verdict.dispatch if isinstance(verdict, Held) else verdict
+
+
+def _request(record: dict[str, Any], spawn: Spawn) -> Dispatch | DeadLetterReason:
     try:
         request = RunRequest.model_validate(parse_json(spawn.body.decode()))  # numbers exact, as the API reads them
     except ValidationError as error:
@@ -137,18 +162,11 @@ def dispatch_of(record: dict[str, Any]) -> Dispatch | DeadLetterReason:
     return Dispatch(spawn.tenant, request, request.dispatch_key or derived_key(record), spawn.traceparent)
 
 
-def outlived(record: dict[str, Any], run_retention_days: int | None, now_ms: float) -> bool:
-    """Whether the record is older than the run retention (never without one, nor without a timestamp):
-    its run may have expired, and sending it would admit a second one."""
-    timestamp_ms = record_timestamp_ms(record)
-    return timestamp_ms is not None and expired(timestamp_ms, now_ms, run_retention_days)
-
-
 def holds_value(letter: DeadLetter) -> bool:
     """Whether the letter keeps its record's value (a null value is a value: a tombstone's)."""
     return letter.record is not None and record_holds_value(letter.record)
 
 
-def sendable(letter: DeadLetter) -> Dispatch | DeadLetterReason | None:
-    """What the letter's record is, if it can be tried from here (None: blocked, or nothing to send)."""
-    return None if letter.blocked or letter.record is None else dispatch_of(letter.record)
+def sendable(letter: DeadLetter) -> bool:
+    """Whether the letter's record can be tried from here (not blocked, and held in full)."""
+    return not letter.blocked and letter.record is not None

@@ -17,11 +17,11 @@ from poimen_tools.dlq.letters import DeadLetterQueue
 from poimen_tools.dlq.model import (
     DeadLetter,
     Dispatch,
+    Held,
     Parcel,
-    dispatch_of,
     holds_value,
+    judged,
     named_run,
-    outlived,
     sendable,
 )
 from poimen_tools.dlq.parked import FailedBatches
@@ -46,17 +46,28 @@ class RedriveSummary:
     not_attempted: int = 0  # left when redrive stopped
     stopped: DlqError | None = None
     run_retention_days: int | None = None  # the retention records were held to; None: none (no row)
+    # keyless-replica letters left out of the default kinds: sent only when asked for by name
+    keyless_replicas_not_chosen: int = 0
 
     def rows(self, dry_run: bool) -> list[tuple[str, int]]:
         refused = [] if self.run_retention_days is None else [("refused (older than the run retention)", self.refused)]
+        left: list[tuple[str, int]] = []
+        if self.keyless_replicas_not_chosen:
+            left = [
+                (
+                    "not chosen: keyless-replica (send them with --kind keyless-replica)",
+                    self.keyless_replicas_not_chosen,
+                )
+            ]
         if dry_run:
-            return [("would send", self.would_send), *refused, ("skipped", self.skipped)]
+            return [("would send", self.would_send), *refused, ("skipped", self.skipped), *left]
         rows = [
             ("redriven (201)", self.redriven),
             ("replayed (200)", self.replayed),
             ("still failing", self.still_failing),
             *refused,
             ("skipped", self.skipped),
+            *left,
         ]
         return [*rows, ("not attempted", self.not_attempted)] if self.stopped else rows
 
@@ -121,8 +132,11 @@ class Redrive:
       the new reason (left as it is, age included, if the reason is the same, or if the new message could
       not hold the record's value); a record of a failed batch moves to the queue as a relay dead letter
       with that reason (without --queue-url, or if it would not fit SQS whole, it stays in its object).
-    - a failed-batch record the relay would dead-letter (invalid topic, null value, not JSON) moves to the
-      queue the same way; a relay dead letter of those kinds cannot be sent and is skipped.
+    - every record is judged by the relay's own rule (poimen.inbox_rule) first: a failed-batch record the
+      relay would dead-letter (invalid topic, null value, not JSON, a keyless replica) moves to the queue
+      the same way; a relay dead letter of those kinds cannot be sent and is skipped. What the relay holds
+      back although it is a spawn (expired, keyless-replica) is sent only when its kind is asked for by
+      name (--kind); keyless-replica letters are not among the default kinds.
     - an `outcome-unknown` letter (a keyless record the API may have admitted) names its run: that run is
       looked up first, and if it exists the letter is done (counted as replayed) without sending anything.
     - with --run-retention-days, a record whose Kafka timestamp is older than the run retention is refused
@@ -144,10 +158,12 @@ class Redrive:
         progress: Progress,
         plan_line: Callable[[str], None],
         run_retention_days: int | None = None,
+        waived: Iterable[str] = (),
     ) -> None:
         self._api, self._queue, self._batches = api, queue, batches
         self._progress, self._plan_line = progress, plan_line
         self._run_retention_days = run_retention_days
+        self._waived = frozenset(waived)
         self.summary = RedriveSummary(run_retention_days=run_retention_days)
         self._copies: dict[str, list[tuple[Parcel, DeadLetter]]] = {}
         self._resolved: dict[str, _Resolution] = {}
@@ -231,11 +247,19 @@ class Redrive:
 
     def _resolve(self, parcel: Parcel, letter: DeadLetter) -> _Resolution:
         copies = self._copies.get(letter.record_id or "", [(parcel, letter)])
-        source = next((copy for _, copy in copies if sendable(copy) is not None), None)
+        source = next((copy for _, copy in copies if sendable(copy)), None)
         if source is None or source.record is None:
             self._skip(letter, letter.blocked or "nothing to send")
             return _KEEP
-        dispatch = dispatch_of(source.record)
+        dispatch = judged(source.record, time.time() * 1000, self._run_retention_days)
+        if isinstance(dispatch, Held):
+            if dispatch.reason.kind in self._waived:  # asked for by name: sent as it is
+                dispatch = dispatch.dispatch
+            elif dispatch.reason.kind == "expired":
+                self._refuse(letter, source.record)
+                return _KEEP
+            else:  # where the relay puts it: a dead letter of that reason
+                dispatch = dispatch.reason
         if isinstance(dispatch, DeadLetterReason):
             held = _holding(copies)
             if held is not None:  # the relay dead-letters such a record: it is where it belongs
@@ -245,9 +269,6 @@ class Redrive:
                 self._skip(letter, f"{dispatch.kind}: {dispatch.detail}; would move to the dead-letter queue")
                 return _KEEP
             return self._dead_letter(letter, source, copies, dispatch)
-        if outlived(source.record, self._run_retention_days, time.time() * 1000):
-            self._refuse(letter, source.record)
-            return _KEEP
         admitted = self._admitted(letter, copies, dispatch)
         if admitted is not None:
             return admitted
@@ -387,19 +408,23 @@ class Plan:
     keyless: int
 
 
-def plan(parcels: Iterable[Parcel], run_retention_days: int | None = None) -> Plan:
-    """What a redrive would do, counting each record once however many copies of it there are; a record
-    older than the run retention is not one it would send."""
+def plan(parcels: Iterable[Parcel], run_retention_days: int | None = None, waived: Iterable[str] = ()) -> Plan:
+    """What a redrive would do, counting each record once however many copies of it there are; a record the
+    relay holds back (older than the run retention, a keyless replica) is not one it would send, unless its
+    kind is waived (asked for by name)."""
     letters = 0
     now_ms = time.time() * 1000
-    records: dict[str, Dispatch | DeadLetterReason | None] = {}
+    asked = frozenset(waived)
+    records: dict[str, Dispatch | None] = {}
     for parcel in parcels:
         for letter in parcel.letters:
             letters += 1
             record = letter.record_id or letter.id
-            if records.get(record) is None:  # any copy that can be sent stands for the record
-                found = sendable(letter)
-                old = letter.record is not None and outlived(letter.record, run_retention_days, now_ms)
-                records[record] = None if old else found
-    dispatches = [dispatch for dispatch in records.values() if isinstance(dispatch, Dispatch)]
+            if records.get(record) is None and sendable(letter):  # any copy that can be sent stands for the record
+                assert letter.record is not None
+                found = judged(letter.record, now_ms, run_retention_days)
+                if isinstance(found, Held):
+                    found = found.dispatch if found.reason.kind in asked else found.reason
+                records[record] = found if isinstance(found, Dispatch) else None
+    dispatches = [dispatch for dispatch in records.values() if dispatch is not None]
     return Plan(letters, len(dispatches), sum(dispatch.dispatch_key is None for dispatch in dispatches))

@@ -12,7 +12,7 @@ from typing import Any
 
 from poimen.dead_letter import DeadLetterReason
 from poimen.wire import rfc3339
-from poimen_tools.dlq.model import KINDS, DeadLetter, Dispatch, Parcel, sendable
+from poimen_tools.dlq.model import KINDS, DeadLetter, Dispatch, Held, Parcel, judged, sendable
 
 
 def age(at: datetime | None, now: datetime) -> str:
@@ -118,16 +118,20 @@ def render_inventory(parcels: list[Parcel], now: datetime, ids: bool) -> str:
 def letter_document(letter: DeadLetter, now: datetime) -> dict[str, Any]:
     """`show --json`: one dead letter, its key, value and headers decoded."""
     record = letter.record or {}
-    dispatch = sendable(letter)
-    if isinstance(dispatch, Dispatch):
-        redrive = f"POST /v1/runs for tenant {dispatch.tenant}, " + (
-            f"without dispatch_key: a new run, sent as dispatch_key {dispatch.record_key} (derived from the "
+    judgement = judged(record, now.timestamp() * 1000, None) if sendable(letter) else None
+    held = ""
+    if isinstance(judgement, Held):
+        kind = judgement.reason.kind
+        held, judgement = f"held back ({kind}: sent only with --kind {kind}): ", judgement.dispatch
+    if isinstance(judgement, Dispatch):
+        redrive = f"{held}POST /v1/runs for tenant {judgement.tenant}, " + (
+            f"without dispatch_key: a new run, sent as dispatch_key {judgement.record_key} (derived from the "
             "record: sent again, a replay)"
-            if dispatch.dispatch_key is None
-            else f"dispatch_key {json.dumps(dispatch.dispatch_key)}: a replay if it was admitted meanwhile"
+            if judgement.dispatch_key is None
+            else f"dispatch_key {json.dumps(judgement.dispatch_key)}: a replay if it was admitted meanwhile"
         )
-    elif isinstance(dispatch, DeadLetterReason):
-        redrive = f"not possible: {dispatch.kind}: {dispatch.detail}"
+    elif isinstance(judgement, DeadLetterReason):
+        redrive = f"not possible: {judgement.kind}: {judgement.detail}"
     else:
         redrive = f"not possible: {letter.blocked}"
     document: dict[str, Any] = {

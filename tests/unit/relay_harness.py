@@ -3,6 +3,7 @@ sent to a moto queue made from template.yaml. What `poimen dev` does over loopba
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import threading
@@ -107,6 +108,13 @@ class RelayHarness:
         credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
         relay = Relay(settings, sqs=sqs or queue_client, http=api, credentials=credentials)
         return cls(relay, api, queue_client, queue_url, f"t-{uuid.uuid4().hex[:12]}")
+
+    def with_settings(self, **changes: Any) -> RelayHarness:
+        """The same queue, API and tenant, relayed by a relay with these settings changed."""
+        settings = dataclasses.replace(self.relay._settings, **changes)
+        credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
+        relay = Relay(settings, sqs=self.sqs, http=self.api, credentials=credentials)
+        return dataclasses.replace(self, relay=relay)
 
     def run(self, records: list[KafkaRecord], seconds: float = 60) -> BatchOutcome:
         """One invocation of these records with `seconds` left; raises as the handler would."""

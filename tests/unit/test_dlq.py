@@ -135,11 +135,16 @@ class Stack:
     def record(self, value: Any, offset: int, key: bytes | None = None, **changes: Any) -> KafkaRecord:
         return self.harness.record(value, offset, key, **changes)
 
-    def dead_letter(self, record: KafkaRecord, reason: DeadLetterReason) -> str:
+    def dead_letter(self, record: KafkaRecord, reason: DeadLetterReason, run_retention_days: int | None = None) -> str:
+        """The relay's dead letter of the record, written under a run retention of `run_retention_days`; without
+        one, as a relay wrote it before letters recorded their retention."""
         delivered = KafkaEventRecord(msk_record(record))
+        body = dead_letter_body(delivered, reason, run_retention_days)
+        if run_retention_days is None:
+            body = json.dumps({name: part for name, part in json.loads(body).items() if name != "runRetention"})
         message_id: str = self.harness.sqs.send_message(
             QueueUrl=self.queue_url,
-            MessageBody=dead_letter_body(delivered, reason),
+            MessageBody=body,
             MessageAttributes=dead_letter_attributes(delivered),
         )["MessageId"]
         return message_id
@@ -246,7 +251,7 @@ RELAY_ERROR = DeadLetterReason("relay-error", "RuntimeError: the relay tripped o
 @pytest.mark.parametrize("kind", ["invalid-topic", "empty-value", "undecodable", "invalid-json", "rejected"])
 def test_a_relay_dead_letter_is_read_with_its_kind_record_and_time(kind: str) -> None:
     record = KafkaRecord(topic="poimen.acme.dispatch", partition=2, offset=15, timestamp_ms=0, value=b"{}", key=b"k")
-    body = dead_letter_body(KafkaEventRecord(msk_record(record)), DeadLetterReason(kind, "why", 400, {"x": 1}))
+    body = dead_letter_body(KafkaEventRecord(msk_record(record)), DeadLetterReason(kind, "why", 400, {"x": 1}), None)
 
     parcel = parse_message("m-1", body)
 
@@ -263,7 +268,7 @@ def test_a_relay_dead_letter_is_read_with_its_kind_record_and_time(kind: str) ->
 
 def test_a_dead_letter_whose_value_was_omitted_says_where_to_read_it_again() -> None:
     record = KafkaRecord(topic="poimen.acme.dispatch", partition=0, offset=7, timestamp_ms=0, value=b"x" * 900_000)
-    body = dead_letter_body(KafkaEventRecord(msk_record(record)), RELAY_ERROR)
+    body = dead_letter_body(KafkaEventRecord(msk_record(record)), RELAY_ERROR, None)
 
     (letter,) = parse_message("m", body).letters
 
@@ -694,7 +699,7 @@ def value_filling(stack: Stack, offset: int, reason: DeadLetterReason) -> KafkaR
 
     def letter(pad: int) -> tuple[KafkaRecord, str]:
         record = stack.record(spawn("big", input={"pad": "x" * pad}), offset)
-        return record, dead_letter_body(KafkaEventRecord(msk_record(record)), reason)
+        return record, dead_letter_body(KafkaEventRecord(msk_record(record)), reason, None)
 
     low, high = 0, MAX_DEAD_LETTER_BYTES  # the letter holds its value with `low`, not with `high`
     while high - low > 1:
@@ -1034,10 +1039,11 @@ def test_redrive_refuses_and_keeps_records_older_than_the_run_retention(stack: S
     assert outcome.code == EXIT_REMAINING
     assert [run["dispatch_key"]["S"] for run in stack.runs()] == ["fresh"]
     refused = [line for line in outcome.err.splitlines() if line.startswith("refused: ")]
-    suffix = "its run may have expired, and sending it would admit a second run (kept)"
+    older = "older than the run retention of 3 days: its run may have expired, and admitting it again would be"
+    suffix = "a second run (kept; --kind expired sends it)"
     assert refused == [  # oldest parcel first: the batch failed before the record was dead-lettered
-        f"refused: s3:{key}#{stack.topic}-0@5: the record is 4 days old, older than --run-retention-days 3: {suffix}",
-        f"refused: sqs:{message_id}: the record is 5 days old, older than --run-retention-days 3: {suffix}",
+        f"refused: s3:{key}#{stack.topic}-0@5: the record is 4 days old, {older} {suffix}",
+        f"refused: sqs:{message_id}: the record is 5 days old, {older} {suffix}",
     ]
     assert [message["id"] for message in stack.messages()] == [message_id]
     (parked,) = stack.objects().values()
@@ -1089,6 +1095,54 @@ def test_a_dry_run_counts_what_the_run_retention_refuses_and_asks_only_for_the_r
     assert "Send 1 of 2 dead letters" in declined.err
     assert len(stack.messages()) == 2
     assert stack.runs() == []
+
+
+def test_the_relays_expired_letter_says_its_retention_and_redrive_refuses_it_unless_named(stack: Stack) -> None:
+    # Given, with runs kept 3 days, a record published 4 days ago, which the relay dead-letters as expired
+    retained = stack.harness.with_settings(run_retention_days=3)
+    retained.run([stack.record(spawn("k-1"), 1, timestamp_ms=days_ago(4))])
+    (letter,) = stack.messages()
+    # When the queue is redriven without --run-retention-days
+    outcome = stack.cli("redrive", "--yes")
+    # Then the letter says which retention made it expire, nothing was admitted, and the letter is kept
+    assert letter["reason"]["kind"] == "expired"
+    assert letter["runRetention"] == {"days": 3}
+    assert outcome.code == EXIT_REMAINING
+    assert stack.runs() == []
+    assert [message["id"] for message in stack.messages()] == [letter["id"]]
+    (refused,) = [line for line in outcome.err.splitlines() if line.startswith("refused: ")]
+    assert refused.startswith(
+        f"refused: sqs:{letter['id']}: the record is 4 days old, older than the run retention of 3 days: its run may"
+    )
+    assert refused.endswith("(kept; --kind expired sends it)")
+    assert ["refused (older than the run retention)", "1"] in _rows(outcome.out)
+    # When it is asked for by name (its spawn was never admitted, say: the relay was down past the retention)
+    named = stack.cli("redrive", "--yes", "--kind", "expired")
+    # Then it is sent, and gone
+    assert named.code == EXIT_OK
+    assert [run["dispatch_key"]["S"] for run in stack.runs()] == ["k-1"]
+    assert stack.messages() == []
+
+
+def test_a_letter_is_held_to_the_retention_it_records_and_an_older_expired_letter_to_its_kind(stack: Stack) -> None:
+    # Given a relay-error letter of a record 5 days old that records a run retention of 3 days, and an expired
+    # letter written before letters recorded their retention
+    recorded = stack.dead_letter(stack.record(spawn("k-1"), 1, timestamp_ms=days_ago(5)), RELAY_ERROR, 3)
+    older = stack.dead_letter(stack.record(spawn("k-2"), 2, timestamp_ms=days_ago(2)), EXPIRED_BEFORE)
+    # When the queue is redriven without --run-retention-days
+    outcome = stack.cli("redrive", "--yes")
+    # Then neither is sent, and both are kept
+    assert outcome.code == EXIT_REMAINING
+    assert stack.runs() == []
+    assert {message["id"] for message in stack.messages()} == {recorded, older}
+    assert ["refused (older than the run retention)", "2"] in _rows(outcome.out)
+
+
+EXPIRED_BEFORE = DeadLetterReason(
+    "expired",
+    "the record is 1 day 2 h old, older than the run retention of 1 days: its run may have expired, and "
+    "admitting it again would be a second run",
+)
 
 
 @pytest.mark.parametrize("days", ["0", "-1", "three", "3651"])

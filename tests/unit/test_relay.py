@@ -115,7 +115,7 @@ def test_dead_letter_keeps_the_record_as_delivered_and_the_reason() -> None:
     record = next(event.records)
     reason = DeadLetterReason("rejected", "the admission API answered 400", 400, {"type": "urn:x"})
 
-    letter = dead_letter_message(record, reason)
+    letter = dead_letter_message(record, reason, None)
 
     assert letter["record"]["value"] == record.value
     assert letter["record"]["key"] == record.key
@@ -126,7 +126,7 @@ def test_dead_letter_keeps_the_record_as_delivered_and_the_reason() -> None:
         "status": 400,
         "problem": {"type": "urn:x"},
     }
-    assert json.loads(dead_letter_body(record, reason))["record"] == letter["record"]
+    assert json.loads(dead_letter_body(record, reason, None))["record"] == letter["record"]
 
 
 @pytest.mark.parametrize(
@@ -158,7 +158,7 @@ def test_a_dead_letter_leaves_out_what_makes_it_fit_keeping_value_then_key_then_
     delivered = next(KafkaEvent(msk_event([record])).records)
     reason = DeadLetterReason("rejected", "the admission API answered 413", 413, "x" * sizes.get("problem", 10))
     # When its dead letter is made
-    body = dead_letter_body(delivered, reason)
+    body = dead_letter_body(delivered, reason, None)
     # Then it fits SQS beside its attributes, keeps the coordinates, and names each part left out by its
     # length and SHA-256
     assert sqs_message_size(body, dead_letter_attributes(delivered)) <= MAX_DEAD_LETTER_BYTES
@@ -195,7 +195,7 @@ def test_a_value_that_fits_stays_when_the_apis_answer_is_what_is_too_large() -> 
     ]
     problem = {"type": "urn:poimen:problem:validation-error", "title": "Bad Request", "status": 400, "errors": errors}
     # When its dead letter is made
-    letter = json.loads(dead_letter_body(delivered, DeadLetterReason("rejected", "answered 400", 400, problem)))
+    letter = json.loads(dead_letter_body(delivered, DeadLetterReason("rejected", "answered 400", 400, problem), None))
     # Then the value is kept whole and only the answer is left out
     assert base64.b64decode(letter["record"]["value"]) == record.value
     assert letter["reason"]["problem"] is None

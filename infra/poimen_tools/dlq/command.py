@@ -81,7 +81,7 @@ IDs: sqs:<MessageId> (a relay dead letter), s3:<key> (a failed batch), s3:<key>#
 (one record of a failed batch); `poimen dlq list --ids` shows them.
 
 exit codes: 0 done; 1 some dead letters of the chosen kinds remain (failing again, not sendable, or
-refused as older than --run-retention-days);
+refused as older than the run retention);
 2 usage error, unknown ID, or redrive refused / not confirmed; 3 AWS or the admission API unreachable,
 or refusing the caller (nothing unconfirmed is removed); 130 interrupted (Ctrl-C: stopped after the
 record in flight; run redrive again for the rest)."""
@@ -169,7 +169,8 @@ def add_dlq_commands(commands: argparse._SubParsersAction[argparse.ArgumentParse
         type=run_retention_days,
         metavar="DAYS",
         help="the stack's RunRetentionDays: refuse (and keep) records whose Kafka timestamp is older, as "
-        "sending them could admit a second run (default: none, nothing is refused for its age)",
+        "sending them could admit a second run (default: the retention each relay dead letter records; "
+        "parked records: none)",
     )
     redrive.add_argument("--dry-run", action="store_true", help="say what would be sent; change nothing")
     redrive.add_argument("--yes", action="store_true", help="do not ask for confirmation")

@@ -4,6 +4,7 @@ the dispatch a record stands for, read as the relay reads it."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -35,6 +36,9 @@ class DeadLetter:
     # The record's identity, the same in every copy of it (for Kafka `<topic>-<partition>@<offset>`):
     # copies are sent once, and a parked record's progress marker is named by it. None: no record.
     record_id: str | None = None
+    # The run retention its relay held the record to (days); None: none recorded (a parked record, an older
+    # letter) or runs kept forever.
+    run_retention_days: int | None = None
 
     @property
     def coordinates(self) -> str:
@@ -123,7 +127,8 @@ class Held:
 
 
 # The reasons of Held: the relay's, for a record that is a spawn all the same.
-HELD_KINDS = ("expired", "keyless-replica")
+EXPIRED = "expired"
+HELD_KINDS = (EXPIRED, "keyless-replica")
 
 
 def judged(record: dict[str, Any], now_ms: float, run_retention_days: int | None) -> Dispatch | Held | DeadLetterReason:
@@ -165,6 +170,30 @@ def _request(record: dict[str, Any], spawn: Spawn) -> Dispatch | DeadLetterReaso
 def holds_value(letter: DeadLetter) -> bool:
     """Whether the letter keeps its record's value (a null value is a value: a tombstone's)."""
     return letter.record is not None and record_holds_value(letter.record)
+
+
+def strictest(*days: int | None) -> int | None:
+    """The shortest of these run retentions (None: kept forever)."""
+    return min((day for day in days if day is not None), default=None)
+
+
+def record_verdict(
+    copies: Sequence[DeadLetter], now_ms: float, run_retention_days: int | None
+) -> tuple[DeadLetter, Dispatch | Held | DeadLetterReason] | None:
+    """What the record of these copies is (`judged`), from the first copy that can be tried (None if none can),
+    held to the shortest of `run_retention_days` (the operator's) and the retentions the copies record. A
+    record the relay dead-lettered as `expired` stays held back as expired, whatever the retention now: it
+    only grew older."""
+    source = next((copy for copy in copies if sendable(copy)), None)
+    if source is None or source.record is None:
+        return None
+    days = strictest(run_retention_days, *(copy.run_retention_days for copy in copies))
+    verdict = judged(source.record, now_ms, days)
+    expired_letter = next((copy for copy in copies if copy.kind == EXPIRED), None)
+    if isinstance(verdict, Dispatch) and expired_letter is not None:
+        detail = f"dead-lettered as expired: {expired_letter.reason.get('detail')}"
+        verdict = Held(DeadLetterReason(EXPIRED, detail), verdict)
+    return source, verdict
 
 
 def sendable(letter: DeadLetter) -> bool:

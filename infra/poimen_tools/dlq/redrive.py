@@ -10,19 +10,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TextIO
 
-from poimen.dead_letter import DeadLetterReason, age_text, dead_letter_attributes, dead_letter_body
-from poimen.inbox_rule import record_timestamp_ms
+from poimen.dead_letter import DeadLetterReason, dead_letter_attributes, dead_letter_body
 from poimen_tools.dlq.errors import EXIT_OK, EXIT_REMAINING, DlqError, Interrupted
 from poimen_tools.dlq.letters import DeadLetterQueue
 from poimen_tools.dlq.model import (
+    EXPIRED,
     DeadLetter,
     Dispatch,
     Held,
     Parcel,
     holds_value,
-    judged,
     named_run,
-    sendable,
+    record_verdict,
+    strictest,
 )
 from poimen_tools.dlq.parked import FailedBatches
 from poimen_tools.dlq.render import problem_summary
@@ -40,7 +40,7 @@ class RedriveSummary:
     replayed: int = 0  # 200: the run already existed (the record was admitted before)
     still_failing: int = 0  # refused again (or not a dispatch), kept with the new reason
     skipped: int = 0  # cannot be sent from here: left as it is
-    # older than the run retention (--run-retention-days): sending it could admit a second run; kept
+    # older than the run retention, or dead-lettered as expired: sending it could admit a second run; kept
     refused: int = 0
     would_send: int = 0  # --dry-run
     not_attempted: int = 0  # left when redrive stopped
@@ -50,7 +50,9 @@ class RedriveSummary:
     keyless_replicas_not_chosen: int = 0
 
     def rows(self, dry_run: bool) -> list[tuple[str, int]]:
-        refused = [] if self.run_retention_days is None else [("refused (older than the run retention)", self.refused)]
+        refused = [("refused (older than the run retention)", self.refused)]
+        if self.run_retention_days is None and not self.refused:
+            refused = []
         left: list[tuple[str, int]] = []
         if self.keyless_replicas_not_chosen:
             left = [
@@ -139,9 +141,10 @@ class Redrive:
       name (--kind); keyless-replica letters are not among the default kinds.
     - an `outcome-unknown` letter (a keyless record the API may have admitted) names its run: that run is
       looked up first, and if it exists the letter is done (counted as replayed) without sending anything.
-    - with --run-retention-days, a record whose Kafka timestamp is older than the run retention is refused
-      and kept, every copy of it (exit 1): its run may have expired, and sending it would admit a second
-      one. Without --run-retention-days nothing is refused for its age.
+    - a record whose Kafka timestamp is older than the run retention (the shortest of --run-retention-days
+      and those its letters record), or that the relay dead-lettered as expired, is refused and kept, every
+      copy of it (exit 1): its run may have expired, and sending it would admit a second one. --kind
+      expired sends it all the same.
     - anything else: stop. What was not confirmed stays; an object is rewritten without what was.
 
     Each record of a failed batch is marked done (a progress marker beside its object) as soon as it is
@@ -247,16 +250,16 @@ class Redrive:
 
     def _resolve(self, parcel: Parcel, letter: DeadLetter) -> _Resolution:
         copies = self._copies.get(letter.record_id or "", [(parcel, letter)])
-        source = next((copy for _, copy in copies if sendable(copy)), None)
-        if source is None or source.record is None:
+        found = record_verdict([copy for _, copy in copies], time.time() * 1000, self._run_retention_days)
+        if found is None:
             self._skip(letter, letter.blocked or "nothing to send")
             return _KEEP
-        dispatch = judged(source.record, time.time() * 1000, self._run_retention_days)
+        source, dispatch = found
         if isinstance(dispatch, Held):
             if dispatch.reason.kind in self._waived:  # asked for by name: sent as it is
                 dispatch = dispatch.dispatch
-            elif dispatch.reason.kind == "expired":
-                self._refuse(letter, source.record)
+            elif dispatch.reason.kind == EXPIRED:
+                self._refuse(letter, dispatch.reason)
                 return _KEEP
             else:  # where the relay puts it: a dead letter of that reason
                 dispatch = dispatch.reason
@@ -341,7 +344,8 @@ class Redrive:
             self._failing(letter, reason, "kept in its object")
             return _KEEP
         record = source.record
-        body = dead_letter_body(record, reason)
+        retention = strictest(self._run_retention_days, *(copy.run_retention_days for _, copy in copies))
+        body = dead_letter_body(record, reason, retention)
         if json.loads(body)["record"].get("value") != source.record.get("value"):  # it would lose the value
             if held is not None:
                 where = "kept as it is: a dead letter with the new reason would not hold its value"
@@ -378,14 +382,9 @@ class Redrive:
         problem = f" {problem_summary(reason.problem)}" if reason.problem is not None else ""
         self._progress.note(f"still failing: {letter.id}: {reason.kind}: {reason.detail}{problem} ({where})")
 
-    def _refuse(self, letter: DeadLetter, record: dict[str, Any]) -> None:
+    def _refuse(self, letter: DeadLetter, reason: DeadLetterReason) -> None:
         self.summary.refused += 1
-        timestamp_ms = record_timestamp_ms(record) or 0
-        self._progress.note(
-            f"refused: {letter.id}: the record is {age_text(time.time() * 1000 - timestamp_ms)} old, older than "
-            f"--run-retention-days {self._run_retention_days}: its run may have expired, and sending it would "
-            "admit a second run (kept)"
-        )
+        self._progress.note(f"refused: {letter.id}: {reason.detail} (kept; --kind {EXPIRED} sends it)")
 
     def _skip(self, letter: DeadLetter, why: str) -> None:
         self.summary.skipped += 1
@@ -413,18 +412,18 @@ def plan(parcels: Iterable[Parcel], run_retention_days: int | None = None, waive
     relay holds back (older than the run retention, a keyless replica) is not one it would send, unless its
     kind is waived (asked for by name)."""
     letters = 0
-    now_ms = time.time() * 1000
     asked = frozenset(waived)
-    records: dict[str, Dispatch | None] = {}
+    copies: dict[str, list[DeadLetter]] = {}
     for parcel in parcels:
         for letter in parcel.letters:
             letters += 1
-            record = letter.record_id or letter.id
-            if records.get(record) is None and sendable(letter):  # any copy that can be sent stands for the record
-                assert letter.record is not None
-                found = judged(letter.record, now_ms, run_retention_days)
-                if isinstance(found, Held):
-                    found = found.dispatch if found.reason.kind in asked else found.reason
-                records[record] = found if isinstance(found, Dispatch) else None
-    dispatches = [dispatch for dispatch in records.values() if dispatch is not None]
+            copies.setdefault(letter.record_id or letter.id, []).append(letter)
+    dispatches: list[Dispatch] = []
+    now_ms = time.time() * 1000
+    for found in (record_verdict(same, now_ms, run_retention_days) for same in copies.values()):
+        verdict = None if found is None else found[1]
+        if isinstance(verdict, Held):
+            verdict = verdict.dispatch if verdict.reason.kind in asked else None
+        if isinstance(verdict, Dispatch):
+            dispatches.append(verdict)
     return Plan(letters, len(dispatches), sum(dispatch.dispatch_key is None for dispatch in dispatches))

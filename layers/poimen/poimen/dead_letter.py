@@ -46,8 +46,12 @@ class DeadLetterReason:
     problem: Any = None
 
 
-def dead_letter_message(record: Mapping[str, Any], reason: DeadLetterReason) -> dict[str, Any]:
-    """The original record (as MSK delivered it: key and value base64) and why it was dead-lettered."""
+def dead_letter_message(
+    record: Mapping[str, Any], reason: DeadLetterReason, run_retention_days: int | None
+) -> dict[str, Any]:
+    """The original record (as MSK delivered it: key and value base64), why it was dead-lettered, and the run
+    retention its writer held records to (`{"days": null}`: runs kept forever), so that `poimen dlq redrive`
+    holds the record to it too."""
     return {
         "record": {
             "topic": record.get("topic"),
@@ -66,10 +70,11 @@ def dead_letter_message(record: Mapping[str, Any], reason: DeadLetterReason) -> 
             "problem": reason.problem,
         },
         "deadLetteredAt": rfc3339(),
+        "runRetention": {"days": run_retention_days},
     }
 
 
-def dead_letter_body(record: Mapping[str, Any], reason: DeadLetterReason) -> str:
+def dead_letter_body(record: Mapping[str, Any], reason: DeadLetterReason, run_retention_days: int | None) -> str:
     """The SQS message body of a dead letter: with its attributes (dead_letter_attributes), at most
     MAX_DEAD_LETTER_BYTES (ASCII JSON: bytes = characters).
 
@@ -78,7 +83,7 @@ def dead_letter_body(record: Mapping[str, Any], reason: DeadLetterReason) -> str
     (`{"reason": "too large for SQS", "length": <its length as delivered>}`) and `<part>Sha256`, the
     SHA-256 of that text: the base64 of key and value, compact JSON otherwise.
     """
-    letter = dead_letter_message(record, reason)
+    letter = dead_letter_message(record, reason, run_retention_days)
     budget = MAX_DEAD_LETTER_BYTES - _attributes_size(dead_letter_attributes(record))
     body = _compact(letter)
     if len(body) <= budget:
@@ -124,6 +129,14 @@ def is_dead_letter(document: Any) -> bool:
 def holds_value(record: Mapping[str, Any]) -> bool:
     """Whether a dead letter's record keeps its value (a null value is a value: a tombstone's)."""
     return "valueOmitted" not in record
+
+
+def recorded_retention_days(document: Mapping[str, Any]) -> int | None:
+    """The run retention a dead letter records (its writer's), in days; None when runs were kept forever, or
+    for a letter written before letters recorded it."""
+    retention = document.get("runRetention")
+    days = retention.get("days") if isinstance(retention, dict) else None
+    return days if isinstance(days, int) and not isinstance(days, bool) and days > 0 else None
 
 
 def record_id(record: Mapping[str, Any]) -> str:

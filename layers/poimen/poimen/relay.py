@@ -320,7 +320,8 @@ class Relay:
             **context,
         }
         raw = record.raw_event
-        batch.hold(_DeadLetter(dead_letter_body(raw, reason), dead_letter_attributes(raw), log))
+        body = dead_letter_body(raw, reason, self._settings.run_retention_days)
+        batch.hold(_DeadLetter(body, dead_letter_attributes(raw), log))
 
     def _send_dead_letter(self, letter: _DeadLetter, batch: _Batch) -> None:
         """SendMessage, retried while a whole attempt (connect and read timeouts) still fits before the

@@ -296,6 +296,32 @@ def test_deploy_command_runs_up_to_its_first_call_to_aws(built: Path, commands: 
     assert f'Could not connect to the endpoint URL: "{closed}/"' in output
 
 
+def test_deploy_passes_the_deployed_run_retention_and_the_time_it_changed(tmp_path: Path, commands: list[str]) -> None:
+    # Given the stack deployed with runs kept 1 day (moto's CloudFormation on loopback), and a SAM CLI that only
+    # says how it was called
+    sam = tmp_path / "sam"
+    sam.write_text('#!/bin/sh\necho "sam $*"\n')
+    sam.chmod(0o755)
+    stack = {
+        "Parameters": {"RunRetentionDays": {"Type": "String"}},
+        "Resources": {"Queue": {"Type": "AWS::SQS::Queue"}},
+    }
+    with EmbeddedMoto() as moto:
+        boto3.client("cloudformation", endpoint_url=moto.endpoint, region_name="eu-west-1").create_stack(
+            StackName="poimen-admission-staging",
+            TemplateBody=json.dumps(stack),
+            Parameters=[{"ParameterKey": "RunRetentionDays", "ParameterValue": "1"}],
+        )
+        env = _offline_env(AWS_ENDPOINT_URL=moto.endpoint, AWS_REGION="eu-west-1", AWS_DEFAULT_REGION="eu-west-1")
+        # When the README's deploy command runs with RUN_RETENTION_DAYS=7
+        result = _run(f"{commands[1]} RUN_RETENTION_DAYS=7 SAM={sam} COMPILE_BYTECODE=true", env)
+    # Then sam deploy is given the raise, the deployed value and the time of the change, and the deploy says so
+    assert result.returncode == 0, result.stderr[-2000:]
+    (deploy,) = [line for line in result.stdout.splitlines() if line.startswith("sam deploy ")]
+    assert re.search(r" RunRetentionDays=7 PreviousRunRetentionDays=1 RunRetentionChangedAt=[0-9T:.-]+Z$", deploy)
+    assert "RunRetentionDays of poimen-admission-staging changes from 1 day to 7 days" in result.stderr
+
+
 def test_sam_package_uploads_to_s3_and_keeps_the_loop(built: Path, tmp_path: Path) -> None:
     packaged = tmp_path / "packaged.yaml"
     with EmbeddedMoto() as moto:

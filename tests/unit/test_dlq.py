@@ -21,7 +21,9 @@ from aws_lambda_powertools.utilities.data_classes.kafka_event import KafkaEventR
 from botocore.credentials import Credentials
 
 from poimen.dead_letter import MAX_DEAD_LETTER_BYTES, DeadLetterReason, dead_letter_attributes, dead_letter_body
+from poimen.retention import RunRetention
 from poimen.store import Store
+from poimen.wire import rfc3339
 from poimen_tools import dlq
 from poimen_tools.cli import main
 from poimen_tools.dlq import EXIT_OK, EXIT_REMAINING, EXIT_UNREACHABLE, EXIT_USAGE, add_dlq_commands, letters, run_dlq
@@ -139,7 +141,7 @@ class Stack:
         """The relay's dead letter of the record, written under a run retention of `run_retention_days`; without
         one, as a relay wrote it before letters recorded their retention."""
         delivered = KafkaEventRecord(msk_record(record))
-        body = dead_letter_body(delivered, reason, run_retention_days)
+        body = dead_letter_body(delivered, reason, RunRetention(run_retention_days))
         if run_retention_days is None:
             body = json.dumps({name: part for name, part in json.loads(body).items() if name != "runRetention"})
         message_id: str = self.harness.sqs.send_message(
@@ -251,7 +253,9 @@ RELAY_ERROR = DeadLetterReason("relay-error", "RuntimeError: the relay tripped o
 @pytest.mark.parametrize("kind", ["invalid-topic", "empty-value", "undecodable", "invalid-json", "rejected"])
 def test_a_relay_dead_letter_is_read_with_its_kind_record_and_time(kind: str) -> None:
     record = KafkaRecord(topic="poimen.acme.dispatch", partition=2, offset=15, timestamp_ms=0, value=b"{}", key=b"k")
-    body = dead_letter_body(KafkaEventRecord(msk_record(record)), DeadLetterReason(kind, "why", 400, {"x": 1}), None)
+    body = dead_letter_body(
+        KafkaEventRecord(msk_record(record)), DeadLetterReason(kind, "why", 400, {"x": 1}), RunRetention()
+    )
 
     parcel = parse_message("m-1", body)
 
@@ -268,7 +272,7 @@ def test_a_relay_dead_letter_is_read_with_its_kind_record_and_time(kind: str) ->
 
 def test_a_dead_letter_whose_value_was_omitted_says_where_to_read_it_again() -> None:
     record = KafkaRecord(topic="poimen.acme.dispatch", partition=0, offset=7, timestamp_ms=0, value=b"x" * 900_000)
-    body = dead_letter_body(KafkaEventRecord(msk_record(record)), RELAY_ERROR, None)
+    body = dead_letter_body(KafkaEventRecord(msk_record(record)), RELAY_ERROR, RunRetention())
 
     (letter,) = parse_message("m", body).letters
 
@@ -699,7 +703,7 @@ def value_filling(stack: Stack, offset: int, reason: DeadLetterReason) -> KafkaR
 
     def letter(pad: int) -> tuple[KafkaRecord, str]:
         record = stack.record(spawn("big", input={"pad": "x" * pad}), offset)
-        return record, dead_letter_body(KafkaEventRecord(msk_record(record)), reason, None)
+        return record, dead_letter_body(KafkaEventRecord(msk_record(record)), reason, RunRetention())
 
     low, high = 0, MAX_DEAD_LETTER_BYTES  # the letter holds its value with `low`, not with `high`
     while high - low > 1:
@@ -1099,7 +1103,7 @@ def test_a_dry_run_counts_what_the_run_retention_refuses_and_asks_only_for_the_r
 
 def test_the_relays_expired_letter_says_its_retention_and_redrive_refuses_it_unless_named(stack: Stack) -> None:
     # Given, with runs kept 3 days, a record published 4 days ago, which the relay dead-letters as expired
-    retained = stack.harness.with_settings(run_retention_days=3)
+    retained = stack.harness.with_settings(run_retention=RunRetention(3))
     retained.run([stack.record(spawn("k-1"), 1, timestamp_ms=days_ago(4))])
     (letter,) = stack.messages()
     # When the queue is redriven without --run-retention-days
@@ -1143,6 +1147,34 @@ EXPIRED_BEFORE = DeadLetterReason(
     "the record is 1 day 2 h old, older than the run retention of 1 days: its run may have expired, and "
     "admitting it again would be a second run",
 )
+
+
+def test_redrive_holds_a_parked_record_from_before_a_raise_to_the_retention_before_it(stack: Stack) -> None:
+    # Given a parked record published 2 days ago, and RunRetentionDays raised from 1 to 7 an hour ago
+    stack.park([stack.record(spawn("k-1"), 1, timestamp_ms=days_ago(2))])
+    changed_at = rfc3339(datetime.now(UTC) - timedelta(hours=1))
+    raised = [
+        "--run-retention-days",
+        "7",
+        "--previous-run-retention-days",
+        "1",
+        "--run-retention-changed-at",
+        changed_at,
+    ]
+    # When it is redriven with the stack's retention and the record of its change, as make deploy printed them
+    outcome = stack.cli("redrive", "--yes", *raised)
+    # Then it is refused and kept: its run was written under 1 day
+    assert outcome.code == EXIT_REMAINING
+    assert stack.runs() == []
+    assert len(stack.objects()) == 1
+    assert "older than the run retention of 1 day (it was 1 day until" in outcome.err
+
+
+def test_a_previous_run_retention_needs_the_time_it_changed(stack: Stack) -> None:
+    outcome = stack.cli("redrive", "--yes", "--run-retention-days", "7", "--previous-run-retention-days", "1")
+
+    assert outcome.code == EXIT_USAGE
+    assert "--previous-run-retention-days needs --run-retention-changed-at" in outcome.err
 
 
 @pytest.mark.parametrize("days", ["0", "-1", "three", "3651"])

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -37,7 +38,9 @@ from poimen.relay import (
     Relay,
     _ordered_groups,
 )
+from poimen.retention import RunRetention
 from poimen.store import Store
+from poimen.wire import rfc3339
 from poimen_tools.local.msk import KafkaRecord, msk_event
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs, load_event
@@ -115,7 +118,7 @@ def test_dead_letter_keeps_the_record_as_delivered_and_the_reason() -> None:
     record = next(event.records)
     reason = DeadLetterReason("rejected", "the admission API answered 400", 400, {"type": "urn:x"})
 
-    letter = dead_letter_message(record, reason, None)
+    letter = dead_letter_message(record, reason, RunRetention())
 
     assert letter["record"]["value"] == record.value
     assert letter["record"]["key"] == record.key
@@ -126,7 +129,7 @@ def test_dead_letter_keeps_the_record_as_delivered_and_the_reason() -> None:
         "status": 400,
         "problem": {"type": "urn:x"},
     }
-    assert json.loads(dead_letter_body(record, reason, None))["record"] == letter["record"]
+    assert json.loads(dead_letter_body(record, reason, RunRetention()))["record"] == letter["record"]
 
 
 @pytest.mark.parametrize(
@@ -158,7 +161,7 @@ def test_a_dead_letter_leaves_out_what_makes_it_fit_keeping_value_then_key_then_
     delivered = next(KafkaEvent(msk_event([record])).records)
     reason = DeadLetterReason("rejected", "the admission API answered 413", 413, "x" * sizes.get("problem", 10))
     # When its dead letter is made
-    body = dead_letter_body(delivered, reason, None)
+    body = dead_letter_body(delivered, reason, RunRetention())
     # Then it fits SQS beside its attributes, keeps the coordinates, and names each part left out by its
     # length and SHA-256
     assert sqs_message_size(body, dead_letter_attributes(delivered)) <= MAX_DEAD_LETTER_BYTES
@@ -195,7 +198,9 @@ def test_a_value_that_fits_stays_when_the_apis_answer_is_what_is_too_large() -> 
     ]
     problem = {"type": "urn:poimen:problem:validation-error", "title": "Bad Request", "status": 400, "errors": errors}
     # When its dead letter is made
-    letter = json.loads(dead_letter_body(delivered, DeadLetterReason("rejected", "answered 400", 400, problem), None))
+    letter = json.loads(
+        dead_letter_body(delivered, DeadLetterReason("rejected", "answered 400", 400, problem), RunRetention())
+    )
     # Then the value is kept whole and only the answer is left out
     assert base64.b64decode(letter["record"]["value"]) == record.value
     assert letter["reason"]["problem"] is None
@@ -580,6 +585,30 @@ def test_without_a_run_retention_an_old_record_is_admitted(
     assert harness.dead_letters() == []
 
 
+@pytest.mark.parametrize(("changed_days_ago", "admitted"), [(1 / 24, False), (3, True)])
+def test_after_a_raise_of_the_run_retention_a_record_from_before_it_is_held_to_the_shorter(
+    harness: RelayHarness, template: Template, dynamodb: Any, table_name: str, changed_days_ago: float, admitted: bool
+) -> None:
+    # Given the relay as the template configures it once RunRetentionDays was raised from 1 to 7 days (make
+    # deploy passes the deployed value and the time of the change), the raise an hour or 3 days ago
+    changed_at = datetime.now(UTC) - timedelta(days=changed_days_ago)
+    parameters = {
+        "RunRetentionDays": "7",
+        "PreviousRunRetentionDays": "1",
+        "RunRetentionChangedAt": rfc3339(changed_at),
+    }
+    relay = harness.with_environment(template.function_environment("InboxRelayFunction", parameters))
+    # When a record published 2 days ago is delivered again
+    two_days_ago = int(time.time() * 1000) - 2 * DAY_MS
+    relay.run([harness.record({**SPAWN, "dispatch_key": "k"}, 0, timestamp_ms=two_days_ago)])
+    # Then from before the raise it is held to 1 day (its run, written under 1 day, is gone): dead-lettered
+    # as expired, no run; from after it, a run
+    runs = count_runs(dynamodb, table_name, harness.tenant)
+    letters = [letter for _, letter in harness.dead_letters()]
+    assert len(runs) == (1 if admitted else 0)
+    assert [letter["reason"]["kind"] for letter in letters] == ([] if admitted else ["expired"])
+
+
 def test_the_relay_reads_its_run_retention_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     env = {"ADMISSION_API_URL": "https://api.example", "DLQ_URL": "https://sqs/dlq", "AWS_REGION": "us-east-1"}
     for name, value in {**env, "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "secret"}.items():
@@ -587,10 +616,10 @@ def test_the_relay_reads_its_run_retention_from_the_environment(monkeypatch: pyt
     relay_module.relay_service.cache_clear()
     try:
         monkeypatch.setenv("RUN_RETENTION_DAYS", "3")
-        assert relay_module.relay_service()._settings.run_retention_days == 3
+        assert relay_module.relay_service()._settings.run_retention.days == 3
         relay_module.relay_service.cache_clear()
         monkeypatch.setenv("RUN_RETENTION_DAYS", "")
-        assert relay_module.relay_service()._settings.run_retention_days is None
+        assert relay_module.relay_service()._settings.run_retention.days is None
         relay_module.relay_service.cache_clear()
         monkeypatch.setenv("RUN_RETENTION_DAYS", "three")
         with pytest.raises(ConfigurationError, match="RUN_RETENTION_DAYS must be empty"):

@@ -40,7 +40,16 @@ import botocore.session
 import urllib3
 from botocore.credentials import Credentials
 
-from poimen_tools.arguments import base_url, bucket_name, endpoint_url, region, run_retention_days, text
+from poimen.retention import RunRetention
+from poimen_tools.arguments import (
+    base_url,
+    bucket_name,
+    changed_at,
+    endpoint_url,
+    region,
+    run_retention_days,
+    text,
+)
 from poimen_tools.credentials import local_credentials
 from poimen_tools.dlq.api import AdmissionApi
 from poimen_tools.dlq.errors import EXIT_OK, AwsUnavailable, DeadLetterNotFound, DlqError, UsageError
@@ -167,10 +176,25 @@ def add_dlq_commands(commands: argparse._SubParsersAction[argparse.ArgumentParse
     redrive.add_argument(
         "--run-retention-days",
         type=run_retention_days,
+        default=argparse.SUPPRESS,
         metavar="DAYS",
         help="the stack's RunRetentionDays: refuse (and keep) records whose Kafka timestamp is older, as "
         "sending them could admit a second run (default: the retention each relay dead letter records; "
         "parked records: none)",
+    )
+    redrive.add_argument(
+        "--previous-run-retention-days",
+        type=run_retention_days,
+        default=argparse.SUPPRESS,
+        metavar="DAYS",
+        help="the stack's PreviousRunRetentionDays, with --run-retention-changed-at: a record from before the "
+        "change is held to the shorter of the two retentions ('' for forever)",
+    )
+    redrive.add_argument(
+        "--run-retention-changed-at",
+        type=changed_at,
+        metavar="TIME",
+        help="the stack's RunRetentionChangedAt (RFC 3339 UTC, as make deploy records it)",
     )
     redrive.add_argument("--dry-run", action="store_true", help="say what would be sent; change nothing")
     redrive.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -235,6 +259,7 @@ def _run(
             raise UsageError("redrive needs --api-url (stack output AdmissionApiUrl), or --dry-run")
         signer = credentials or _caller_credentials(args.dev_key, args.api_url)
         api = AdmissionApi(args.api_url, signer, args.region, http)
+    retention = _operators_retention(args)
     kinds = args.kind or DEFAULT_KINDS
     waived = [kind for kind in args.kind or () if kind in HELD_KINDS]
     with holding(queue, batches, REDRIVE_VISIBILITY_SECONDS) as parcels:
@@ -247,7 +272,7 @@ def _run(
         }
         if replicas:
             print(_not_chosen(len(replicas)), file=err)
-        planned = plan(chosen, args.run_retention_days, waived)
+        planned = plan(chosen, retention, waived)
         if api is not None and planned.letters and not args.yes:
             _confirm(planned, api, stdin, err)
         redrive = Redrive(
@@ -256,7 +281,7 @@ def _run(
             batches,
             Progress(planned.letters, err),
             lambda line: print(line, file=out),
-            args.run_retention_days,
+            retention,
             waived,
         )
         redrive.summary.keyless_replicas_not_chosen = len(replicas)
@@ -312,6 +337,20 @@ def _find(dead_letter_id: str, queue: DeadLetterQueue | None, batches: FailedBat
                     return parcel.letters
         raise DeadLetterNotFound(f"no message {dead_letter_id} in {queue.url}: {hint}")
     raise UsageError(f"{dead_letter_id!r} is not a dead-letter ID (sqs:<MessageId> or s3:<key>[#...]): {hint}")
+
+
+def _operators_retention(args: argparse.Namespace) -> RunRetention | None:
+    """The run retention the operator holds records to (--run-retention-days and its last change), if any. An
+    option not given is absent from `args`; an empty --run-retention-days is given: runs kept forever."""
+    given = vars(args)
+    if "previous_run_retention_days" in given and args.run_retention_changed_at is None:
+        raise UsageError("--previous-run-retention-days needs --run-retention-changed-at, when it changed")
+    if "run_retention_days" not in given and args.run_retention_changed_at is None:
+        return None
+    days = given.get("run_retention_days")
+    if args.run_retention_changed_at is None:
+        return RunRetention(days)
+    return RunRetention(days, given.get("previous_run_retention_days"), args.run_retention_changed_at)
 
 
 def _not_chosen(replicas: int) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 import botocore.exceptions
 
-from poimen.dead_letter import holds_value, is_dead_letter, record_id, recorded_retention_days
+from poimen.dead_letter import holds_value, is_dead_letter, record_id, recorded_retention
 from poimen_tools.dlq.errors import aws_call
 from poimen_tools.dlq.model import DeadLetter, Parcel, coordinates, timestamp
 from poimen_tools.dlq.parked import failed_batch, is_on_failure_record, unrecognised
@@ -37,7 +37,7 @@ def parse_message(message_id: str, body: str, sent_at: datetime | None = None) -
         blocked = None
         if not holds_value(record):
             blocked = f"value omitted; read it again from Kafka at {coordinates(record)}"
-        retention = recorded_retention_days(document)
+        retention = recorded_retention(document)
         letter = DeadLetter(parcel_id, kind, parcel_id, at, reason, record, blocked, record_id(record), retention)
         return Parcel(parcel_id, kind, at, [letter], 1)
     if is_on_failure_record(document):

@@ -15,6 +15,7 @@ from poimen.contract import RunRequest, parse_json
 from poimen.dead_letter import RELAY_KINDS, DeadLetterReason
 from poimen.dead_letter import holds_value as record_holds_value
 from poimen.inbox_rule import HeldBack, Spawn, judge
+from poimen.retention import RunRetention
 
 OUTCOME_UNKNOWN = "outcome-unknown"  # a keyless record the API may have admitted: its letter names the run
 FAILED_BATCH = "failed-batch"
@@ -36,9 +37,8 @@ class DeadLetter:
     # The record's identity, the same in every copy of it (for Kafka `<topic>-<partition>@<offset>`):
     # copies are sent once, and a parked record's progress marker is named by it. None: no record.
     record_id: str | None = None
-    # The run retention its relay held the record to (days); None: none recorded (a parked record, an older
-    # letter) or runs kept forever.
-    run_retention_days: int | None = None
+    # The run retention its relay held the record to; None: none recorded (a parked record, an older letter).
+    run_retention: RunRetention | None = None
 
     @property
     def coordinates(self) -> str:
@@ -131,12 +131,12 @@ EXPIRED = "expired"
 HELD_KINDS = (EXPIRED, "keyless-replica")
 
 
-def judged(record: dict[str, Any], now_ms: float, run_retention_days: int | None) -> Dispatch | Held | DeadLetterReason:
+def judged(record: dict[str, Any], now_ms: float, *retentions: RunRetention) -> Dispatch | Held | DeadLetterReason:
     """The record judged by the relay's rule (`poimen.inbox_rule.judge`) at `now_ms`: a dispatch to send, one
     the relay holds back, or why the relay dead-letters it. A value that is no spawn request by the API's
     contract (`poimen.contract.RunRequest`) is refused as the API would refuse it, without sending it."""
     try:
-        verdict = judge(record, now_ms, run_retention_days)
+        verdict = judge(record, now_ms, *retentions)
     except (TypeError, ValueError, AttributeError) as error:  # as the relay: a fault of the record's own
         return DeadLetterReason("relay-error", f"{type(error).__name__}: {error}")
     if isinstance(verdict, DeadLetterReason):
@@ -149,7 +149,7 @@ def judged(record: dict[str, Any], now_ms: float, run_retention_days: int | None
 def dispatch_of(record: dict[str, Any]) -> Dispatch | DeadLetterReason:
     """What sending the record would send, whatever its age or topic: its value read as the relay reads it
     (`poimen.inbox_rule.read_spawn`), as a spawn request by the API's contract; or why it cannot be sent."""
-    verdict = judged(record, 0, None)
+    verdict = judged(record, 0)
     return verdict.dispatch if isinstance(verdict, Held) else verdict
 
 
@@ -172,23 +172,18 @@ def holds_value(letter: DeadLetter) -> bool:
     return letter.record is not None and record_holds_value(letter.record)
 
 
-def strictest(*days: int | None) -> int | None:
-    """The shortest of these run retentions (None: kept forever)."""
-    return min((day for day in days if day is not None), default=None)
-
-
 def record_verdict(
-    copies: Sequence[DeadLetter], now_ms: float, run_retention_days: int | None
+    copies: Sequence[DeadLetter], now_ms: float, run_retention: RunRetention | None
 ) -> tuple[DeadLetter, Dispatch | Held | DeadLetterReason] | None:
     """What the record of these copies is (`judged`), from the first copy that can be tried (None if none can),
-    held to the shortest of `run_retention_days` (the operator's) and the retentions the copies record. A
-    record the relay dead-lettered as `expired` stays held back as expired, whatever the retention now: it
-    only grew older."""
+    held to the shortest of `run_retention` (the operator's) and the retentions the copies record. A record
+    the relay dead-lettered as `expired` stays held back as expired, whatever the retention now: it only
+    grew older."""
     source = next((copy for copy in copies if sendable(copy)), None)
     if source is None or source.record is None:
         return None
-    days = strictest(run_retention_days, *(copy.run_retention_days for copy in copies))
-    verdict = judged(source.record, now_ms, days)
+    retentions = [found for found in (run_retention, *(copy.run_retention for copy in copies)) if found is not None]
+    verdict = judged(source.record, now_ms, *retentions)
     expired_letter = next((copy for copy in copies if copy.kind == EXPIRED), None)
     if isinstance(verdict, Dispatch) and expired_letter is not None:
         detail = f"dead-lettered as expired: {expired_letter.reason.get('detail')}"

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TextIO
 
 from poimen.dead_letter import DeadLetterReason, dead_letter_attributes, dead_letter_body
+from poimen.retention import RunRetention
 from poimen_tools.dlq.errors import EXIT_OK, EXIT_REMAINING, DlqError, Interrupted
 from poimen_tools.dlq.letters import DeadLetterQueue
 from poimen_tools.dlq.model import (
@@ -22,7 +23,6 @@ from poimen_tools.dlq.model import (
     holds_value,
     named_run,
     record_verdict,
-    strictest,
 )
 from poimen_tools.dlq.parked import FailedBatches
 from poimen_tools.dlq.render import problem_summary
@@ -45,13 +45,13 @@ class RedriveSummary:
     would_send: int = 0  # --dry-run
     not_attempted: int = 0  # left when redrive stopped
     stopped: DlqError | None = None
-    run_retention_days: int | None = None  # the retention records were held to; None: none (no row)
+    held_to_a_retention: bool = False  # the operator gave one (--run-retention-days): the refused row is shown
     # keyless-replica letters left out of the default kinds: sent only when asked for by name
     keyless_replicas_not_chosen: int = 0
 
     def rows(self, dry_run: bool) -> list[tuple[str, int]]:
         refused = [("refused (older than the run retention)", self.refused)]
-        if self.run_retention_days is None and not self.refused:
+        if not self.held_to_a_retention and not self.refused:
             refused = []
         left: list[tuple[str, int]] = []
         if self.keyless_replicas_not_chosen:
@@ -160,14 +160,14 @@ class Redrive:
         batches: FailedBatches | None,
         progress: Progress,
         plan_line: Callable[[str], None],
-        run_retention_days: int | None = None,
+        run_retention: RunRetention | None = None,
         waived: Iterable[str] = (),
     ) -> None:
         self._api, self._queue, self._batches = api, queue, batches
         self._progress, self._plan_line = progress, plan_line
-        self._run_retention_days = run_retention_days
+        self._run_retention = run_retention
         self._waived = frozenset(waived)
-        self.summary = RedriveSummary(run_retention_days=run_retention_days)
+        self.summary = RedriveSummary(held_to_a_retention=run_retention is not None)
         self._copies: dict[str, list[tuple[Parcel, DeadLetter]]] = {}
         self._resolved: dict[str, _Resolution] = {}
         self._marked: dict[str, set[str]] = {}  # parcel id -> records marked done by this redrive
@@ -250,7 +250,7 @@ class Redrive:
 
     def _resolve(self, parcel: Parcel, letter: DeadLetter) -> _Resolution:
         copies = self._copies.get(letter.record_id or "", [(parcel, letter)])
-        found = record_verdict([copy for _, copy in copies], time.time() * 1000, self._run_retention_days)
+        found = record_verdict([copy for _, copy in copies], time.time() * 1000, self._run_retention)
         if found is None:
             self._skip(letter, letter.blocked or "nothing to send")
             return _KEEP
@@ -344,8 +344,9 @@ class Redrive:
             self._failing(letter, reason, "kept in its object")
             return _KEEP
         record = source.record
-        retention = strictest(self._run_retention_days, *(copy.run_retention_days for _, copy in copies))
-        body = dead_letter_body(record, reason, retention)
+        # The retention the relay recorded, else the operator's: redrive holds the new letter to it too.
+        recorded = next((copy.run_retention for _, copy in copies if copy.run_retention is not None), None)
+        body = dead_letter_body(record, reason, recorded or self._run_retention or RunRetention())
         if json.loads(body)["record"].get("value") != source.record.get("value"):  # it would lose the value
             if held is not None:
                 where = "kept as it is: a dead letter with the new reason would not hold its value"
@@ -407,7 +408,7 @@ class Plan:
     keyless: int
 
 
-def plan(parcels: Iterable[Parcel], run_retention_days: int | None = None, waived: Iterable[str] = ()) -> Plan:
+def plan(parcels: Iterable[Parcel], run_retention: RunRetention | None = None, waived: Iterable[str] = ()) -> Plan:
     """What a redrive would do, counting each record once however many copies of it there are; a record the
     relay holds back (older than the run retention, a keyless replica) is not one it would send, unless its
     kind is waived (asked for by name)."""
@@ -420,7 +421,7 @@ def plan(parcels: Iterable[Parcel], run_retention_days: int | None = None, waive
             copies.setdefault(letter.record_id or letter.id, []).append(letter)
     dispatches: list[Dispatch] = []
     now_ms = time.time() * 1000
-    for found in (record_verdict(same, now_ms, run_retention_days) for same in copies.values()):
+    for found in (record_verdict(same, now_ms, run_retention) for same in copies.values()):
         verdict = None if found is None else found[1]
         if isinstance(verdict, Held):
             verdict = verdict.dispatch if verdict.reason.kind in asked else None

@@ -118,7 +118,8 @@ def render_inventory(parcels: list[Parcel], now: datetime, ids: bool) -> str:
 def letter_document(letter: DeadLetter, now: datetime) -> dict[str, Any]:
     """`show --json`: one dead letter, its key, value and headers decoded."""
     record = letter.record or {}
-    judgement = judged(record, now.timestamp() * 1000, None) if sendable(letter) else None
+    retentions = () if letter.run_retention is None else (letter.run_retention,)
+    judgement = judged(record, now.timestamp() * 1000, *retentions) if sendable(letter) else None
     held = ""
     if isinstance(judgement, Held):
         kind = judgement.reason.kind

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from poimen.retention import InvalidRetention, RunRetention, parse_changed_at, parse_run_retention_days
 from poimen.wire import rfc3339
 
 # Why the relay dead-letters a record (DeadLetterReason.kind), in the order `poimen dlq` lists them.
@@ -47,11 +48,12 @@ class DeadLetterReason:
 
 
 def dead_letter_message(
-    record: Mapping[str, Any], reason: DeadLetterReason, run_retention_days: int | None
+    record: Mapping[str, Any], reason: DeadLetterReason, run_retention: RunRetention
 ) -> dict[str, Any]:
     """The original record (as MSK delivered it: key and value base64), why it was dead-lettered, and the run
-    retention its writer held records to (`{"days": null}`: runs kept forever), so that `poimen dlq redrive`
-    holds the record to it too."""
+    retention its writer held records to (`{"days": null}`: runs kept forever; after a change of
+    RunRetentionDays also `previousDays` and `changedAt`), so that `poimen dlq redrive` holds the record to
+    it too."""
     return {
         "record": {
             "topic": record.get("topic"),
@@ -70,11 +72,11 @@ def dead_letter_message(
             "problem": reason.problem,
         },
         "deadLetteredAt": rfc3339(),
-        "runRetention": {"days": run_retention_days},
+        "runRetention": _retention_document(run_retention),
     }
 
 
-def dead_letter_body(record: Mapping[str, Any], reason: DeadLetterReason, run_retention_days: int | None) -> str:
+def dead_letter_body(record: Mapping[str, Any], reason: DeadLetterReason, run_retention: RunRetention) -> str:
     """The SQS message body of a dead letter: with its attributes (dead_letter_attributes), at most
     MAX_DEAD_LETTER_BYTES (ASCII JSON: bytes = characters).
 
@@ -83,7 +85,7 @@ def dead_letter_body(record: Mapping[str, Any], reason: DeadLetterReason, run_re
     (`{"reason": "too large for SQS", "length": <its length as delivered>}`) and `<part>Sha256`, the
     SHA-256 of that text: the base64 of key and value, compact JSON otherwise.
     """
-    letter = dead_letter_message(record, reason, run_retention_days)
+    letter = dead_letter_message(record, reason, run_retention)
     budget = MAX_DEAD_LETTER_BYTES - _attributes_size(dead_letter_attributes(record))
     body = _compact(letter)
     if len(body) <= budget:
@@ -131,12 +133,34 @@ def holds_value(record: Mapping[str, Any]) -> bool:
     return "valueOmitted" not in record
 
 
-def recorded_retention_days(document: Mapping[str, Any]) -> int | None:
-    """The run retention a dead letter records (its writer's), in days; None when runs were kept forever, or
-    for a letter written before letters recorded it."""
-    retention = document.get("runRetention")
-    days = retention.get("days") if isinstance(retention, dict) else None
-    return days if isinstance(days, int) and not isinstance(days, bool) and days > 0 else None
+def recorded_retention(document: Mapping[str, Any]) -> RunRetention | None:
+    """The run retention a dead letter records (its writer's); None for a letter written before letters
+    recorded it, or whose record of it is unreadable."""
+    recorded = document.get("runRetention")
+    if not isinstance(recorded, dict):
+        return None
+    try:
+        days = _days(recorded.get("days"))
+        changed_at = recorded.get("changedAt")
+        if changed_at is None:
+            return RunRetention(days)
+        return RunRetention(days, _days(recorded.get("previousDays")), parse_changed_at(str(changed_at)))
+    except InvalidRetention:
+        return None
+
+
+def _retention_document(retention: RunRetention) -> dict[str, Any]:
+    if retention.changed_at_ms is None:
+        return {"days": retention.days}
+    return {"days": retention.days, "previousDays": retention.previous_days, "changedAt": retention.changed_at}
+
+
+def _days(value: Any) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidRetention(f"not a number of days: {value!r}")
+    return parse_run_retention_days(str(value))
 
 
 def record_id(record: Mapping[str, Any]) -> str:

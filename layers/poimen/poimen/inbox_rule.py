@@ -18,7 +18,7 @@ from typing import Any
 
 from poimen.dead_letter import INVALID_TOPIC_DETAIL, DeadLetterReason, age_text
 from poimen.kafka import source_alias_of_dispatch_topic, tenant_of_dispatch_topic
-from poimen.retention import expired
+from poimen.retention import RunRetention
 from poimen.wire import TRACEPARENT_PATTERN
 
 _TRACEPARENT = re.compile(TRACEPARENT_PATTERN)
@@ -58,13 +58,13 @@ class HeldBack:
 Verdict = Spawn | HeldBack | DeadLetterReason
 
 
-def judge(record: Mapping[str, Any], now_ms: float, run_retention_days: int | None) -> Verdict:
-    """What the record may become at `now_ms` under a run retention of `run_retention_days` (None: runs are
-    kept forever): a Spawn to admit, a HeldBack spawn, or why it is no spawn at all."""
+def judge(record: Mapping[str, Any], now_ms: float, *retentions: RunRetention) -> Verdict:
+    """What the record may become at `now_ms`, held to the shortest of these run retentions: a Spawn to admit,
+    a HeldBack spawn, or why it is no spawn at all."""
     spawn = read_spawn(record)
     if isinstance(spawn, DeadLetterReason):
         return spawn
-    held = _held_back(spawn, str(record.get("topic")), now_ms, run_retention_days)
+    held = _held_back(spawn, str(record.get("topic")), now_ms, retentions)
     return spawn if held is None else HeldBack(spawn, held)
 
 
@@ -90,12 +90,15 @@ def read_spawn(record: Mapping[str, Any]) -> Spawn | DeadLetterReason:
     return Spawn(tenant, body, fields, record_timestamp_ms(record), traceparent(record))
 
 
-def _held_back(spawn: Spawn, topic: str, now_ms: float, run_retention_days: int | None) -> DeadLetterReason | None:
+def _held_back(
+    spawn: Spawn, topic: str, now_ms: float, retentions: tuple[RunRetention, ...]
+) -> DeadLetterReason | None:
     timestamp_ms = spawn.timestamp_ms
-    if timestamp_ms is not None and expired(timestamp_ms, now_ms, run_retention_days):
+    holding = _holding(retentions, timestamp_ms)
+    if timestamp_ms is not None and holding is not None and holding.expired(timestamp_ms, now_ms):
         detail = (
-            f"the record is {age_text(now_ms - timestamp_ms)} old, older than the run retention of "
-            f"{run_retention_days} days: its run may have expired, and admitting it again would be a second run"
+            f"the record is {age_text(now_ms - timestamp_ms)} old, older than {holding.describe(timestamp_ms)}: "
+            "its run may have expired, and admitting it again would be a second run"
         )
         return DeadLetterReason("expired", detail)
     source_alias = source_alias_of_dispatch_topic(topic)
@@ -108,6 +111,14 @@ def _held_back(spawn: Spawn, topic: str, now_ms: float, run_retention_days: int 
         )
         return DeadLetterReason("keyless-replica", detail)
     return None
+
+
+def _holding(retentions: tuple[RunRetention, ...], timestamp_ms: int | None) -> RunRetention | None:
+    """Of these retentions, the one that holds a record of this timestamp the shortest (None: none holds it)."""
+    if timestamp_ms is None:
+        return None
+    held = [retention for retention in retentions if retention.days_for(timestamp_ms) is not None]
+    return min(held, key=lambda retention: retention.days_for(timestamp_ms) or 0, default=None)
 
 
 def rejected(status: int, answer: Any) -> DeadLetterReason:

@@ -208,7 +208,7 @@ class Relay:
             self._dead_letter(record, DeadLetterReason("relay-error", f"{type(error).__name__}: {error}"), batch)
 
     def _relay_record(self, record: KafkaEventRecord, batch: _Batch) -> None:
-        verdict = judge(record.raw_event, time.time() * 1000, self._settings.run_retention_days)
+        verdict = judge(record.raw_event, time.time() * 1000, self._settings.run_retention)
         if isinstance(verdict, DeadLetterReason):
             self._dead_letter(record, verdict, batch)
             return
@@ -320,7 +320,7 @@ class Relay:
             **context,
         }
         raw = record.raw_event
-        body = dead_letter_body(raw, reason, self._settings.run_retention_days)
+        body = dead_letter_body(raw, reason, self._settings.run_retention)
         batch.hold(_DeadLetter(body, dead_letter_attributes(raw), log))
 
     def _send_dead_letter(self, letter: _DeadLetter, batch: _Batch) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
 import io
 import json
 import uuid
@@ -817,6 +818,42 @@ def test_two_letters_of_one_record_are_one_record(stack: Stack) -> None:
     assert (stopped.not_attempted, summary.redriven, summary.replayed) == (1, 1, 0)
     assert len(stack.runs()) == 1
     assert stack.messages() == []
+
+
+def test_two_records_at_one_offset_of_a_recreated_topic_are_two_records(stack: Stack) -> None:
+    # Given two letters at the same topic, partition and offset: order-A, 9 days old, and order-B, new (the
+    # topic was recreated, its offsets started again)
+    order_a = stack.record(spawn("order-A"), 3, timestamp_ms=days_ago(9))
+    order_b = stack.record(spawn("order-B"), 3)
+    stack.dead_letter(order_a, RELAY_ERROR)
+    stack.dead_letter(order_b, RELAY_ERROR)
+    listed = json.loads(stack.cli("list", "--json").out)
+    # When the queue is redriven
+    outcome = stack.cli("redrive", "--yes")
+    # Then both were listed as records of their own, each is a run, and no letter is left
+    assert (listed["kinds"]["relay-error"]["letters"], listed["kinds"]["relay-error"]["records"]) == (2, 2)
+    assert outcome.code == EXIT_OK
+    assert sorted(run["dispatch_key"]["S"] for run in stack.runs()) == ["order-A", "order-B"]
+    assert stack.messages() == []
+
+
+def test_a_parked_record_and_a_letter_at_one_offset_with_other_values_are_two_records(stack: Stack) -> None:
+    # Given a parked record, and a letter of another record at the same coordinates and time but with another
+    # value, its value left out of the letter (too large for SQS): its digest still tells them apart
+    stack.park([stack.record(spawn("parked"), 4)])
+    other = stack.record(spawn("lettered"), 4)
+    body = json.loads(dead_letter_body(KafkaEventRecord(msk_record(other)), RELAY_ERROR, RunRetention()))
+    value = body["record"].pop("value")
+    body["record"] |= {"value": None, "valueOmitted": {"reason": "too large for SQS", "length": len(value)}}
+    body["record"]["valueSha256"] = hashlib.sha256(value.encode()).hexdigest()
+    stack.harness.sqs.send_message(QueueUrl=stack.queue_url, MessageBody=json.dumps(body))
+    # When everything is redriven
+    summary, notices, _ = stack.redrive()
+    # Then the parked record is a run, and the letter without its value is skipped, not taken for a copy of it
+    assert [run["dispatch_key"]["S"] for run in stack.runs()] == ["parked"]
+    assert (summary.redriven, summary.skipped) == (1, 1)
+    assert len(stack.messages()) == 1
+    assert any("value omitted; read it again from Kafka" in line for line in notices)
 
 
 def test_a_record_both_parked_and_dead_lettered_is_sent_once(stack: Stack) -> None:

@@ -8,13 +8,14 @@ dead letter only once the API has confirmed its run (201 or 200).
 
 Dead-letter IDs: `sqs:<MessageId>` (one relay dead letter), `s3:<key>` (one failed batch, every record
 of it), `s3:<key>#<topic>-<partition>@<offset>` (one record of a failed batch). Copies of one record (the
-same topic, partition and offset) are listed as one record and redriven once.
+same topic, partition, offset, timestamp and value) are listed as one record and redriven once; two records
+at one offset of a recreated topic are two.
 
 Redriving is idempotent through admission's dispatch_key alone: a keyed record sent twice is a replay
 (200) of the run it admitted. A record without one is sent with a dispatch_key derived from its topic,
 partition, offset and timestamp (`poimen-redrive/<sha256>`), the same every time, so it too becomes one
 run however often it is sent. A dead letter is deleted right after its confirmation, and a failed-batch
-record marked done (a progress marker beside its object, `<key>.progress/<topic>-<partition>@<offset>`):
+record marked done (a progress marker beside its object, `<key>.progress/<record identity>`):
 a redrive interrupted and run again sends again at most the one record that was in flight.
 """
 

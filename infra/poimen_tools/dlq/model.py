@@ -34,8 +34,9 @@ class DeadLetter:
     reason: dict[str, Any]  # {kind, detail, status, problem}, as the relay writes it
     record: dict[str, Any] | None = None  # as MSK delivered it (key and value base64); None: metadata only
     blocked: str | None = None  # why it cannot be sent from here; None: it can be tried
-    # The record's identity, the same in every copy of it (for Kafka `<topic>-<partition>@<offset>`):
-    # copies are sent once, and a parked record's progress marker is named by it. None: no record.
+    # The record's identity, the same in every copy of it (poimen.dead_letter.record_id: coordinates,
+    # timestamp, value digest): copies are sent once, and a parked record's progress marker is named by it.
+    # None: no record.
     record_id: str | None = None
     # The run retention its relay held the record to; None: none recorded (a parked record, an older letter).
     run_retention: RunRetention | None = None

@@ -127,7 +127,8 @@ _KEEP = _Resolution(False)
 class Redrive:
     """Sends dead letters through `POST /v1/runs` one at a time, oldest first; within a failed batch in
     (topic, partition, offset) order, so records of one key keep their order. Copies of one record (two
-    letters of the same topic, partition and offset, or a letter and a parked record) are sent once.
+    letters of it, or a letter and a parked record: the same topic, partition, offset, timestamp and value)
+    are sent once; two records at one offset (a topic recreated) are two.
 
     - 201 / 200: the dead letter is deleted (an object once none of its records is left), every copy of it.
     - 400, 413, 415, 422 (the record is at fault): a relay dead letter is replaced by a new message with

@@ -164,8 +164,30 @@ def _days(value: Any) -> int | None:
 
 
 def record_id(record: Mapping[str, Any]) -> str:
-    """`<topic>-<partition>@<offset>`: a Kafka record's identity."""
+    """A Kafka record's identity, the same in every copy of it (a dead letter, a parked batch):
+    `<topic>-<partition>@<offset>~<timestamp>~<value digest>`, the first 32 hex digits of the SHA-256 of its
+    value as delivered (base64; `valueSha256` where a letter left the value out; `null` for a tombstone).
+    Coordinates alone are not one: offsets start again when a topic is recreated or a cluster rebuilt, while
+    dead letters and parked batches outlive both."""
+    return f"{coordinates_id(record)}~{record.get('timestamp')}~{value_digest(record)[:32]}"
+
+
+def coordinates_id(record: Mapping[str, Any]) -> str:
+    """`<topic>-<partition>@<offset>`: where the record is in Kafka (unique within one batch only), the name of
+    a parked record's progress marker before markers were named by its identity."""
     return f"{record.get('topic')}-{record.get('partition')}@{record.get('offset')}"
+
+
+def value_digest(record: Mapping[str, Any]) -> str:
+    """The SHA-256 of the record's value as delivered (base64 text), in hex; as the letter says it when it
+    left the value out; `null` for a null value (a tombstone)."""
+    if not holds_value(record):
+        return str(record.get("valueSha256"))
+    value = record.get("value")
+    if value is None:
+        return "null"
+    text = value if isinstance(value, str) else _compact(value)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def age_text(ms: float) -> str:

@@ -573,6 +573,28 @@ def test_a_record_without_a_timestamp_is_admitted_whatever_the_run_retention(
     assert outcome.relayed == 1
 
 
+def test_a_record_from_the_future_is_dead_lettered_not_trusted_under_a_run_retention(
+    retaining_harness: RelayHarness, harness: RelayHarness, dynamodb: Any, table_name: str
+) -> None:
+    # Given a publisher whose clock is 50 minutes fast, and one a minute fast, runs kept 3 days
+    now_ms = int(time.time() * 1000)
+    ahead_ms = 50 * 60_000 + 30_000  # 50 minutes and a half: still 50 minutes ahead when it is relayed
+    fast = retaining_harness.record({**SPAWN, "dispatch_key": "fast"}, 0, key=b"a", timestamp_ms=now_ms + ahead_ms)
+    skewed = retaining_harness.record({**SPAWN, "dispatch_key": "skew"}, 1, key=b"b", timestamp_ms=now_ms + 60_000)
+    # When their records are relayed
+    retaining_harness.run([fast, skewed])
+    # Then the record 50 minutes ahead is a dead letter of its own reason, not a run (its age cannot be told:
+    # trusted, it could admit a spawn again past its run's expiry); a minute ahead is within the skew allowed
+    runs = count_runs(dynamodb, table_name, retaining_harness.tenant)
+    assert [run["dispatch_key"]["S"] for run in runs] == ["skew"]
+    ((_, letter),) = retaining_harness.dead_letters()
+    assert (letter["record"]["offset"], letter["reason"]["kind"]) == (0, "future-timestamp")
+    assert "50 min ahead of the relay's clock" in letter["reason"]["detail"]
+    # And without a run retention no age is told, so the future record is admitted
+    harness.run([harness.record({**SPAWN, "dispatch_key": "fast"}, 0, timestamp_ms=now_ms + 50 * 60_000)])
+    assert len(count_runs(dynamodb, table_name, harness.tenant)) == 1
+
+
 def test_without_a_run_retention_an_old_record_is_admitted(
     harness: RelayHarness, dynamodb: Any, table_name: str
 ) -> None:

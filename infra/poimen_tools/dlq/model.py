@@ -129,7 +129,7 @@ class Held:
 
 # The reasons of Held: the relay's, for a record that is a spawn all the same.
 EXPIRED = "expired"
-HELD_KINDS = (EXPIRED, "keyless-replica")
+HELD_KINDS = (EXPIRED, "future-timestamp", "keyless-replica")
 
 
 def judged(record: dict[str, Any], now_ms: float, *retentions: RunRetention) -> Dispatch | Held | DeadLetterReason:

@@ -24,6 +24,7 @@ RELAY_KINDS = (
     "undecodable",  # the value is not base64 of UTF-8
     "invalid-json",  # the value is not a JSON object
     "expired",  # older than the run retention: its run may have expired
+    "future-timestamp",  # under a run retention, a timestamp ahead of the relay's clock: its age cannot be told
     "keyless-replica",  # a keyless spawn replicated from another Region: relayed only in its own
     "rejected",  # the admission API refused it (400, 413, 415, 422)
     "outcome-unknown",  # keyless, and the API could not tell whether it admitted it: the letter names the run

@@ -28,6 +28,12 @@ _TRACEPARENT = re.compile(TRACEPARENT_PATTERN)
 # would hit alike: the relay fails the batch, redrive stops, and a fix lets the same records through.
 RETRYABLE_STATUSES = frozenset({408, 429}) | frozenset(range(500, 600))
 RECORD_FAULT_STATUSES = frozenset({400, 413, 415, 422})
+# How far a record's timestamp may be ahead of the relay's clock and still be trusted, under a run retention:
+# clocks disagree a little, and a dispatch topic declared with message.timestamp.type=LogAppendTime carries
+# the broker's time, but a publisher's CreateTime can be anything. Past it the record is dead-lettered as
+# `future-timestamp`; within it, the record is held to its retention as if this much older, so that a
+# timestamp ahead of the truth by up to the skew never makes a record past its run's expiry look young.
+MAX_CLOCK_SKEW_MS = 5 * 60 * 1000
 
 
 @dataclass(frozen=True)
@@ -95,12 +101,22 @@ def _held_back(
 ) -> DeadLetterReason | None:
     timestamp_ms = spawn.timestamp_ms
     holding = _holding(retentions, timestamp_ms)
-    if timestamp_ms is not None and holding is not None and holding.expired(timestamp_ms, now_ms):
-        detail = (
-            f"the record is {age_text(now_ms - timestamp_ms)} old, older than {holding.describe(timestamp_ms)}: "
-            "its run may have expired, and admitting it again would be a second run"
-        )
-        return DeadLetterReason("expired", detail)
+    if timestamp_ms is not None and holding is not None:
+        if timestamp_ms > now_ms + MAX_CLOCK_SKEW_MS:
+            detail = (
+                f"the record's timestamp is {age_text(timestamp_ms - now_ms)} ahead of the relay's clock (more than "
+                f"the {age_text(MAX_CLOCK_SKEW_MS)} of skew allowed): its age, held to "
+                f"{holding.describe(timestamp_ms)}, cannot be told, and trusting it could admit a spawn again after "
+                "its run expired; fix the publisher's clock, or declare the topic with "
+                "message.timestamp.type=LogAppendTime"
+            )
+            return DeadLetterReason("future-timestamp", detail)
+        if holding.expired(timestamp_ms - MAX_CLOCK_SKEW_MS, now_ms):
+            detail = (
+                f"the record is {age_text(now_ms - timestamp_ms)} old, older than {holding.describe(timestamp_ms)}: "
+                "its run may have expired, and admitting it again would be a second run"
+            )
+            return DeadLetterReason("expired", detail)
     source_alias = source_alias_of_dispatch_topic(topic)
     if spawn.dispatch_key is None and source_alias is not None:
         # Its original, on the source Region's own topic, is relayed there; relayed here too, it would be a

@@ -16,7 +16,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -32,7 +32,8 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.data_classes.kafka_event import KafkaEvent, KafkaEventRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
+from botocore.awsrequest import AWSPreparedRequest, AWSRequest, AWSResponse
+from botocore.compat import HTTPHeaders
 
 from poimen.config import RelaySettings
 from poimen.dead_letter import MAX_DETAIL_CHARS, DeadLetterReason, dead_letter_attributes, dead_letter_body
@@ -156,16 +157,23 @@ class Relay:
         # AWS endpoints come from the standard SDK configuration (AWS_ENDPOINT_URL_SQS, ...). One attempt
         # per call, bounded by its timeouts: the relay retries itself, and only while an attempt still
         # fits before the deadline.
-        self._sqs: Any = sqs or session.create_client(
-            "sqs",
-            region_name=settings.region,
-            config=botocore.config.Config(
-                connect_timeout=settings.dlq_timeout_seconds,
-                read_timeout=settings.dlq_timeout_seconds,
-                retries={"mode": "standard", "total_max_attempts": 1},
-                max_pool_connections=settings.max_concurrency,
-            ),
-        )
+        self._sqs: Any = sqs
+        if sqs is None:
+            self._sqs = session.create_client(
+                "sqs",
+                region_name=settings.region,
+                config=botocore.config.Config(
+                    connect_timeout=settings.dlq_timeout_seconds,
+                    read_timeout=settings.dlq_timeout_seconds,
+                    retries={"mode": "standard", "total_max_attempts": 1},
+                    max_pool_connections=settings.max_concurrency,
+                ),
+            )
+            # botocore's timeouts bound each socket operation, not the exchange: an answer trickling in
+            # would keep a send past the deadline. Its signed requests go out through a deadline-bound pool
+            # instead (botocore's before-send event: a handler's answer is used in place of its own send).
+            self._sqs_http = _deadline_bound_pool_manager(settings.max_concurrency)
+            self._sqs.meta.events.register("before-send.sqs", self._send_within_deadline)
         found = credentials or session.get_credentials()
         if found is None:
             raise RuntimeError("no AWS credentials to sign admission API calls with")
@@ -292,6 +300,24 @@ class Relay:
             if batch.abort.wait(delay):
                 raise _Aborted("another record failed the batch")
 
+    def _send_within_deadline(self, request: AWSPreparedRequest, **_: Any) -> AWSResponse:
+        """The SQS client's before-send handler: its signed request sent through the deadline-bound pool, the
+        answer read whole by _EXCHANGE_DEADLINE (or the exchange ends with an error, as botocore's would)."""
+        timeout = self._settings.dlq_timeout_seconds
+        try:
+            answer = self._sqs_http.urlopen(
+                request.method,
+                request.url,
+                body=request.body,
+                headers=dict(request.headers.items()),
+                redirect=False,
+                timeout=urllib3.Timeout(connect=timeout, read=timeout),
+            )
+        except urllib3.exceptions.HTTPError as error:
+            raise _botocore_error(error, request.url) from error
+        headers = HTTPHeaders.from_pairs(list(answer.headers.items()))
+        return AWSResponse(request.url, answer.status, headers, _Read(answer.data))
+
     def _jitter(self, attempt: int) -> float:
         """Full jitter; not security-relevant randomness."""
         ceiling = min(self._settings.retry_cap_seconds, self._settings.retry_base_seconds * 2 ** min(attempt, 30))
@@ -332,6 +358,7 @@ class Relay:
         failure = "no time left for an attempt"
         while time.monotonic() + attempt_seconds <= batch.deadline:
             attempts += 1
+            exchange = _EXCHANGE_DEADLINE.set(time.monotonic() + attempt_seconds)
             try:
                 sent = self._sqs.send_message(
                     QueueUrl=self._settings.dlq_url, MessageBody=letter.body, MessageAttributes=letter.attributes
@@ -347,6 +374,8 @@ class Relay:
                 failure = str(error)
             except Exception as error:
                 raise DeadLetterQueueUnavailable(f"a dead letter could not be sent: {error!r}") from error
+            finally:
+                _EXCHANGE_DEADLINE.reset(exchange)
             delay = self._jitter(attempts - 1)
             if time.monotonic() + delay + attempt_seconds > batch.deadline:
                 break  # no attempt would fit after the wait: fail the batch now, not past its deadline
@@ -407,6 +436,31 @@ def _retry_after_seconds(value: str | None) -> float:
         return max(0.0, float(value)) if value else 0.0
     except ValueError:
         return 0.0
+
+
+def _botocore_error(error: urllib3.exceptions.HTTPError, url: str) -> botocore.exceptions.BotoCoreError:
+    """The error botocore's own send raises for this urllib3 error (botocore.httpsession.URLLib3Session)."""
+    if isinstance(error, urllib3.exceptions.SSLError):
+        return botocore.exceptions.SSLError(endpoint_url=url, error=error)
+    if isinstance(error, urllib3.exceptions.NewConnectionError):
+        return botocore.exceptions.EndpointConnectionError(endpoint_url=url, error=error)
+    if isinstance(error, urllib3.exceptions.ConnectTimeoutError):
+        return botocore.exceptions.ConnectTimeoutError(endpoint_url=url, error=error)
+    if isinstance(error, urllib3.exceptions.ReadTimeoutError):
+        return botocore.exceptions.ReadTimeoutError(endpoint_url=url, error=error)
+    if isinstance(error, urllib3.exceptions.ProtocolError):
+        return botocore.exceptions.ConnectionClosedError(endpoint_url=url, error=error)
+    return botocore.exceptions.HTTPClientError(error=error)
+
+
+class _Read:
+    """An answer read whole, as botocore reads a raw answer's body."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def stream(self, *_: Any, **__: Any) -> Iterator[bytes]:
+        yield self._data
 
 
 # When the HTTP exchange under way in this thread must end (time.monotonic()); None: no bound but urllib3's.

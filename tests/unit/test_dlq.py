@@ -1143,11 +1143,13 @@ def test_the_relays_expired_letter_says_its_retention_and_redrive_refuses_it_unl
     retained = stack.harness.with_settings(run_retention=RunRetention(3))
     retained.run([stack.record(spawn("k-1"), 1, timestamp_ms=days_ago(4))])
     (letter,) = stack.messages()
+    shown = stack.cli("show", f"sqs:{letter['id']}")
     # When the queue is redriven without --run-retention-days
     outcome = stack.cli("redrive", "--yes")
     # Then the letter says which retention made it expire, nothing was admitted, and the letter is kept
     assert letter["reason"]["kind"] == "expired"
     assert letter["runRetention"] == {"days": 3}
+    assert "retention:     3 days\n" in shown.out
     assert outcome.code == EXIT_REMAINING
     assert stack.runs() == []
     assert [message["id"] for message in stack.messages()] == [letter["id"]]

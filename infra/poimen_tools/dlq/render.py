@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from poimen.dead_letter import DeadLetterReason
+from poimen.dead_letter import DeadLetterReason, retention_document
 from poimen.wire import rfc3339
 from poimen_tools.dlq.model import KINDS, DeadLetter, Dispatch, Held, Parcel, judged, sendable
 
@@ -149,6 +149,7 @@ def letter_document(letter: DeadLetter, now: datetime) -> dict[str, Any]:
         "value": _decoded_bytes(record.get("value"), as_json=True),
         "headers": _decoded_headers(record.get("headers")),
         "reason": letter.reason,
+        "runRetention": None if letter.run_retention is None else retention_document(letter.run_retention),
         "redrive": redrive,
     }
     for part in ("value", "headers", "key"):
@@ -167,6 +168,7 @@ def render_letter(letter: DeadLetter, now: datetime) -> str:
         ("record", f"{letter.coordinates} (topic/partition/offset)" if letter.record else "-"),
         ("reason", reason_line(reason)),
         ("status", str(reason.get("status") if reason.get("status") is not None else "-")),
+        ("retention", _retention_line(letter)),
         ("redrive", document["redrive"]),
         ("key", _show(document["key"])),
         ("headers", _show(document["headers"])),
@@ -175,6 +177,18 @@ def render_letter(letter: DeadLetter, now: datetime) -> str:
     text = "".join(f"{name + ':':<{width}} {value}\n" for name, value in lines)
     text += f"problem:\n{_show(reason.get('problem'), indent=True)}\n"
     return text + f"value:\n{_show(document['value'], indent=True)}\n"
+
+
+def _retention_line(letter: DeadLetter) -> str:
+    """The run retention the letter records, as `show` prints it."""
+    retention = letter.run_retention
+    if retention is None:
+        return "- (not recorded)"
+    days = "runs kept forever" if retention.days is None else f"{retention.days} days"
+    if retention.changed_at is None:
+        return days
+    before = "forever" if retention.previous_days is None else f"{retention.previous_days} days"
+    return f"{days} (was {before} until {retention.changed_at})"
 
 
 def reason_line(reason: dict[str, Any]) -> str:

@@ -73,7 +73,7 @@ def dead_letter_message(
             "problem": reason.problem,
         },
         "deadLetteredAt": rfc3339(),
-        "runRetention": _retention_document(run_retention),
+        "runRetention": retention_document(run_retention),
     }
 
 
@@ -150,7 +150,8 @@ def recorded_retention(document: Mapping[str, Any]) -> RunRetention | None:
         return None
 
 
-def _retention_document(retention: RunRetention) -> dict[str, Any]:
+def retention_document(retention: RunRetention) -> dict[str, Any]:
+    """A run retention as a dead letter records it (`runRetention`)."""
     if retention.changed_at_ms is None:
         return {"days": retention.days}
     return {"days": retention.days, "previousDays": retention.previous_days, "changedAt": retention.changed_at}

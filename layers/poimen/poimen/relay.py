@@ -135,10 +135,11 @@ _T = TypeVar("_T")
 class Relay:
     """Relays batches to one admission API; built once per execution environment.
 
-    With a run retention (RelaySettings.run_retention_days, RUN_RETENTION_DAYS), a record whose Kafka
-    timestamp is older than it is dead-lettered as `expired` instead of admitted: its run may have expired
-    already, and admitting the record again would be a second run. A record without a timestamp (-1) is
-    admitted as always.
+    What each record may become is poimen.inbox_rule's: with a run retention (RelaySettings.run_retention:
+    RUN_RETENTION_DAYS and its last change), a record whose Kafka timestamp is older than it is
+    dead-lettered as `expired` instead of admitted (its run may have expired already, and admitting the
+    record again would be a second run), and one too far in the future as `future-timestamp`. A record
+    without a timestamp (-1) is admitted as always.
     """
 
     def __init__(

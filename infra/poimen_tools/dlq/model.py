@@ -147,13 +147,6 @@ def judged(record: dict[str, Any], now_ms: float, *retentions: RunRetention) -> 
     return _request(record, verdict)
 
 
-def dispatch_of(record: dict[str, Any]) -> Dispatch | DeadLetterReason:
-    """What sending the record would send, whatever its age or topic: its value read as the relay reads it
-    (`poimen.inbox_rule.read_spawn`), as a spawn request by the API's contract; or why it cannot be sent."""
-    verdict = judged(record, 0)
-    return verdict.dispatch if isinstance(verdict, Held) else verdict
-
-
 def _request(record: dict[str, Any], spawn: Spawn) -> Dispatch | DeadLetterReason:
     try:
         request = RunRequest.model_validate(parse_json(spawn.body.decode()))  # numbers exact, as the API reads them

@@ -1167,6 +1167,23 @@ def test_the_relays_expired_letter_says_its_retention_and_redrive_refuses_it_unl
     assert stack.messages() == []
 
 
+def test_a_future_timestamp_letter_is_kept_while_it_is_still_ahead_unless_named(stack: Stack) -> None:
+    # Given, with runs kept 3 days, a record stamped an hour ahead of the relay's clock: a future-timestamp letter
+    retained = stack.harness.with_settings(run_retention=RunRetention(3))
+    retained.run([stack.record(spawn("k-1"), 1, timestamp_ms=days_ago(-1 / 24))])
+    # When the queue is redriven, then redriven with its kind named
+    default = stack.cli("redrive", "--yes")
+    kept = stack.messages()
+    named = stack.cli("redrive", "--yes", "--kind", "future-timestamp")
+    # Then it was skipped and kept while still ahead, and sent when named
+    assert [letter["reason"]["kind"] for letter in kept] == ["future-timestamp"]
+    assert default.code == EXIT_REMAINING
+    assert ["skipped", "1"] in _rows(default.out)
+    assert named.code == EXIT_OK
+    assert [run["dispatch_key"]["S"] for run in stack.runs()] == ["k-1"]
+    assert stack.messages() == []
+
+
 def test_a_letter_is_held_to_the_retention_it_records_and_an_older_expired_letter_to_its_kind(stack: Stack) -> None:
     # Given a relay-error letter of a record 5 days old that records a run retention of 3 days, and an expired
     # letter written before letters recorded their retention

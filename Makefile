@@ -93,6 +93,12 @@ MULTI_REGION_PARAMETERS = $(if $(TABLE_MODE),"TableMode=$(TABLE_MODE)") $(if $(P
 	$(if $(PEER_CLUSTER_ALIAS_2),"PeerClusterAlias2=$(PEER_CLUSTER_ALIAS_2)") \
 	$(if $(PEER_REGION_1_KMS_KEY_ARN),"PeerRegion1KmsKeyArn=$(PEER_REGION_1_KMS_KEY_ARN)") \
 	$(if $(PEER_REGION_2_KMS_KEY_ARN),"PeerRegion2KmsKeyArn=$(PEER_REGION_2_KMS_KEY_ARN)")
+# RunRetentionDays (docs/architecture.md#run-retention): RUN_RETENTION_DAYS=<days> sets it (empty: runs kept
+# forever); unset, samconfig.toml's parameter_overrides or else the deployed value stand. Before deploying, the
+# deploy reads the deployed stack's value and passes, with the one it deploys, the record of a change
+# (PreviousRunRetentionDays, RunRetentionChangedAt: poimen_tools.retention_change), so that no record from
+# before a raise is held to more than the retention its run was written under.
+RUN_RETENTION_OPTION = $(if $(filter undefined,$(origin RUN_RETENTION_DAYS)),,--run-retention-days "$(RUN_RETENTION_DAYS)")
 # --parameter-overrides on the command line replaces samconfig.toml's, so the deploy repeats the
 # environment's own overrides, read from that file (one source for them).
 STAGE_PARAMETERS = $(shell $(PYTHON) -c "import tomllib; \
@@ -207,8 +213,8 @@ build: $(SAM)
 
 # Package and deploy what `make build` built to the stack of CONFIG_ENV (and CELL), with the caller's AWS
 # credentials, once CloudFormation says no other cell on the cluster or of the Stage (here, and in the peer
-# Regions in multi-Region mode) serves one of TENANTS.
-deploy: build
+# Regions in multi-Region mode) serves one of TENANTS, and with a change of RunRetentionDays recorded.
+deploy: build $(STAMP)
 	@test -n "$(TENANTS)" -a -n "$(MSK_CLUSTER_ARN)" -a -n "$(KAFKA_BOOTSTRAP_SERVERS)" -a -n "$(OUTBOX_SUBNET_IDS)" \
 		-a -n "$(OUTBOX_SECURITY_GROUP_IDS)" || { echo "make deploy: set TENANTS=<ids>, MSK_CLUSTER_ARN=<arn>," \
 		"KAFKA_BOOTSTRAP_SERVERS=<brokers>, OUTBOX_SUBNET_IDS=<ids> and OUTBOX_SECURITY_GROUP_IDS=<ids> (README, Deploy)" >&2; exit 1; }
@@ -224,11 +230,13 @@ deploy: build
 	$(DEPLOY_CHECK) cells --stack-name "$(STACK_NAME)" --cell "$(CELL)" --tenants "$(TENANTS)" \
 		--msk-cluster-arn "$(MSK_CLUSTER_ARN)" --stage "$(STAGE)" --peer-regions "$(PEER_REGION_1),$(PEER_REGION_2)" \
 		--peer-cluster-aliases "$(PEER_CLUSTER_ALIAS_1),$(PEER_CLUSTER_ALIAS_2)"
+	RETENTION_PARAMETERS="$$($(BIN)/python -m poimen_tools.retention_change --config-env $(CONFIG_ENV) \
+		--stack-name "$(STACK_NAME)" $(RUN_RETENTION_OPTION))" && \
 	SAM_CLI_TELEMETRY=0 $(SAM) deploy --config-env $(CONFIG_ENV) --stack-name $(STACK_NAME) --parameter-overrides $(STAGE_PARAMETERS) \
 		"MskClusterArn=$(MSK_CLUSTER_ARN)" "Tenants=$(TENANTS)" \
 		"KafkaBootstrapServers=$(KAFKA_BOOTSTRAP_SERVERS)" "OutboxSubnetIds=$(OUTBOX_SUBNET_IDS)" \
 		"OutboxSecurityGroupIds=$(OUTBOX_SECURITY_GROUP_IDS)" $(if $(ALARM_EMAIL),"AlarmEmail=$(ALARM_EMAIL)") \
-		$(if $(CELL),"Cell=$(CELL)") $(MULTI_REGION_PARAMETERS)
+		$(if $(CELL),"Cell=$(CELL)") $(MULTI_REGION_PARAMETERS) $$RETENTION_PARAMETERS
 
 # The local Kafka broker's jars, from Maven Central into .cache/kafka (needs Java 17 and Maven).
 kafka-jars: $(STAMP)

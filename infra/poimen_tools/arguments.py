@@ -18,7 +18,7 @@ from poimen.config import is_region_name
 from poimen.contract import parse_json
 from poimen.kafka import is_tenant_id
 from poimen.principals import InvalidPrincipal, grant_principal
-from poimen.retention import InvalidRetention, parse_run_retention_days
+from poimen.retention import InvalidRetention, parse_changed_at, parse_run_retention_days
 from poimen.wire import TENANT_PATTERN
 
 # DynamoDB's and SQS's naming rules (CreateTable TableName; CreateQueue QueueName, standard queues).
@@ -79,6 +79,17 @@ def run_retention_days(value: str) -> int | None:
         raise argparse.ArgumentTypeError(
             f"{value!r} is not a number of days from 1 to 3650 (or '' to keep runs forever)"
         ) from error
+
+
+def changed_at(value: str) -> int:
+    """When a run retention changed, as RunRetentionChangedAt: RFC 3339 UTC, in epoch milliseconds."""
+    try:
+        moment = parse_changed_at(text(value))
+    except InvalidRetention as error:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an RFC 3339 UTC time like 2026-11-29T12:00:00Z") from error
+    if moment is None:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return moment
 
 
 def whole_number(low: int, high: int) -> Callable[[str], int]:

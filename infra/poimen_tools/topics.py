@@ -11,6 +11,9 @@ from poimen.kafka_client import broker_error_reason, client_config, quiet_client
 DAY_MS = 24 * 3600 * 1000
 SEVEN_DAYS_MS = 7 * DAY_MS
 DEFAULT_TIMEOUT_SECONDS = 30.0
+# A dispatch record's timestamp is the broker's, when it appended the record, not the publisher's clock: the
+# relay's age check (run retention) trusts it (Kafka's topic configuration message.timestamp.type).
+DISPATCH_TOPIC_CONFIG = {"message.timestamp.type": "LogAppendTime"}
 # The admin client's errors when no broker answered in time, as opposed to a broker refusing the request.
 _UNREACHABLE = frozenset({KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN})
 
@@ -34,6 +37,11 @@ def retention_text(retention_ms: int) -> str:
         return "forever"
     days = retention_ms / DAY_MS
     return f"{days:g} day" if days == 1 else f"{days:g} days"
+
+
+def dispatch_retention_ms(run_retention_days: int | None) -> int:
+    """The `.dispatch` retention to create under a run retention: 7 days, or the run retention when shorter."""
+    return SEVEN_DAYS_MS if run_retention_days is None else min(SEVEN_DAYS_MS, run_retention_days * DAY_MS)
 
 
 def check_dispatch_retention(retention_ms: int, run_retention_days: int | None) -> None:
@@ -64,7 +72,8 @@ def ensure_topics(
     iam_region: str | None = None,
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> dict[str, str]:
-    """Create `poimen.<tenant>.events` and `.dispatch` unless they exist; {topic: "created"|"exists"}.
+    """Create `poimen.<tenant>.events` and `.dispatch` unless they exist; {topic: "created"|"exists"}. The
+    dispatch topic is declared with `message.timestamp.type=LogAppendTime` (DISPATCH_TOPIC_CONFIG).
 
     A replication factor of -1 takes the broker's `default.replication.factor` (3 on MSK, 1 locally).
     An existing topic is reported as it is, not altered. KafkaUnreachable when no broker answers within
@@ -72,9 +81,10 @@ def ensure_topics(
     as confluent-kafka's KafkaException.
 
     `.dispatch` retention must not exceed how long admission remembers a dispatch_key: its runs'. Without a
-    run retention (`run_retention_days` None, RunRetentionDays empty) run items are never deleted, and any
+    run retention (`run_retention_days` None, RunRetentionDays empty) runs are kept forever, and any
     retention is safe; with one, a longer retention (or -1, forever) raises DispatchRetentionTooLong before
-    anything is created.
+    anything is created. (After a change of RunRetentionDays the new value is the one to give: a topic
+    created now holds records from after the change only.)
     """
     check_dispatch_retention(retention_ms, run_retention_days)
     broker_errors: list[str] = []
@@ -88,11 +98,10 @@ def ensure_topics(
     )
     admin.poll(0)  # librdkafka serves oauth_cb (MSK IAM) only from poll()
     topics = [dispatch_topic(tenant_id), events_topic(tenant_id)]
+    retention = {"retention.ms": str(retention_ms)}
+    configs = {topics[0]: {**retention, **DISPATCH_TOPIC_CONFIG}, topics[1]: retention}
     futures = admin.create_topics(
-        [
-            NewTopic(topic, partitions, replication_factor, config={"retention.ms": str(retention_ms)})
-            for topic in topics
-        ],
+        [NewTopic(topic, partitions, replication_factor, config=configs[topic]) for topic in topics],
         request_timeout=timeout_seconds,
     )
     outcome: dict[str, str] = {}

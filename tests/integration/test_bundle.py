@@ -10,6 +10,7 @@ import os
 import re
 import shlex
 import subprocess
+import urllib.request
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -335,6 +336,7 @@ def test_deploy_command_refuses_a_tenant_another_cell_serves(built: Path, comman
     variables = _make_variables(commands[1])
     (tenant, *_) = variables["TENANTS"].split(",")
     with EmbeddedMoto() as moto:
+        _reset(moto)  # moto's backends are the process's: no stack of an earlier test's stands in
         # Given cell c1 of the same stage serving the README's first tenant on the README's cluster (a stand-in
         # stack with the parameters the check reads: moto cannot run the template's transforms)
         env = _offline_env(AWS_ENDPOINT_URL=moto.endpoint, AWS_REGION="eu-west-1", AWS_DEFAULT_REGION="eu-west-1")
@@ -366,6 +368,33 @@ def test_deploy_command_refuses_a_tenant_another_cell_serves(built: Path, comman
     assert not [
         line for line in result.stdout.splitlines() if line.startswith("SAM_CLI_TELEMETRY=0 .venv-sam/bin/sam deploy")
     ]
+
+
+def test_deploy_passes_the_deployed_run_retention_and_the_time_it_changed(tmp_path: Path, commands: list[str]) -> None:
+    # Given the stack deployed with runs kept 1 day (moto's CloudFormation on loopback), and a SAM CLI that only
+    # says how it was called
+    sam = tmp_path / "sam"
+    sam.write_text('#!/bin/sh\necho "sam $*"\n')
+    sam.chmod(0o755)
+    stack = {
+        "Parameters": {"RunRetentionDays": {"Type": "String"}},
+        "Resources": {"Queue": {"Type": "AWS::SQS::Queue"}},
+    }
+    with EmbeddedMoto() as moto:
+        _reset(moto)  # moto's backends are the process's: no stack of an earlier test's stands in
+        boto3.client("cloudformation", endpoint_url=moto.endpoint, region_name="eu-west-1").create_stack(
+            StackName="poimen-admission-staging",
+            TemplateBody=json.dumps(stack),
+            Parameters=[{"ParameterKey": "RunRetentionDays", "ParameterValue": "1"}],
+        )
+        env = _offline_env(AWS_ENDPOINT_URL=moto.endpoint, AWS_REGION="eu-west-1", AWS_DEFAULT_REGION="eu-west-1")
+        # When the README's deploy command runs with RUN_RETENTION_DAYS=7
+        result = _run(f"{commands[1]} RUN_RETENTION_DAYS=7 SAM={sam} COMPILE_BYTECODE=true", env)
+    # Then sam deploy is given the raise, the deployed value and the time of the change, and the deploy says so
+    assert result.returncode == 0, result.stderr[-2000:]
+    (deploy,) = [line for line in result.stdout.splitlines() if line.startswith("sam deploy ")]
+    assert re.search(r" RunRetentionDays=7 PreviousRunRetentionDays=1 RunRetentionChangedAt=[0-9T:.-]+Z$", deploy)
+    assert "RunRetentionDays of poimen-admission-staging changes from 1 day to 7 days" in result.stderr
 
 
 def test_sam_package_uploads_to_s3_and_keeps_the_loop(built: Path, tmp_path: Path) -> None:
@@ -404,3 +433,8 @@ def test_tenant_ids_that_collide_as_logical_ids_are_refused() -> None:
 
     assert result.returncode != 0
     assert "produced logical IDs that conflict with existing entries: RelaySourceab" in result.stdout + result.stderr
+
+
+def _reset(moto: EmbeddedMoto) -> None:
+    """Empty moto's backends (moto server's own reset call)."""
+    urllib.request.urlopen(urllib.request.Request(f"{moto.endpoint}/moto-api/reset", method="POST"), timeout=10)

@@ -19,7 +19,8 @@ import boto3
 import pytest
 from aws_lambda_powertools.utilities.data_classes.kafka_event import KafkaEventRecord
 
-from poimen.relay import DeadLetterReason, dead_letter_body
+from poimen.dead_letter import DeadLetterReason, dead_letter_body
+from poimen.retention import RunRetention
 from poimen_tools.local.event_source import on_failure_record
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs
@@ -120,7 +121,7 @@ def test_redrive_admits_each_dead_letter_once_and_empties_queue_and_bucket(place
     letter = record(tenant, 3, {"workflow_ref": "wf/hello", "input": {}, "dispatch_key": "dl-1"})
     reason = DeadLetterReason("relay-error", "RuntimeError: something nobody foresaw")
     place.dev.sqs().send_message(
-        QueueUrl=place.queue_url, MessageBody=dead_letter_body(KafkaEventRecord(letter), reason)
+        QueueUrl=place.queue_url, MessageBody=dead_letter_body(KafkaEventRecord(letter), reason, RunRetention())
     )
     first = {"workflow_ref": "wf/hello", "input": {"n": 1}, "dispatch_key": "fb-1"}
     second = {"workflow_ref": "wf/hello", "input": {"n": 2}, "dispatch_key": "fb-2"}
@@ -166,7 +167,7 @@ def test_an_unreachable_api_is_one_line_exit_3_and_removes_nothing(place: Place,
     letter = record(tenant, 1, {"workflow_ref": "wf/hello", "input": {}, "dispatch_key": "k"})
     reason = DeadLetterReason("relay-error", "RuntimeError: x")
     place.dev.sqs().send_message(
-        QueueUrl=place.queue_url, MessageBody=dead_letter_body(KafkaEventRecord(letter), reason)
+        QueueUrl=place.queue_url, MessageBody=dead_letter_body(KafkaEventRecord(letter), reason, RunRetention())
     )
 
     outcome = place.dlq("redrive", "--yes", api_url=f"http://127.0.0.1:{free_port()}")
@@ -185,7 +186,7 @@ def test_redrive_without_yes_and_without_a_terminal_refuses(place: Place, tenant
     letter = record(tenant, 1, {"workflow_ref": "wf/hello", "input": {}})
     reason = DeadLetterReason("relay-error", "RuntimeError: x")
     place.dev.sqs().send_message(
-        QueueUrl=place.queue_url, MessageBody=dead_letter_body(KafkaEventRecord(letter), reason)
+        QueueUrl=place.queue_url, MessageBody=dead_letter_body(KafkaEventRecord(letter), reason, RunRetention())
     )
 
     refused = place.dlq("redrive")

@@ -16,7 +16,7 @@ from typing import Any
 import boto3
 import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource  # type: ignore[attr-defined]
 
 from poimen.contract import RunRequest
 from poimen.dispatch import DispatchPublisher
@@ -298,6 +298,17 @@ def test_topics_ensure_is_idempotent(broker: KafkaBroker, tenant: str) -> None:
     assert again.splitlines() == [f"poimen.{tenant}.dispatch: exists", f"poimen.{tenant}.events: exists"]
     metadata = AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=10)
     assert len(metadata.topics[f"poimen.{tenant}.dispatch"].partitions) == 2
+    # The dispatch topic's timestamps are the broker's (LogAppendTime), not the publishers' clocks
+    assert topic_config(broker, f"poimen.{tenant}.dispatch")["message.timestamp.type"] == "LogAppendTime"
+    assert topic_config(broker, f"poimen.{tenant}.events")["message.timestamp.type"] == "CreateTime"
+    assert topic_config(broker, f"poimen.{tenant}.dispatch")["retention.ms"] == "3600000"
+
+
+def topic_config(broker: KafkaBroker, topic: str) -> dict[str, str]:
+    """The topic's configuration as the broker describes it."""
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    (future,) = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)]).values()
+    return {name: entry.value for name, entry in future.result(timeout=10).items()}
 
 
 def test_stopping_while_a_batch_fails_commits_nothing(
@@ -419,9 +430,10 @@ def test_a_record_older_than_the_run_retention_is_dead_lettered_as_expired(
     dlq: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Given a relay whose runs are kept 3 days, and two dispatches: one produced with a timestamp 4 days
-    # old, one now
+    # Given a relay whose runs are kept 3 days, a dispatch topic whose timestamps are its publishers' (one
+    # created by others: CreateTime), and two dispatches: one produced with a timestamp 4 days old, one now
     monkeypatch.setenv("RUN_RETENTION_DAYS", "3")
+    create_time(broker, topic)
     raw = Producer({"bootstrap.servers": broker.bootstrap_servers})
     old_ms = int(time.time() * 1000) - 4 * 86_400_000
     old = {**SPAWN.model_dump(), "dispatch_key": "old"}
@@ -437,6 +449,43 @@ def test_a_record_older_than_the_run_retention_is_dead_lettered_as_expired(
     assert letter["reason"]["detail"].startswith("the record is 4 days old, older than the run retention of 3 days")
     assert letter["record"]["timestamp"] == old_ms
     assert [run["dispatch_key"]["S"] for run in _runs(dev, tenant)] == [SPAWN.dispatch_key]
+
+
+def create_time(broker: KafkaBroker, topic: str) -> None:
+    """Make the topic keep its publishers' timestamps (message.timestamp.type=CreateTime)."""
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    entry = ConfigEntry("message.timestamp.type", "CreateTime", incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[entry])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=10)
+    wait_for(lambda: topic_config(broker, topic)["message.timestamp.type"] == "CreateTime")
+
+
+def test_the_relay_ages_a_dispatch_by_the_brokers_clock_not_its_publishers(
+    broker: KafkaBroker,
+    dev: DevServer,
+    tenant: str,
+    topic: str,
+    event_source: EventSourceFactory,
+    dlq: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given runs kept 3 days, the dispatch topic as poimen topics ensure declares it, and a publisher whose
+    # clock is 4 days slow and one 50 minutes fast
+    monkeypatch.setenv("RUN_RETENTION_DAYS", "3")
+    raw = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    now_ms = int(time.time() * 1000)
+    slow, fast = ({**SPAWN.model_dump(), "dispatch_key": key} for key in ("slow", "fast"))
+    raw.produce(topic, key=b"slow", value=json.dumps(slow).encode(), timestamp=now_ms - 4 * 86_400_000)
+    raw.produce(topic, key=b"fast", value=json.dumps(fast).encode(), timestamp=now_ms + 50 * 60_000)
+    assert raw.flush(30) == 0
+    # When the relay reads them
+    event_source(broker.bootstrap_servers)
+    # Then both are runs: their timestamps are the broker's, when it appended them, so neither is expired nor
+    # from the future, and no dead letter is made
+    wait_for(lambda: len(_runs(dev, tenant)) == 2)
+    assert sorted(run["dispatch_key"]["S"] for run in _runs(dev, tenant)) == ["fast", "slow"]
+    assert dead_letters(dev, dlq) == []
 
 
 def test_topics_ensure_refuses_a_dispatch_retention_longer_than_the_run_retention(

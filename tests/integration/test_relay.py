@@ -297,16 +297,17 @@ def test_a_hanging_api_still_ends_the_invocation_within_its_time(
 
 
 @pytest.fixture
-def trickling_api() -> Iterator[Callable[[str], str]]:
-    """An HTTP peer on loopback that reads each request, then answers one byte a second: either a 201 whose
-    headers come at once and whose 40-byte body trickles ("body"), or the whole answer trickling ("headers")."""
+def trickling_api() -> Iterator[Callable[..., str]]:
+    """An HTTP peer on loopback that reads each request, then answers one byte a second (or every `interval`
+    seconds): either a 201 whose headers come at once and whose 40-byte body trickles ("body"), or the whole
+    answer trickling ("headers")."""
     stop = threading.Event()
     servers: list[socket.socket] = []
     threads: list[threading.Thread] = []
     answer = b'{"run_id": "trickled", "status": "admitted"}'[:40]
     head = b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n"
 
-    def serve(connection: socket.socket, slow: str) -> None:
+    def serve(connection: socket.socket, slow: str, interval: float) -> None:
         with connection:
             request = b""
             while b"\r\n\r\n" not in request:
@@ -318,27 +319,27 @@ def trickling_api() -> Iterator[Callable[[str], str]]:
             if slow == "body":
                 connection.sendall(head)
             for byte in (head if slow == "headers" else b"") + answer:
-                if stop.wait(1.0):
+                if stop.wait(interval):
                     return
                 try:
                     connection.sendall(bytes([byte]))
                 except OSError:  # the relay gave up and closed the connection
                     return
 
-    def accept(server: socket.socket, slow: str) -> None:
+    def accept(server: socket.socket, slow: str, interval: float) -> None:
         while not stop.is_set():
             try:
                 connection, _ = server.accept()
             except OSError:  # closed at teardown
                 return
-            thread = threading.Thread(target=serve, args=(connection, slow), daemon=True)
+            thread = threading.Thread(target=serve, args=(connection, slow, interval), daemon=True)
             thread.start()
             threads.append(thread)
 
-    def start(slow: str) -> str:
+    def start(slow: str, interval: float = 1.0) -> str:
         server = socket.create_server(("127.0.0.1", 0))
         servers.append(server)
-        thread = threading.Thread(target=accept, args=(server, slow), daemon=True)
+        thread = threading.Thread(target=accept, args=(server, slow, interval), daemon=True)
         thread.start()
         threads.append(thread)
         return f"http://127.0.0.1:{server.getsockname()[1]}"
@@ -357,7 +358,7 @@ def test_an_answer_trickling_in_still_ends_the_invocation_within_its_time(
     dev: DevServer,
     dlq: str,
     tenant: str,
-    trickling_api: Callable[[str], str],
+    trickling_api: Callable[..., str],
     capsys: pytest.CaptureFixture[str],
     slow: str,
 ) -> None:
@@ -373,6 +374,25 @@ def test_an_answer_trickling_in_still_ends_the_invocation_within_its_time(
     assert dead_letters(dev, dlq) == []
     (document,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')]
     assert _single(document["DispatchRelayed"]) == _single(document["DispatchDeadLettered"]) == 0
+
+
+def test_a_dead_letter_queue_answer_trickling_in_still_ends_the_invocation_within_its_time(
+    relay_against: Callable[[str], Relay],
+    dev: DevServer,
+    tenant: str,
+    trickling_api: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a record to dead-letter, and a dead-letter queue endpoint whose answer to a SendMessage arrives one
+    # byte every half second, each within the send's read timeout (1 s)
+    relay = relay_against(dev.url)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SQS", trickling_api("headers", 0.5))
+    # When the function has 6 s left (0.5 s of margin: a 5.5 s budget)
+    started = time.monotonic()
+    with pytest.raises(DeadLetterQueueUnavailable):
+        relay([_record(tenant, b"{not json")], timeout_seconds=6)
+    # Then the batch failed before the function's deadline (retried from Kafka, the record is not lost)
+    assert time.monotonic() - started < 6
 
 
 @pytest.mark.parametrize("status", [401, 403, 404, 405, 302])

@@ -5,16 +5,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
+from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
 from poimen.ids import keyed_run_id
 from poimen.outbox import RunEvent, events_of_batch
 from poimen.store import EXPIRES_AT, run_pk
 from poimen_tools.local.stream_source import LocalStreamEventSource
 from poimen_tools.local.template import Template
+from poimen_tools.topics import check_dispatch_retention
 from tests.conftest import count_runs
 from tests.integration.conftest import DevServer, signed_session, start_dev, wait_for
 
@@ -110,3 +113,27 @@ def test_the_run_admitted_over_an_expired_one_reaches_the_outbox_from_the_stream
     assert published[0].created_at == first.json()["created_at"]
     assert published[-1].created_at == again.json()["created_at"]
     assert b'"n":2' in published[-1].value
+
+
+def test_poimen_dev_creates_dispatch_topics_that_topics_ensure_accepts_for_its_retention(
+    tmp_path: Path, tenant: str
+) -> None:
+    # Given `poimen dev --run-retention-days 1` with its own broker
+    dev = start_dev(tmp_path, "--run-retention-days", "1", kafka=True)
+    try:
+        assert dev.kafka_bootstrap is not None
+        admin = AdminClient({"bootstrap.servers": dev.kafka_bootstrap})
+        # When a tenant's first run reaches its outbox, which ensures the tenant's topics
+        answer = _post(signed_session(), dev, tenant, {"workflow_ref": "wf", "input": {}, "dispatch_key": "k-1"})
+        assert answer.status_code == 201
+        topic = f"poimen.{tenant}.dispatch"
+        wait_for(lambda: topic in admin.list_topics(timeout=5).topics, what="the tenant's dispatch topic", timeout=60)
+        # Then its dispatch topic keeps records no longer than the runs (what poimen topics ensure
+        # --run-retention-days 1 accepts), stamped by the broker
+        (future,) = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)]).values()
+        config = {name: entry.value for name, entry in future.result(timeout=10).items()}
+        check_dispatch_retention(int(config["retention.ms"]), 1)
+        assert config["retention.ms"] == str(DAY * 1000)
+        assert config["message.timestamp.type"] == "LogAppendTime"
+    finally:
+        assert dev.stop() == 0

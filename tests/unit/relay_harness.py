@@ -3,6 +3,7 @@ sent to a moto queue made from template.yaml. What `poimen dev` does over loopba
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import threading
@@ -20,6 +21,7 @@ from botocore.credentials import Credentials
 
 from poimen.config import RelaySettings
 from poimen.relay import BatchOutcome, Relay
+from poimen.retention import RunRetention
 from poimen.store import Store
 from poimen_tools.local.devserver import LocalLambdaContext, http_api_event, http_response
 from poimen_tools.local.msk import KafkaRecord, msk_event
@@ -102,11 +104,26 @@ class RelayHarness:
             admission_api_url="https://api.example",
             dlq_url=queue_url,
             region="us-east-1",
-            run_retention_days=run_retention_days,
+            run_retention=RunRetention(run_retention_days),
         )
         credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
         relay = Relay(settings, sqs=sqs or queue_client, http=api, credentials=credentials)
         return cls(relay, api, queue_client, queue_url, f"t-{uuid.uuid4().hex[:12]}")
+
+    def with_settings(self, **changes: Any) -> RelayHarness:
+        """The same queue, API and tenant, relayed by a relay with these settings changed."""
+        settings = dataclasses.replace(self.relay._settings, **changes)
+        credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
+        relay = Relay(settings, sqs=self.sqs, http=self.api, credentials=credentials)
+        return dataclasses.replace(self, relay=relay)
+
+    def with_environment(self, environment: dict[str, str]) -> RelayHarness:
+        """The same queue, API and tenant, relayed by a relay configured from these variables (a function's
+        environment as template.yaml sets it), pointed at this harness's API and queue."""
+        pointed = {"ADMISSION_API_URL": "https://api.example", "DLQ_URL": self.queue_url, "AWS_REGION": "us-east-1"}
+        settings = RelaySettings.from_env({**environment, **pointed})
+        credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
+        return dataclasses.replace(self, relay=Relay(settings, sqs=self.sqs, http=self.api, credentials=credentials))
 
     def run(self, records: list[KafkaRecord], seconds: float = 60) -> BatchOutcome:
         """One invocation of these records with `seconds` left; raises as the handler would."""

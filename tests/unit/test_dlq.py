@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
 import io
 import json
 import uuid
@@ -20,8 +21,10 @@ import urllib3
 from aws_lambda_powertools.utilities.data_classes.kafka_event import KafkaEventRecord
 from botocore.credentials import Credentials
 
-from poimen.relay import MAX_DEAD_LETTER_BYTES, DeadLetterReason, dead_letter_attributes, dead_letter_body
+from poimen.dead_letter import MAX_DEAD_LETTER_BYTES, DeadLetterReason, dead_letter_attributes, dead_letter_body
+from poimen.retention import RunRetention
 from poimen.store import Store
+from poimen.wire import rfc3339
 from poimen_tools import dlq
 from poimen_tools.cli import main
 from poimen_tools.dlq import EXIT_OK, EXIT_REMAINING, EXIT_UNREACHABLE, EXIT_USAGE, add_dlq_commands, letters, run_dlq
@@ -135,11 +138,16 @@ class Stack:
     def record(self, value: Any, offset: int, key: bytes | None = None, **changes: Any) -> KafkaRecord:
         return self.harness.record(value, offset, key, **changes)
 
-    def dead_letter(self, record: KafkaRecord, reason: DeadLetterReason) -> str:
+    def dead_letter(self, record: KafkaRecord, reason: DeadLetterReason, run_retention_days: int | None = None) -> str:
+        """The relay's dead letter of the record, written under a run retention of `run_retention_days`; without
+        one, as a relay wrote it before letters recorded their retention."""
         delivered = KafkaEventRecord(msk_record(record))
+        body = dead_letter_body(delivered, reason, RunRetention(run_retention_days))
+        if run_retention_days is None:
+            body = json.dumps({name: part for name, part in json.loads(body).items() if name != "runRetention"})
         message_id: str = self.harness.sqs.send_message(
             QueueUrl=self.queue_url,
-            MessageBody=dead_letter_body(delivered, reason),
+            MessageBody=body,
             MessageAttributes=dead_letter_attributes(delivered),
         )["MessageId"]
         return message_id
@@ -246,7 +254,9 @@ RELAY_ERROR = DeadLetterReason("relay-error", "RuntimeError: the relay tripped o
 @pytest.mark.parametrize("kind", ["invalid-topic", "empty-value", "undecodable", "invalid-json", "rejected"])
 def test_a_relay_dead_letter_is_read_with_its_kind_record_and_time(kind: str) -> None:
     record = KafkaRecord(topic="poimen.acme.dispatch", partition=2, offset=15, timestamp_ms=0, value=b"{}", key=b"k")
-    body = dead_letter_body(KafkaEventRecord(msk_record(record)), DeadLetterReason(kind, "why", 400, {"x": 1}))
+    body = dead_letter_body(
+        KafkaEventRecord(msk_record(record)), DeadLetterReason(kind, "why", 400, {"x": 1}), RunRetention()
+    )
 
     parcel = parse_message("m-1", body)
 
@@ -263,7 +273,7 @@ def test_a_relay_dead_letter_is_read_with_its_kind_record_and_time(kind: str) ->
 
 def test_a_dead_letter_whose_value_was_omitted_says_where_to_read_it_again() -> None:
     record = KafkaRecord(topic="poimen.acme.dispatch", partition=0, offset=7, timestamp_ms=0, value=b"x" * 900_000)
-    body = dead_letter_body(KafkaEventRecord(msk_record(record)), RELAY_ERROR)
+    body = dead_letter_body(KafkaEventRecord(msk_record(record)), RELAY_ERROR, RunRetention())
 
     (letter,) = parse_message("m", body).letters
 
@@ -471,19 +481,60 @@ def test_a_keyless_record_redriven_is_a_new_run_and_is_gone_after(stack: Stack) 
     assert len(stack.runs()) == 1
 
 
-def test_a_keyless_replica_letter_is_listed_and_redriven_under_its_derived_key(stack: Stack) -> None:
-    # Given a keyless spawn replicated from the cluster `west`, which the relay dead-letters
+def _rows(out: str) -> list[list[str]]:
+    return [line.rsplit(maxsplit=1) for line in out.splitlines()]
+
+
+KEYLESS_REPLICAS_ROW = ["not chosen: keyless-replica (send them with --kind keyless-replica)", "1"]
+
+
+def test_redrive_leaves_keyless_replica_letters_unless_asked_for_by_name(stack: Stack) -> None:
+    # Given a keyless spawn replicated from the cluster `west`, which the relay dead-letters (its original is
+    # relayed in its own Region: every keyless spawn leaves such a letter in each peer's queue)
     record = stack.record(spawn(), 5, topic=f"west.poimen.{stack.tenant}.dispatch")
     stack.harness.run([record])
-    # When the dead letters are listed, then redriven (its source Region lost the original)
     listed = json.loads(stack.cli("list", "--json").out)
-    summary, _, _ = stack.redrive()
-    # Then it was listed as keyless-replica, sent once under the dispatch_key derived from the record, and is gone
+    # When the queue is redriven with the default kinds
+    default = stack.cli("redrive", "--yes")
+    # Then nothing was sent: the letter is kept, and the summary and a line say how many and why
     assert {kind: entry["letters"] for kind, entry in listed["kinds"].items()} == {"keyless-replica": 1}
-    assert summary.redriven == 1
+    assert default.code == EXIT_OK
+    assert stack.runs() == []
+    assert len(stack.messages()) == 1
+    assert KEYLESS_REPLICAS_ROW in _rows(default.out)
+    assert (
+        "not chosen: 1 keyless-replica dead letter: a keyless spawn replicated from another Region, relayed "
+        "there from its original; send it with --kind keyless-replica only if that Region lost the original"
+    ) in default.err.splitlines()
+    # When it is asked for by name (its Region lost the original)
+    named = stack.cli("redrive", "--yes", "--kind", "keyless-replica")
+    # Then it is sent once, under the dispatch_key derived from the record, and is gone
+    assert named.code == EXIT_OK
     (run,) = stack.runs()
     assert run["dispatch_key"]["S"] == dlq.model.derived_key(msk_record(record))
     assert stack.messages() == []
+
+
+def test_a_parked_batch_of_a_replicated_topic_admits_its_keyless_records_no_second_time(stack: Stack) -> None:
+    # Given a keyless spawn relayed in its own Region from its original topic (one run), and its replica's
+    # batch parked here beside a keyed spawn, by an outage
+    replica = f"west.poimen.{stack.tenant}.dispatch"
+    stack.harness.run([stack.record(spawn(), 1)])
+    stack.park([stack.record(spawn(), 1, topic=replica), stack.record(spawn("k-1"), 2, topic=replica)])
+    # When the parked batch is redriven, as the runbook says once the outage is over
+    outcome = stack.cli("redrive", "--yes")
+    # Then the keyed spawn is a run and the keyless one is not admitted again: it is the queue's keyless-replica
+    # letter the relay would have made, and nothing is left in the bucket
+    assert sorted(str(run.get("dispatch_key", {}).get("S")) for run in stack.runs()) == ["None", "k-1"]
+    (letter,) = stack.messages()
+    assert (letter["record"]["topic"], letter["record"]["offset"]) == (replica, 1)
+    assert letter["reason"]["kind"] == "keyless-replica"
+    assert stack.objects() == {}
+    assert outcome.code == EXIT_REMAINING
+    assert ["still failing", "1"] in _rows(outcome.out)
+    assert any(
+        line.startswith("still failing: s3:") and ": keyless-replica: " in line for line in outcome.err.splitlines()
+    )
 
 
 def test_a_keyless_record_whose_answer_was_lost_is_one_run_when_sent_again(stack: Stack) -> None:
@@ -653,7 +704,7 @@ def value_filling(stack: Stack, offset: int, reason: DeadLetterReason) -> KafkaR
 
     def letter(pad: int) -> tuple[KafkaRecord, str]:
         record = stack.record(spawn("big", input={"pad": "x" * pad}), offset)
-        return record, dead_letter_body(KafkaEventRecord(msk_record(record)), reason)
+        return record, dead_letter_body(KafkaEventRecord(msk_record(record)), reason, RunRetention())
 
     low, high = 0, MAX_DEAD_LETTER_BYTES  # the letter holds its value with `low`, not with `high`
     while high - low > 1:
@@ -767,6 +818,42 @@ def test_two_letters_of_one_record_are_one_record(stack: Stack) -> None:
     assert (stopped.not_attempted, summary.redriven, summary.replayed) == (1, 1, 0)
     assert len(stack.runs()) == 1
     assert stack.messages() == []
+
+
+def test_two_records_at_one_offset_of_a_recreated_topic_are_two_records(stack: Stack) -> None:
+    # Given two letters at the same topic, partition and offset: order-A, 9 days old, and order-B, new (the
+    # topic was recreated, its offsets started again)
+    order_a = stack.record(spawn("order-A"), 3, timestamp_ms=days_ago(9))
+    order_b = stack.record(spawn("order-B"), 3)
+    stack.dead_letter(order_a, RELAY_ERROR)
+    stack.dead_letter(order_b, RELAY_ERROR)
+    listed = json.loads(stack.cli("list", "--json").out)
+    # When the queue is redriven
+    outcome = stack.cli("redrive", "--yes")
+    # Then both were listed as records of their own, each is a run, and no letter is left
+    assert (listed["kinds"]["relay-error"]["letters"], listed["kinds"]["relay-error"]["records"]) == (2, 2)
+    assert outcome.code == EXIT_OK
+    assert sorted(run["dispatch_key"]["S"] for run in stack.runs()) == ["order-A", "order-B"]
+    assert stack.messages() == []
+
+
+def test_a_parked_record_and_a_letter_at_one_offset_with_other_values_are_two_records(stack: Stack) -> None:
+    # Given a parked record, and a letter of another record at the same coordinates and time but with another
+    # value, its value left out of the letter (too large for SQS): its digest still tells them apart
+    stack.park([stack.record(spawn("parked"), 4)])
+    other = stack.record(spawn("lettered"), 4)
+    body = json.loads(dead_letter_body(KafkaEventRecord(msk_record(other)), RELAY_ERROR, RunRetention()))
+    value = body["record"].pop("value")
+    body["record"] |= {"value": None, "valueOmitted": {"reason": "too large for SQS", "length": len(value)}}
+    body["record"]["valueSha256"] = hashlib.sha256(value.encode()).hexdigest()
+    stack.harness.sqs.send_message(QueueUrl=stack.queue_url, MessageBody=json.dumps(body))
+    # When everything is redriven
+    summary, notices, _ = stack.redrive()
+    # Then the parked record is a run, and the letter without its value is skipped, not taken for a copy of it
+    assert [run["dispatch_key"]["S"] for run in stack.runs()] == ["parked"]
+    assert (summary.redriven, summary.skipped) == (1, 1)
+    assert len(stack.messages()) == 1
+    assert any("value omitted; read it again from Kafka" in line for line in notices)
 
 
 def test_a_record_both_parked_and_dead_lettered_is_sent_once(stack: Stack) -> None:
@@ -993,10 +1080,11 @@ def test_redrive_refuses_and_keeps_records_older_than_the_run_retention(stack: S
     assert outcome.code == EXIT_REMAINING
     assert [run["dispatch_key"]["S"] for run in stack.runs()] == ["fresh"]
     refused = [line for line in outcome.err.splitlines() if line.startswith("refused: ")]
-    suffix = "its run may have expired, and sending it would admit a second run (kept)"
+    older = "older than the run retention of 3 days: its run may have expired, and admitting it again would be"
+    suffix = "a second run (kept; --kind expired sends it)"
     assert refused == [  # oldest parcel first: the batch failed before the record was dead-lettered
-        f"refused: s3:{key}#{stack.topic}-0@5: the record is 4 days old, older than --run-retention-days 3: {suffix}",
-        f"refused: sqs:{message_id}: the record is 5 days old, older than --run-retention-days 3: {suffix}",
+        f"refused: s3:{key}#{stack.topic}-0@5: the record is 4 days old, {older} {suffix}",
+        f"refused: sqs:{message_id}: the record is 5 days old, {older} {suffix}",
     ]
     assert [message["id"] for message in stack.messages()] == [message_id]
     (parked,) = stack.objects().values()
@@ -1048,6 +1136,101 @@ def test_a_dry_run_counts_what_the_run_retention_refuses_and_asks_only_for_the_r
     assert "Send 1 of 2 dead letters" in declined.err
     assert len(stack.messages()) == 2
     assert stack.runs() == []
+
+
+def test_the_relays_expired_letter_says_its_retention_and_redrive_refuses_it_unless_named(stack: Stack) -> None:
+    # Given, with runs kept 3 days, a record published 4 days ago, which the relay dead-letters as expired
+    retained = stack.harness.with_settings(run_retention=RunRetention(3))
+    retained.run([stack.record(spawn("k-1"), 1, timestamp_ms=days_ago(4))])
+    (letter,) = stack.messages()
+    shown = stack.cli("show", f"sqs:{letter['id']}")
+    # When the queue is redriven without --run-retention-days
+    outcome = stack.cli("redrive", "--yes")
+    # Then the letter says which retention made it expire, nothing was admitted, and the letter is kept
+    assert letter["reason"]["kind"] == "expired"
+    assert letter["runRetention"] == {"days": 3}
+    assert "retention:     3 days\n" in shown.out
+    assert outcome.code == EXIT_REMAINING
+    assert stack.runs() == []
+    assert [message["id"] for message in stack.messages()] == [letter["id"]]
+    (refused,) = [line for line in outcome.err.splitlines() if line.startswith("refused: ")]
+    assert refused.startswith(
+        f"refused: sqs:{letter['id']}: the record is 4 days old, older than the run retention of 3 days: its run may"
+    )
+    assert refused.endswith("(kept; --kind expired sends it)")
+    assert ["refused (older than the run retention)", "1"] in _rows(outcome.out)
+    # When it is asked for by name (its spawn was never admitted, say: the relay was down past the retention)
+    named = stack.cli("redrive", "--yes", "--kind", "expired")
+    # Then it is sent, and gone
+    assert named.code == EXIT_OK
+    assert [run["dispatch_key"]["S"] for run in stack.runs()] == ["k-1"]
+    assert stack.messages() == []
+
+
+def test_a_future_timestamp_letter_is_kept_while_it_is_still_ahead_unless_named(stack: Stack) -> None:
+    # Given, with runs kept 3 days, a record stamped an hour ahead of the relay's clock: a future-timestamp letter
+    retained = stack.harness.with_settings(run_retention=RunRetention(3))
+    retained.run([stack.record(spawn("k-1"), 1, timestamp_ms=days_ago(-1 / 24))])
+    # When the queue is redriven, then redriven with its kind named
+    default = stack.cli("redrive", "--yes")
+    kept = stack.messages()
+    named = stack.cli("redrive", "--yes", "--kind", "future-timestamp")
+    # Then it was skipped and kept while still ahead, and sent when named
+    assert [letter["reason"]["kind"] for letter in kept] == ["future-timestamp"]
+    assert default.code == EXIT_REMAINING
+    assert ["skipped", "1"] in _rows(default.out)
+    assert named.code == EXIT_OK
+    assert [run["dispatch_key"]["S"] for run in stack.runs()] == ["k-1"]
+    assert stack.messages() == []
+
+
+def test_a_letter_is_held_to_the_retention_it_records_and_an_older_expired_letter_to_its_kind(stack: Stack) -> None:
+    # Given a relay-error letter of a record 5 days old that records a run retention of 3 days, and an expired
+    # letter written before letters recorded their retention
+    recorded = stack.dead_letter(stack.record(spawn("k-1"), 1, timestamp_ms=days_ago(5)), RELAY_ERROR, 3)
+    older = stack.dead_letter(stack.record(spawn("k-2"), 2, timestamp_ms=days_ago(2)), EXPIRED_BEFORE)
+    # When the queue is redriven without --run-retention-days
+    outcome = stack.cli("redrive", "--yes")
+    # Then neither is sent, and both are kept
+    assert outcome.code == EXIT_REMAINING
+    assert stack.runs() == []
+    assert {message["id"] for message in stack.messages()} == {recorded, older}
+    assert ["refused (older than the run retention)", "2"] in _rows(outcome.out)
+
+
+EXPIRED_BEFORE = DeadLetterReason(
+    "expired",
+    "the record is 1 day 2 h old, older than the run retention of 1 days: its run may have expired, and "
+    "admitting it again would be a second run",
+)
+
+
+def test_redrive_holds_a_parked_record_from_before_a_raise_to_the_retention_before_it(stack: Stack) -> None:
+    # Given a parked record published 2 days ago, and RunRetentionDays raised from 1 to 7 an hour ago
+    stack.park([stack.record(spawn("k-1"), 1, timestamp_ms=days_ago(2))])
+    changed_at = rfc3339(datetime.now(UTC) - timedelta(hours=1))
+    raised = [
+        "--run-retention-days",
+        "7",
+        "--previous-run-retention-days",
+        "1",
+        "--run-retention-changed-at",
+        changed_at,
+    ]
+    # When it is redriven with the stack's retention and the record of its change, as make deploy printed them
+    outcome = stack.cli("redrive", "--yes", *raised)
+    # Then it is refused and kept: its run was written under 1 day
+    assert outcome.code == EXIT_REMAINING
+    assert stack.runs() == []
+    assert len(stack.objects()) == 1
+    assert "older than the run retention of 1 day (it was 1 day until" in outcome.err
+
+
+def test_a_previous_run_retention_needs_the_time_it_changed(stack: Stack) -> None:
+    outcome = stack.cli("redrive", "--yes", "--run-retention-days", "7", "--previous-run-retention-days", "1")
+
+    assert outcome.code == EXIT_USAGE
+    assert "--previous-run-retention-days needs --run-retention-changed-at" in outcome.err
 
 
 @pytest.mark.parametrize("days", ["0", "-1", "three", "3651"])

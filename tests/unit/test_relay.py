@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -21,21 +22,25 @@ from botocore.exceptions import ClientError, EndpointConnectionError, NoCredenti
 from poimen import relay as relay_module
 from poimen.api import MAX_PROBLEM_ERRORS
 from poimen.config import ConfigurationError, RelaySettings
-from poimen.kafka import dispatch_topic, tenant_of_dispatch_topic
-from poimen.relay import (
+from poimen.dead_letter import (
     MAX_DEAD_LETTER_BYTES,
-    AdmissionApiRefused,
-    AdmissionApiUnavailable,
-    DeadLetterQueueUnavailable,
     DeadLetterReason,
-    Relay,
-    _ordered_groups,
     age_text,
     dead_letter_attributes,
     dead_letter_body,
     dead_letter_message,
 )
+from poimen.kafka import dispatch_topic, tenant_of_dispatch_topic
+from poimen.relay import (
+    AdmissionApiRefused,
+    AdmissionApiUnavailable,
+    DeadLetterQueueUnavailable,
+    Relay,
+    _ordered_groups,
+)
+from poimen.retention import RunRetention
 from poimen.store import Store
+from poimen.wire import rfc3339
 from poimen_tools.local.msk import KafkaRecord, msk_event
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs, load_event
@@ -113,7 +118,7 @@ def test_dead_letter_keeps_the_record_as_delivered_and_the_reason() -> None:
     record = next(event.records)
     reason = DeadLetterReason("rejected", "the admission API answered 400", 400, {"type": "urn:x"})
 
-    letter = dead_letter_message(record, reason)
+    letter = dead_letter_message(record, reason, RunRetention())
 
     assert letter["record"]["value"] == record.value
     assert letter["record"]["key"] == record.key
@@ -124,7 +129,7 @@ def test_dead_letter_keeps_the_record_as_delivered_and_the_reason() -> None:
         "status": 400,
         "problem": {"type": "urn:x"},
     }
-    assert json.loads(dead_letter_body(record, reason))["record"] == letter["record"]
+    assert json.loads(dead_letter_body(record, reason, RunRetention()))["record"] == letter["record"]
 
 
 @pytest.mark.parametrize(
@@ -156,7 +161,7 @@ def test_a_dead_letter_leaves_out_what_makes_it_fit_keeping_value_then_key_then_
     delivered = next(KafkaEvent(msk_event([record])).records)
     reason = DeadLetterReason("rejected", "the admission API answered 413", 413, "x" * sizes.get("problem", 10))
     # When its dead letter is made
-    body = dead_letter_body(delivered, reason)
+    body = dead_letter_body(delivered, reason, RunRetention())
     # Then it fits SQS beside its attributes, keeps the coordinates, and names each part left out by its
     # length and SHA-256
     assert sqs_message_size(body, dead_letter_attributes(delivered)) <= MAX_DEAD_LETTER_BYTES
@@ -193,7 +198,9 @@ def test_a_value_that_fits_stays_when_the_apis_answer_is_what_is_too_large() -> 
     ]
     problem = {"type": "urn:poimen:problem:validation-error", "title": "Bad Request", "status": 400, "errors": errors}
     # When its dead letter is made
-    letter = json.loads(dead_letter_body(delivered, DeadLetterReason("rejected", "answered 400", 400, problem)))
+    letter = json.loads(
+        dead_letter_body(delivered, DeadLetterReason("rejected", "answered 400", 400, problem), RunRetention())
+    )
     # Then the value is kept whole and only the answer is left out
     assert base64.b64decode(letter["record"]["value"]) == record.value
     assert letter["reason"]["problem"] is None
@@ -340,7 +347,12 @@ def test_the_relay_never_imports_the_store_or_admission() -> None:
         .replace("'", '"')
     )
 
+    # Only the HTTP contract's names, Kafka naming, its settings, the run retention rule, the record rule and
+    # the dead letter it shares with poimen dlq, and observability: never the store, admission or the API
+    allowed = {"poimen", "poimen.relay", "poimen.wire", "poimen.kafka", "poimen.config", "poimen.principals"}
+    allowed |= {"poimen.retention", "poimen.inbox_rule", "poimen.dead_letter", "poimen.observability"}
     assert "poimen.relay" in loaded
+    assert set(loaded) <= allowed
     assert not {"poimen.store", "poimen.admission", "poimen.api"} & set(loaded)
 
 
@@ -561,6 +573,28 @@ def test_a_record_without_a_timestamp_is_admitted_whatever_the_run_retention(
     assert outcome.relayed == 1
 
 
+def test_a_record_from_the_future_is_dead_lettered_not_trusted_under_a_run_retention(
+    retaining_harness: RelayHarness, harness: RelayHarness, dynamodb: Any, table_name: str
+) -> None:
+    # Given a publisher whose clock is 50 minutes fast, and one a minute fast, runs kept 3 days
+    now_ms = int(time.time() * 1000)
+    ahead_ms = 50 * 60_000 + 30_000  # 50 minutes and a half: still 50 minutes ahead when it is relayed
+    fast = retaining_harness.record({**SPAWN, "dispatch_key": "fast"}, 0, key=b"a", timestamp_ms=now_ms + ahead_ms)
+    skewed = retaining_harness.record({**SPAWN, "dispatch_key": "skew"}, 1, key=b"b", timestamp_ms=now_ms + 60_000)
+    # When their records are relayed
+    retaining_harness.run([fast, skewed])
+    # Then the record 50 minutes ahead is a dead letter of its own reason, not a run (its age cannot be told:
+    # trusted, it could admit a spawn again past its run's expiry); a minute ahead is within the skew allowed
+    runs = count_runs(dynamodb, table_name, retaining_harness.tenant)
+    assert [run["dispatch_key"]["S"] for run in runs] == ["skew"]
+    ((_, letter),) = retaining_harness.dead_letters()
+    assert (letter["record"]["offset"], letter["reason"]["kind"]) == (0, "future-timestamp")
+    assert "50 min ahead of the relay's clock" in letter["reason"]["detail"]
+    # And without a run retention no age is told, so the future record is admitted
+    harness.run([harness.record({**SPAWN, "dispatch_key": "fast"}, 0, timestamp_ms=now_ms + 50 * 60_000)])
+    assert len(count_runs(dynamodb, table_name, harness.tenant)) == 1
+
+
 def test_without_a_run_retention_an_old_record_is_admitted(
     harness: RelayHarness, dynamodb: Any, table_name: str
 ) -> None:
@@ -573,6 +607,30 @@ def test_without_a_run_retention_an_old_record_is_admitted(
     assert harness.dead_letters() == []
 
 
+@pytest.mark.parametrize(("changed_days_ago", "admitted"), [(1 / 24, False), (3, True)])
+def test_after_a_raise_of_the_run_retention_a_record_from_before_it_is_held_to_the_shorter(
+    harness: RelayHarness, template: Template, dynamodb: Any, table_name: str, changed_days_ago: float, admitted: bool
+) -> None:
+    # Given the relay as the template configures it once RunRetentionDays was raised from 1 to 7 days (make
+    # deploy passes the deployed value and the time of the change), the raise an hour or 3 days ago
+    changed_at = datetime.now(UTC) - timedelta(days=changed_days_ago)
+    parameters = {
+        "RunRetentionDays": "7",
+        "PreviousRunRetentionDays": "1",
+        "RunRetentionChangedAt": rfc3339(changed_at),
+    }
+    relay = harness.with_environment(template.function_environment("InboxRelayFunction", parameters))
+    # When a record published 2 days ago is delivered again
+    two_days_ago = int(time.time() * 1000) - 2 * DAY_MS
+    relay.run([harness.record({**SPAWN, "dispatch_key": "k"}, 0, timestamp_ms=two_days_ago)])
+    # Then from before the raise it is held to 1 day (its run, written under 1 day, is gone): dead-lettered
+    # as expired, no run; from after it, a run
+    runs = count_runs(dynamodb, table_name, harness.tenant)
+    letters = [letter for _, letter in harness.dead_letters()]
+    assert len(runs) == (1 if admitted else 0)
+    assert [letter["reason"]["kind"] for letter in letters] == ([] if admitted else ["expired"])
+
+
 def test_the_relay_reads_its_run_retention_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     env = {"ADMISSION_API_URL": "https://api.example", "DLQ_URL": "https://sqs/dlq", "AWS_REGION": "us-east-1"}
     for name, value in {**env, "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "secret"}.items():
@@ -580,10 +638,10 @@ def test_the_relay_reads_its_run_retention_from_the_environment(monkeypatch: pyt
     relay_module.relay_service.cache_clear()
     try:
         monkeypatch.setenv("RUN_RETENTION_DAYS", "3")
-        assert relay_module.relay_service()._settings.run_retention_days == 3
+        assert relay_module.relay_service()._settings.run_retention.days == 3
         relay_module.relay_service.cache_clear()
         monkeypatch.setenv("RUN_RETENTION_DAYS", "")
-        assert relay_module.relay_service()._settings.run_retention_days is None
+        assert relay_module.relay_service()._settings.run_retention.days is None
         relay_module.relay_service.cache_clear()
         monkeypatch.setenv("RUN_RETENTION_DAYS", "three")
         with pytest.raises(ConfigurationError, match="RUN_RETENTION_DAYS must be empty"):

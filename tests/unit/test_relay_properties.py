@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import string
 import uuid
 from collections.abc import Callable
@@ -16,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from poimen.relay import MAX_DEAD_LETTER_BYTES, TRACEPARENT
+from poimen.dead_letter import MAX_DEAD_LETTER_BYTES
 from poimen.store import Store
-from poimen.wire import MAX_BODY_BYTES
+from poimen.wire import MAX_BODY_BYTES, TRACEPARENT_PATTERN
 from poimen_tools.local.msk import KafkaRecord, msk_event
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs
@@ -149,7 +150,7 @@ def test_no_record_fails_the_batch_and_each_ends_as_its_kind_says(
     assert outcome.relayed + outcome.replayed == admitted
     assert len(count_runs(dynamodb, table_name, tenant)) == admitted
     forwarded = [headers["traceparent"] for headers in harness.api.received[posted_before:] if "traceparent" in headers]
-    assert all(TRACEPARENT.fullmatch(value) for value in forwarded)
+    assert all(re.fullmatch(TRACEPARENT_PATTERN, value) for value in forwarded)
 
 
 def _encoded(spec: Spec, offset: int) -> bytes | None:

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import io
+import json
 import math
 import re
 import time
-from datetime import datetime
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import boto3
 import pytest
@@ -18,20 +23,28 @@ from poimen.config import ConfigurationError, RelaySettings, Settings
 from poimen.ids import keyed_run_id
 from poimen.outbox import events_of_batch
 from poimen.retention import (
+    CHANGED_AT_PATTERN,
+    PREVIOUS_RUN_RETENTION_ENV,
+    RUN_RETENTION_CHANGED_ENV,
     RUN_RETENTION_ENV,
     InvalidRetention,
+    RunRetention,
+    after_change,
     expired,
     expires_at,
+    run_retention,
     run_retention_days,
 )
 from poimen.store import EXPIRES_AT, FENCE, ITEM_TYPE, Store, run_pk
-from poimen_tools import arguments
+from poimen.wire import rfc3339
+from poimen_tools import arguments, retention_change
 from poimen_tools.cli import _dev_options, build_parser
 from poimen_tools.local import dev
 from poimen_tools.local.stream_source import passes
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs, load_event
 from tests.unit.conftest import Invoke
+from tests.unit.relay_harness import RelayHarness
 
 DAY = 86_400
 RELAY_ENV = {"ADMISSION_API_URL": "https://api.example", "DLQ_URL": "https://sqs.example/q", "AWS_REGION": "x"}
@@ -46,7 +59,7 @@ RELAY_ENV = {"ADMISSION_API_URL": "https://api.example", "DLQ_URL": "https://sqs
 def test_retention_is_off_when_absent_or_empty_and_else_whole_days(env: dict[str, str], days: int | None) -> None:
     assert run_retention_days(env) == days
     assert Settings.from_env({"TABLE_NAME": "t", "AWS_REGION": "x", **env}).run_retention_days == days
-    assert RelaySettings.from_env({**RELAY_ENV, **env}).run_retention_days == days
+    assert RelaySettings.from_env({**RELAY_ENV, **env}).run_retention.days == days
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "3651", "1.5", "3d", "٣"])
@@ -285,6 +298,19 @@ def test_admission_and_the_relay_are_given_the_retention(template: Template) -> 
         assert template.function_environment(function, {"RunRetentionDays": "3"})[RUN_RETENTION_ENV] == "3"
 
 
+def test_the_last_change_of_the_retention_is_a_pair_of_parameters_the_relay_is_given(template: Template) -> None:
+    parameters = template.document["Parameters"]
+    changed_at = re.compile(parameters["RunRetentionChangedAt"]["AllowedPattern"])
+    variables = template.properties("InboxRelayFunction")["Environment"]["Variables"]
+
+    assert parameters["PreviousRunRetentionDays"]["AllowedPattern"] == parameters["RunRetentionDays"]["AllowedPattern"]
+    assert parameters["RunRetentionChangedAt"]["AllowedPattern"] == f"^$|{CHANGED_AT_PATTERN}"
+    assert all(changed_at.fullmatch(v) for v in ["", "2026-11-29T12:00:00Z", "2026-11-29T12:00:00.482Z"])
+    assert not any(changed_at.fullmatch(v) for v in ["2026-11-29", "2026-11-29T12:00:00+01:00", "yesterday"])
+    assert variables[PREVIOUS_RUN_RETENTION_ENV] == {"Ref": "PreviousRunRetentionDays"}
+    assert variables[RUN_RETENTION_CHANGED_ENV] == {"Ref": "RunRetentionChangedAt"}
+
+
 @pytest.mark.parametrize(
     ("days", "dead_letter_seconds", "parked_days"),
     [
@@ -341,3 +367,184 @@ def test_poimen_dev_takes_the_retention_argument() -> None:
 
     assert _dev_options(args).template_parameters == {"RunRetentionDays": "3"}
     assert _dev_options(build_parser().parse_args(["dev"])).run_retention_days is None
+
+
+# --- a change of the retention -----------------------------------------------------------------------------
+
+DAY_MS = DAY * 1000
+NOW_MS = 1_796_000_000_000
+
+
+def test_a_record_from_before_a_change_is_held_to_the_shorter_of_the_two_retentions() -> None:
+    raised = RunRetention(7, 1, NOW_MS - DAY_MS)
+    lowered = RunRetention(1, 7, NOW_MS - DAY_MS)
+    switched_on = RunRetention(3, None, NOW_MS - DAY_MS)
+    switched_off = RunRetention(None, 3, NOW_MS - DAY_MS)
+
+    assert [raised.days_for(NOW_MS - 2 * DAY_MS), raised.days_for(NOW_MS - DAY_MS + 1)] == [1, 7]
+    assert [lowered.days_for(NOW_MS - 2 * DAY_MS), lowered.days_for(NOW_MS)] == [1, 1]
+    assert [switched_on.days_for(NOW_MS - 9 * DAY_MS), switched_off.days_for(NOW_MS - 2 * DAY_MS)] == [3, 3]
+    assert switched_off.days_for(NOW_MS) is None
+    assert RunRetention(7).days_for(0) == 7
+    assert raised.expired(NOW_MS - 2 * DAY_MS, NOW_MS)
+    assert not RunRetention(7).expired(NOW_MS - 2 * DAY_MS, NOW_MS)
+
+
+def test_the_relay_reads_the_last_change_from_its_environment() -> None:
+    changed = {
+        RUN_RETENTION_ENV: "7",
+        PREVIOUS_RUN_RETENTION_ENV: "1",
+        RUN_RETENTION_CHANGED_ENV: "2026-11-29T12:00:00Z",
+    }
+    forever_before = {**changed, PREVIOUS_RUN_RETENTION_ENV: ""}
+
+    assert run_retention(changed) == RunRetention(7, 1, 1_795_953_600_000)
+    assert run_retention(forever_before) == RunRetention(7, None, 1_795_953_600_000)
+    assert run_retention({RUN_RETENTION_ENV: "7"}) == RunRetention(7)
+    assert RelaySettings.from_env({**RELAY_ENV, **changed}).run_retention == RunRetention(7, 1, 1_795_953_600_000)
+    for broken in ({**changed, RUN_RETENTION_CHANGED_ENV: "yesterday"}, {PREVIOUS_RUN_RETENTION_ENV: "1"}):
+        with pytest.raises(ConfigurationError):
+            RelaySettings.from_env({**RELAY_ENV, **broken})
+
+
+@pytest.mark.parametrize(
+    ("deployed", "days", "expected"),
+    [
+        (None, 7, RunRetention(7)),  # a new stack: nothing was written under another retention
+        (RunRetention(1), 1, RunRetention(1)),  # unchanged
+        (RunRetention(7, 1, NOW_MS - DAY_MS), 7, RunRetention(7, 1, NOW_MS - DAY_MS)),  # unchanged: kept
+        (RunRetention(1), 7, RunRetention(7, 1, NOW_MS)),  # a raise, recorded now
+        (RunRetention(None), 3, RunRetention(3, None, NOW_MS)),  # switched on: runs were kept forever
+        # a second raise while the first still matters: held to the shortest retention of both changes
+        (RunRetention(7, 1, NOW_MS - 2 * DAY_MS), 14, RunRetention(14, 1, NOW_MS)),
+        # a second raise once records from before the first are older than both of its retentions
+        (RunRetention(7, 1, NOW_MS - 8 * DAY_MS), 14, RunRetention(14, 7, NOW_MS)),
+        (RunRetention(7, None, NOW_MS - 800 * DAY_MS), 14, RunRetention(14, 7, NOW_MS)),
+    ],
+)
+def test_a_deploy_records_a_change_of_the_retention_and_remembers_one_that_still_matters(
+    deployed: RunRetention | None, days: int | None, expected: RunRetention
+) -> None:
+    assert after_change(deployed, days, NOW_MS) == expected
+
+
+def test_a_second_change_never_holds_a_record_to_more_than_the_retentions_its_run_was_written_under() -> None:
+    # Given a raise from 1 to 7 days, then 2 days later one to 14
+    first = after_change(RunRetention(1), 7, NOW_MS)
+    second = after_change(first, 14, NOW_MS + 2 * DAY_MS)
+    # Then a record from before the first raise, 3 days old after the second, is held to 1 day, as its run was
+    assert second.days_for(NOW_MS - DAY_MS // 2) == 1
+    assert second.expired(NOW_MS - DAY_MS // 2, NOW_MS + 2 * DAY_MS + DAY_MS // 2)
+
+
+STACK_TEMPLATE = json.dumps(
+    {
+        "Parameters": {
+            name: {"Type": "String", "Default": ""}
+            for name in ("RunRetentionDays", "PreviousRunRetentionDays", "RunRetentionChangedAt")
+        },
+        "Resources": {"Queue": {"Type": "AWS::SQS::Queue"}},
+    }
+)
+SAMCONFIG = """version = 0.1
+[staging.global.parameters]
+stack_name = "poimen-admission-staging"
+[staging.deploy.parameters]
+parameter_overrides = "Stage=staging TableDeletionProtection=true"
+"""
+
+
+def _deploy_parameters(tmp_path: Path, *argv: str) -> tuple[int, str, str]:
+    config = tmp_path / "samconfig.toml"
+    if not config.exists():
+        config.write_text(SAMCONFIG)
+    out, err = io.StringIO(), io.StringIO()
+    code = retention_change.main(
+        ["--config-env", "staging", "--config-file", str(config), *argv],
+        cloudformation=boto3.client("cloudformation"),
+        now_ms=NOW_MS,
+        stdout=out,
+        stderr=err,
+    )
+    return code, out.getvalue(), err.getvalue()
+
+
+def _deploy_stack(days: str, stack_name: str = "poimen-admission-staging") -> None:
+    boto3.client("cloudformation").create_stack(
+        StackName=stack_name,
+        TemplateBody=STACK_TEMPLATE,
+        Parameters=[{"ParameterKey": "RunRetentionDays", "ParameterValue": days}],
+    )
+
+
+def test_make_deploy_reads_the_deployed_retention_and_records_a_raise(tmp_path: Path) -> None:
+    with mock_aws():
+        # Given no stack yet: nothing to record
+        first = _deploy_parameters(tmp_path, "--run-retention-days", "1")
+        # Given the stack deployed with runs kept 1 day
+        _deploy_stack("1")
+        # When make deploy raises it to 7 days, or deploys it again unchanged, or is given nothing
+        raised = _deploy_parameters(tmp_path, "--run-retention-days", "7")
+        unchanged = _deploy_parameters(tmp_path, "--run-retention-days", "1")
+        kept = _deploy_parameters(tmp_path)
+    # Then the raise is passed with the previous value and its time, and says so; the others record nothing
+    changed_at = rfc3339(datetime.fromtimestamp(NOW_MS / 1000, UTC))
+    assert first == (0, "RunRetentionDays=1 PreviousRunRetentionDays= RunRetentionChangedAt=\n", "")
+    assert raised[:2] == (0, f"RunRetentionDays=7 PreviousRunRetentionDays=1 RunRetentionChangedAt={changed_at}\n")
+    assert raised[2].startswith(
+        "make deploy: RunRetentionDays of poimen-admission-staging changes from 1 day to 7 days"
+    )
+    assert unchanged == kept == (0, "RunRetentionDays=1 PreviousRunRetentionDays= RunRetentionChangedAt=\n", "")
+
+
+def test_make_deploy_reads_the_retention_of_the_cell_it_deploys(tmp_path: Path) -> None:
+    with mock_aws():
+        # Given the environment's stack keeping runs 7 days, and its cell c2 keeping them 1 day
+        _deploy_stack("7")
+        _deploy_stack("1", "poimen-admission-staging-c2")
+        # When make deploy CELL=c2 raises the cell's to 7 days
+        raised = _deploy_parameters(
+            tmp_path, "--run-retention-days", "7", "--stack-name", "poimen-admission-staging-c2"
+        )
+    # Then the raise of the cell's own retention is recorded, not the other stack's value
+    assert raised[1].startswith("RunRetentionDays=7 PreviousRunRetentionDays=1 RunRetentionChangedAt=2")
+    assert "RunRetentionDays of poimen-admission-staging-c2 changes from 1 day to 7 days" in raised[2]
+
+
+def test_make_deploy_refuses_to_guess_the_deployed_retention(tmp_path: Path) -> None:
+    (tmp_path / "samconfig.toml").write_text(SAMCONFIG.replace("TableDeletionProtection=true", "RunRetentionDays=3"))
+    with mock_aws():
+        disagreeing = _deploy_parameters(tmp_path, "--run-retention-days", "7")
+        staged = _deploy_parameters(tmp_path)
+    with mock_aws(), mock.patch.dict("os.environ", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}):
+        unreachable = retention_change.main(
+            ["--config-env", "staging", "--config-file", str(tmp_path / "samconfig.toml")]
+        )
+
+    assert disagreeing[0] == 1
+    assert "RUN_RETENTION_DAYS=7 and RunRetentionDays=3 of" in disagreeing[2]
+    assert staged[:2] == (0, "RunRetentionDays=3 PreviousRunRetentionDays= RunRetentionChangedAt=\n")
+    assert unreachable == 1
+
+
+def test_a_record_redelivered_after_a_deployed_raise_admits_no_second_run(
+    tmp_path: Path, template: Template, handler: Callable[[dict[str, Any], Any], dict[str, Any]], store: Store
+) -> None:
+    harness = RelayHarness.start(template, handler, store)
+    # Given a spawn relayed 2 days ago under a run retention of 1 day: its run has expired (deleted by TTL)
+    two_days_ago = int(time.time() * 1000) - 2 * DAY_MS
+    record = harness.record({"workflow_ref": "wf", "input": {}, "dispatch_key": "k-1"}, 0, timestamp_ms=two_days_ago)
+    # When RunRetentionDays is raised to 7 by make deploy, and the record is delivered again (a reset group)
+    with mock_aws():
+        _deploy_stack("1")
+        code, words, _ = _deploy_parameters(tmp_path, "--run-retention-days", "7")
+    parameters = dict(word.split("=", 1) for word in words.split())
+    raised = harness.with_environment(template.function_environment("InboxRelayFunction", parameters))
+    raised.run([record])
+    # Then it is dead-lettered as expired, held to the 1 day its run was written under, and no run is admitted
+    assert code == 0
+    assert count_runs(boto3.client("dynamodb"), Settings.from_env().table_name, harness.tenant) == []
+    ((_, letter),) = harness.dead_letters()
+    assert letter["reason"]["kind"] == "expired"
+    assert "older than the run retention of 1 day (it was 1 day until" in letter["reason"]["detail"]
+    assert letter["runRetention"]["previousDays"] == 1

@@ -18,7 +18,8 @@ from poimen.client import (
     NotFound,
     OutcomeUnknown,
 )
-from poimen.relay import RECORD_FAULT_STATUSES, RETRYABLE_STATUSES, DeadLetterReason
+from poimen.dead_letter import DeadLetterReason
+from poimen.inbox_rule import RECORD_FAULT_STATUSES, RETRYABLE_STATUSES, rejected
 from poimen_tools.dlq.errors import ApiRefused, ApiUnavailable, AwsUnavailable, UsageError
 from poimen_tools.dlq.model import Dispatch
 from poimen_tools.dlq.render import problem_summary
@@ -109,7 +110,7 @@ class AdmissionApi:
     def _refused(self, error: AdmissionError) -> DeadLetterReason:
         status = error.status
         if status in RECORD_FAULT_STATUSES:
-            return DeadLetterReason("rejected", f"the admission API answered {status}", status, error.body)
+            return rejected(status, error.body)
         if isinstance(error, InvalidRequest) and status is None:  # the client would not send it
             return DeadLetterReason("rejected", f"not sent: {error}")
         if isinstance(error, Forbidden) and status is None:

@@ -8,13 +8,14 @@ dead letter only once the API has confirmed its run (201 or 200).
 
 Dead-letter IDs: `sqs:<MessageId>` (one relay dead letter), `s3:<key>` (one failed batch, every record
 of it), `s3:<key>#<topic>-<partition>@<offset>` (one record of a failed batch). Copies of one record (the
-same topic, partition and offset) are listed as one record and redriven once.
+same topic, partition, offset, timestamp and value) are listed as one record and redriven once; two records
+at one offset of a recreated topic are two.
 
 Redriving is idempotent through admission's dispatch_key alone: a keyed record sent twice is a replay
 (200) of the run it admitted. A record without one is sent with a dispatch_key derived from its topic,
 partition, offset and timestamp (`poimen-redrive/<sha256>`), the same every time, so it too becomes one
 run however often it is sent. A dead letter is deleted right after its confirmation, and a failed-batch
-record marked done (a progress marker beside its object, `<key>.progress/<topic>-<partition>@<offset>`):
+record marked done (a progress marker beside its object, `<key>.progress/<record identity>`):
 a redrive interrupted and run again sends again at most the one record that was in flight.
 """
 
@@ -40,12 +41,21 @@ import botocore.session
 import urllib3
 from botocore.credentials import Credentials
 
-from poimen_tools.arguments import base_url, bucket_name, endpoint_url, region, run_retention_days, text
+from poimen.retention import RunRetention
+from poimen_tools.arguments import (
+    base_url,
+    bucket_name,
+    changed_at,
+    endpoint_url,
+    region,
+    run_retention_days,
+    text,
+)
 from poimen_tools.credentials import local_credentials
 from poimen_tools.dlq.api import AdmissionApi
 from poimen_tools.dlq.errors import EXIT_OK, AwsUnavailable, DeadLetterNotFound, DlqError, UsageError
 from poimen_tools.dlq.letters import DeadLetterQueue
-from poimen_tools.dlq.model import KINDS, DeadLetter, Parcel
+from poimen_tools.dlq.model import HELD_KINDS, KINDS, DeadLetter, Parcel
 from poimen_tools.dlq.parked import FailedBatches
 from poimen_tools.dlq.redrive import Plan, Progress, Redrive, plan
 from poimen_tools.dlq.render import inventory, letter_document, render_inventory, render_letter, table
@@ -56,6 +66,11 @@ from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY
 # `redrive` holds every message it read for 5 minutes, so that no message is read twice while it works.
 LIST_VISIBILITY_SECONDS = 30
 REDRIVE_VISIBILITY_SECONDS = 300
+
+# A keyless spawn replicated from another Region: the relay there admitted its original, so it is sent only
+# when asked for by name (every keyless spawn leaves one such letter in each peer Region's queue).
+KEYLESS_REPLICA = "keyless-replica"
+DEFAULT_KINDS = tuple(kind for kind in KINDS if kind != KEYLESS_REPLICA)
 
 _RECORD_FRAGMENT = re.compile(r"(?P<topic>.+)-(?P<partition>\d+)@(?P<offset>\d+)")
 
@@ -76,7 +91,7 @@ IDs: sqs:<MessageId> (a relay dead letter), s3:<key> (a failed batch), s3:<key>#
 (one record of a failed batch); `poimen dlq list --ids` shows them.
 
 exit codes: 0 done; 1 some dead letters of the chosen kinds remain (failing again, not sendable, or
-refused as older than --run-retention-days);
+refused as older than the run retention);
 2 usage error, unknown ID, or redrive refused / not confirmed; 3 AWS or the admission API unreachable,
 or refusing the caller (nothing unconfirmed is removed); 130 interrupted (Ctrl-C: stopped after the
 record in flight; run redrive again for the rest)."""
@@ -156,14 +171,31 @@ def add_dlq_commands(commands: argparse._SubParsersAction[argparse.ArgumentParse
         action="append",
         choices=KINDS,
         metavar="KIND",
-        help=f"only this kind (repeatable; default: all): {', '.join(KINDS)}",
+        help=f"only this kind (repeatable; default: all but {KEYLESS_REPLICA}): {', '.join(KINDS)}. A kind the relay "
+        f"holds back though the record is a spawn ({', '.join(HELD_KINDS)}) is sent only when named here",
     )
     redrive.add_argument(
         "--run-retention-days",
         type=run_retention_days,
+        default=argparse.SUPPRESS,
         metavar="DAYS",
         help="the stack's RunRetentionDays: refuse (and keep) records whose Kafka timestamp is older, as "
-        "sending them could admit a second run (default: none, nothing is refused for its age)",
+        "sending them could admit a second run (default: the retention each relay dead letter records; "
+        "parked records: none)",
+    )
+    redrive.add_argument(
+        "--previous-run-retention-days",
+        type=run_retention_days,
+        default=argparse.SUPPRESS,
+        metavar="DAYS",
+        help="the stack's PreviousRunRetentionDays, with --run-retention-changed-at: a record from before the "
+        "change is held to the shorter of the two retentions ('' for forever)",
+    )
+    redrive.add_argument(
+        "--run-retention-changed-at",
+        type=changed_at,
+        metavar="TIME",
+        help="the stack's RunRetentionChangedAt (RFC 3339 UTC, as make deploy records it)",
     )
     redrive.add_argument("--dry-run", action="store_true", help="say what would be sent; change nothing")
     redrive.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -228,9 +260,20 @@ def _run(
             raise UsageError("redrive needs --api-url (stack output AdmissionApiUrl), or --dry-run")
         signer = credentials or _caller_credentials(args.dev_key, args.api_url)
         api = AdmissionApi(args.api_url, signer, args.region, http)
+    retention = _operators_retention(args)
+    kinds = args.kind or DEFAULT_KINDS
+    waived = [kind for kind in args.kind or () if kind in HELD_KINDS]
     with holding(queue, batches, REDRIVE_VISIBILITY_SECONDS) as parcels:
-        chosen = [parcel for parcel in parcels if not args.kind or parcel.kind in args.kind]
-        planned = plan(chosen, args.run_retention_days)
+        chosen = [parcel for parcel in parcels if parcel.kind in kinds]
+        replicas = {
+            letter.record_id or letter.id
+            for parcel in parcels
+            if parcel.kind == KEYLESS_REPLICA and parcel.kind not in kinds
+            for letter in parcel.letters
+        }
+        if replicas:
+            print(_not_chosen(len(replicas)), file=err)
+        planned = plan(chosen, retention, waived)
         if api is not None and planned.letters and not args.yes:
             _confirm(planned, api, stdin, err)
         redrive = Redrive(
@@ -239,8 +282,10 @@ def _run(
             batches,
             Progress(planned.letters, err),
             lambda line: print(line, file=out),
-            args.run_retention_days,
+            retention,
+            waived,
         )
+        redrive.summary.keyless_replicas_not_chosen = len(replicas)
         with _first_interrupt_stops(redrive):
             summary = redrive.run(chosen)
     rows = [("outcome", "records"), *((name, str(count)) for name, count in summary.rows(api is None))]
@@ -293,6 +338,30 @@ def _find(dead_letter_id: str, queue: DeadLetterQueue | None, batches: FailedBat
                     return parcel.letters
         raise DeadLetterNotFound(f"no message {dead_letter_id} in {queue.url}: {hint}")
     raise UsageError(f"{dead_letter_id!r} is not a dead-letter ID (sqs:<MessageId> or s3:<key>[#...]): {hint}")
+
+
+def _operators_retention(args: argparse.Namespace) -> RunRetention | None:
+    """The run retention the operator holds records to (--run-retention-days and its last change), if any. An
+    option not given is absent from `args`; an empty --run-retention-days is given: runs kept forever."""
+    given = vars(args)
+    if "previous_run_retention_days" in given and args.run_retention_changed_at is None:
+        raise UsageError("--previous-run-retention-days needs --run-retention-changed-at, when it changed")
+    if "run_retention_days" not in given and args.run_retention_changed_at is None:
+        return None
+    days = given.get("run_retention_days")
+    if args.run_retention_changed_at is None:
+        return RunRetention(days)
+    return RunRetention(days, given.get("previous_run_retention_days"), args.run_retention_changed_at)
+
+
+def _not_chosen(replicas: int) -> str:
+    letters = "dead letter" if replicas == 1 else "dead letters"
+    spawn = "a keyless spawn" if replicas == 1 else "each a keyless spawn"
+    it = "it" if replicas == 1 else "them"
+    return (
+        f"not chosen: {replicas} {KEYLESS_REPLICA} {letters}: {spawn} replicated from another Region, relayed "
+        f"there from its original; send {it} with --kind {KEYLESS_REPLICA} only if that Region lost the original"
+    )
 
 
 def _confirm(planned: Plan, api: AdmissionApi, stdin: TextIO, err: TextIO) -> None:

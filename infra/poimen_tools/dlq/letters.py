@@ -8,8 +8,9 @@ from typing import Any
 
 import botocore.exceptions
 
+from poimen.dead_letter import holds_value, is_dead_letter, record_id, recorded_retention
 from poimen_tools.dlq.errors import aws_call
-from poimen_tools.dlq.model import DeadLetter, Parcel, coordinates, kafka_record_id, timestamp
+from poimen_tools.dlq.model import DeadLetter, Parcel, coordinates, timestamp
 from poimen_tools.dlq.parked import failed_batch, is_on_failure_record, unrecognised
 
 # Long polling asks every SQS server, so an empty answer means an empty queue (short polling samples).
@@ -28,28 +29,20 @@ def parse_message(message_id: str, body: str, sent_at: datetime | None = None) -
         document = json.loads(body)
     except ValueError:
         return unrecognised(parcel_id, sent_at, "the message body is not JSON")
-    if _is_relay_dead_letter(document):
+    if is_dead_letter(document):
         record: dict[str, Any] = document["record"]
         reason: dict[str, Any] = document["reason"]
         kind = str(reason["kind"])
         at = timestamp(document.get("deadLetteredAt")) or sent_at
         blocked = None
-        if record.get("value") is None and "valueOmitted" in record:
+        if not holds_value(record):
             blocked = f"value omitted; read it again from Kafka at {coordinates(record)}"
-        letter = DeadLetter(parcel_id, kind, parcel_id, at, reason, record, blocked, kafka_record_id(record))
+        retention = recorded_retention(document)
+        letter = DeadLetter(parcel_id, kind, parcel_id, at, reason, record, blocked, record_id(record), retention)
         return Parcel(parcel_id, kind, at, [letter], 1)
     if is_on_failure_record(document):
         return failed_batch(parcel_id, document, sent_at)
     return unrecognised(parcel_id, sent_at, "neither a relay dead letter nor a Lambda on-failure record")
-
-
-def _is_relay_dead_letter(document: Any) -> bool:
-    return (
-        isinstance(document, dict)
-        and isinstance(document.get("record"), dict)
-        and isinstance(document.get("reason"), dict)
-        and isinstance(document["reason"].get("kind"), str)
-    )
 
 
 class DeadLetterQueue:

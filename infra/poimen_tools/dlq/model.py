@@ -3,10 +3,8 @@ the dispatch a record stands for, read as the relay reads it."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
-import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -14,21 +12,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from poimen.contract import RunRequest, parse_json
-from poimen.kafka import tenant_of_dispatch_topic
-from poimen.relay import INVALID_TOPIC_DETAIL, TRACEPARENT, DeadLetterReason
-from poimen.retention import expired
+from poimen.dead_letter import RELAY_KINDS, DeadLetterReason
+from poimen.dead_letter import holds_value as record_holds_value
+from poimen.inbox_rule import HeldBack, Spawn, judge
+from poimen.retention import RunRetention
 
-RELAY_KINDS = (
-    "invalid-topic",
-    "empty-value",
-    "undecodable",
-    "invalid-json",
-    "expired",
-    "keyless-replica",  # a keyless spawn replicated from another Region: sent with its derived key
-    "rejected",
-    "outcome-unknown",
-    "relay-error",
-)
 OUTCOME_UNKNOWN = "outcome-unknown"  # a keyless record the API may have admitted: its letter names the run
 FAILED_BATCH = "failed-batch"
 UNRECOGNISED = "unrecognised"  # a message or object that is neither; listed, never touched
@@ -46,9 +34,12 @@ class DeadLetter:
     reason: dict[str, Any]  # {kind, detail, status, problem}, as the relay writes it
     record: dict[str, Any] | None = None  # as MSK delivered it (key and value base64); None: metadata only
     blocked: str | None = None  # why it cannot be sent from here; None: it can be tried
-    # The record's identity, the same in every copy of it (for Kafka `<topic>-<partition>@<offset>`):
-    # copies are sent once, and a parked record's progress marker is named by it. None: no record.
+    # The record's identity, the same in every copy of it (poimen.dead_letter.record_id: coordinates,
+    # timestamp, value digest): copies are sent once, and a parked record's progress marker is named by it.
+    # None: no record.
     record_id: str | None = None
+    # The run retention its relay held the record to; None: none recorded (a parked record, an older letter).
+    run_retention: RunRetention | None = None
 
     @property
     def coordinates(self) -> str:
@@ -75,11 +66,6 @@ class Parcel:
     @property
     def in_queue(self) -> bool:
         return self.id.startswith("sqs:")
-
-
-def kafka_record_id(record: dict[str, Any]) -> str:
-    """`<topic>-<partition>@<offset>`: a Kafka record's identity."""
-    return f"{record.get('topic')}-{record.get('partition')}@{record.get('offset')}"
 
 
 def coordinates(record: dict[str, Any]) -> str:
@@ -132,28 +118,38 @@ def derived_key(record: dict[str, Any]) -> str:
     return DERIVED_KEY_PREFIX + hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def dispatch_of(record: dict[str, Any]) -> Dispatch | DeadLetterReason:
-    """The record as the relay sees it: a dispatch to send, or why the relay dead-letters it; and a value
-    that is no spawn request by the API's contract (`poimen.contract.RunRequest`) is refused as the API
-    would refuse it, without sending it."""
-    tenant = tenant_of_dispatch_topic(str(record.get("topic")))
-    if tenant is None:
-        return DeadLetterReason("invalid-topic", INVALID_TOPIC_DETAIL)
-    if record.get("value") is None:
-        return DeadLetterReason("empty-value", "the record has no value")
+@dataclass(frozen=True)
+class Held:
+    """A dispatch the relay holds back though it is a spawn (`poimen.inbox_rule.HeldBack`): dead-lettered
+    with `reason`, and sent by redrive only when its kind is asked for by name (`--kind`)."""
+
+    reason: DeadLetterReason
+    dispatch: Dispatch | DeadLetterReason  # what sending it would send, or why the API would refuse it
+
+
+# The reasons of Held: the relay's, for a record that is a spawn all the same.
+EXPIRED = "expired"
+HELD_KINDS = (EXPIRED, "future-timestamp", "keyless-replica")
+
+
+def judged(record: dict[str, Any], now_ms: float, *retentions: RunRetention) -> Dispatch | Held | DeadLetterReason:
+    """The record judged by the relay's rule (`poimen.inbox_rule.judge`) at `now_ms`: a dispatch to send, one
+    the relay holds back, or why the relay dead-letters it. A value that is no spawn request by the API's
+    contract (`poimen.contract.RunRequest`) is refused as the API would refuse it, without sending it."""
     try:
-        text = base64.b64decode(record["value"], validate=True).decode("utf-8")
-        spawn = json.loads(text)
-    except (binascii.Error, TypeError) as error:
-        return DeadLetterReason("undecodable", f"value is not base64: {error}")
-    except UnicodeDecodeError as error:
-        return DeadLetterReason("undecodable", f"value is not UTF-8: {error}")
-    except (ValueError, RecursionError) as error:
-        return DeadLetterReason("invalid-json", f"value is not JSON: {error}")
-    if not isinstance(spawn, dict):
-        return DeadLetterReason("invalid-json", "value is not a JSON object")
+        verdict = judge(record, now_ms, *retentions)
+    except (TypeError, ValueError, AttributeError) as error:  # as the relay: a fault of the record's own
+        return DeadLetterReason("relay-error", f"{type(error).__name__}: {error}")
+    if isinstance(verdict, DeadLetterReason):
+        return verdict
+    if isinstance(verdict, HeldBack):
+        return Held(verdict.reason, _request(record, verdict.spawn))
+    return _request(record, verdict)
+
+
+def _request(record: dict[str, Any], spawn: Spawn) -> Dispatch | DeadLetterReason:
     try:
-        request = RunRequest.model_validate(parse_json(text))  # numbers exact, as the API reads them
+        request = RunRequest.model_validate(parse_json(spawn.body.decode()))  # numbers exact, as the API reads them
     except ValidationError as error:
         problems = "; ".join(
             f"{'.'.join(str(part) for part in problem['loc']) or 'request'}: {problem['msg']}"
@@ -162,39 +158,33 @@ def dispatch_of(record: dict[str, Any]) -> Dispatch | DeadLetterReason:
         return DeadLetterReason("rejected", f"not a valid spawn request: {problems}")
     except (ValueError, RecursionError) as error:
         return DeadLetterReason("rejected", f"not JSON as the admission API reads it: {error}")
-    return Dispatch(tenant, request, request.dispatch_key or derived_key(record), _traceparent(record))
-
-
-def _traceparent(record: dict[str, Any]) -> str | None:
-    """Forwarded as the relay forwards it: only if it is well-formed W3C Trace Context."""
-    for header in record.get("headers") or []:
-        if isinstance(header, dict) and isinstance(header.get("traceparent"), list):
-            try:
-                text = bytes(header["traceparent"]).decode("ascii", "replace")
-            except (TypeError, ValueError):
-                return None
-            return text if TRACEPARENT.fullmatch(text) else None
-    return None
-
-
-def record_timestamp_ms(record: dict[str, Any]) -> int | None:
-    """The record's Kafka timestamp in milliseconds; None for a record without one (-1), as the relay reads it."""
-    value = record.get("timestamp")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def outlived(record: dict[str, Any], run_retention_days: int | None, now_ms: float) -> bool:
-    """Whether the record is older than the run retention (never without one, nor without a timestamp):
-    its run may have expired, and sending it would admit a second one."""
-    timestamp_ms = record_timestamp_ms(record)
-    return timestamp_ms is not None and expired(timestamp_ms, now_ms, run_retention_days)
+    return Dispatch(spawn.tenant, request, request.dispatch_key or derived_key(record), spawn.traceparent)
 
 
 def holds_value(letter: DeadLetter) -> bool:
     """Whether the letter keeps its record's value (a null value is a value: a tombstone's)."""
-    return letter.record is not None and "valueOmitted" not in letter.record
+    return letter.record is not None and record_holds_value(letter.record)
 
 
-def sendable(letter: DeadLetter) -> Dispatch | DeadLetterReason | None:
-    """What the letter's record is, if it can be tried from here (None: blocked, or nothing to send)."""
-    return None if letter.blocked or letter.record is None else dispatch_of(letter.record)
+def record_verdict(
+    copies: Sequence[DeadLetter], now_ms: float, run_retention: RunRetention | None
+) -> tuple[DeadLetter, Dispatch | Held | DeadLetterReason] | None:
+    """What the record of these copies is (`judged`), from the first copy that can be tried (None if none can),
+    held to the shortest of `run_retention` (the operator's) and the retentions the copies record. A record
+    the relay dead-lettered as `expired` stays held back as expired, whatever the retention now: it only
+    grew older."""
+    source = next((copy for copy in copies if sendable(copy)), None)
+    if source is None or source.record is None:
+        return None
+    retentions = [found for found in (run_retention, *(copy.run_retention for copy in copies)) if found is not None]
+    verdict = judged(source.record, now_ms, *retentions)
+    expired_letter = next((copy for copy in copies if copy.kind == EXPIRED), None)
+    if isinstance(verdict, Dispatch) and expired_letter is not None:
+        detail = f"dead-lettered as expired: {expired_letter.reason.get('detail')}"
+        verdict = Held(DeadLetterReason(EXPIRED, detail), verdict)
+    return source, verdict
+
+
+def sendable(letter: DeadLetter) -> bool:
+    """Whether the letter's record can be tried from here (not blocked, and held in full)."""
+    return not letter.blocked and letter.record is not None

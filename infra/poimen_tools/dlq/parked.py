@@ -3,8 +3,9 @@ they are read, and the S3 bucket that keeps them, with the progress markers that
 redrive resume without sending anything twice.
 
 Progress markers: for each record of a parked object that a redrive has finished (admitted, or moved to
-the dead-letter queue), a small object `<key>.progress/<topic>-<partition>@<offset>` (its body a JSON note
-of the outcome and when), written as soon as that outcome is confirmed. Reading the
+the dead-letter queue), a small object `<key>.progress/<record identity>` (poimen.dead_letter.record_id;
+earlier versions named it `<topic>-<partition>@<offset>`, which is still read; its body a JSON note of the
+outcome and when), written as soon as that outcome is confirmed. Reading the
 bucket leaves those records out of their object; when a redrive is done with the object it rewrites or
 deletes it and then deletes its markers.
 """
@@ -18,6 +19,7 @@ from typing import Any
 
 import botocore.exceptions
 
+from poimen.dead_letter import coordinates_id, record_id
 from poimen_tools.dlq.errors import DeadLetterNotFound, aws_call
 from poimen_tools.dlq.model import FAILED_BATCH, UNRECOGNISED, DeadLetter, Parcel, timestamp
 
@@ -70,10 +72,10 @@ def failed_batch(parcel_id: str, document: dict[str, Any], fallback_at: datetime
     try:
         event = json.loads(payload) if isinstance(payload, str) else payload
         records = [record for group in event["records"].values() for record in group]
-        identities = [f"{record['topic']}-{int(record['partition'])}@{int(record['offset'])}" for record in records]
+        places = [f"{record['topic']}-{int(record['partition'])}@{int(record['offset'])}" for record in records]
         letters = [
-            DeadLetter(f"{parcel_id}#{identity}", FAILED_BATCH, parcel_id, at, reason, record, record_id=identity)
-            for record, identity in zip(records, identities, strict=True)
+            DeadLetter(f"{parcel_id}#{place}", FAILED_BATCH, parcel_id, at, reason, record, record_id=record_id(record))
+            for record, place in zip(records, places, strict=True)
         ]
     except (ValueError, TypeError, KeyError, AttributeError):
         return unrecognised(parcel_id, at, "its payload is not an aws:kafka event")
@@ -108,10 +110,16 @@ def without_done(parcel: Parcel, done: Iterable[str]) -> Parcel:
     finished = frozenset(done)
     if not finished or parcel.kind == UNRECOGNISED:
         return parcel
-    parcel.letters = [letter for letter in parcel.letters if letter.record_id not in finished]
+    parcel.letters = [letter for letter in parcel.letters if not _marked(letter, finished)]
     parcel.records = len(parcel.letters)
     parcel.done = finished
     return parcel
+
+
+def _marked(letter: DeadLetter, markers: frozenset[str]) -> bool:
+    """Whether a marker says the record is done: named by its identity, or, as markers of earlier versions
+    were, by its coordinates (unique within the one batch an object holds)."""
+    return letter.record_id in markers or (letter.record is not None and coordinates_id(letter.record) in markers)
 
 
 class FailedBatches:

@@ -10,21 +10,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TextIO
 
-from aws_lambda_powertools.utilities.data_classes.kafka_event import KafkaEventRecord
-
-from poimen.relay import DeadLetterReason, age_text, dead_letter_attributes, dead_letter_body
+from poimen.dead_letter import DeadLetterReason, dead_letter_attributes, dead_letter_body
+from poimen.retention import RunRetention
 from poimen_tools.dlq.errors import EXIT_OK, EXIT_REMAINING, DlqError, Interrupted
 from poimen_tools.dlq.letters import DeadLetterQueue
 from poimen_tools.dlq.model import (
+    EXPIRED,
     DeadLetter,
     Dispatch,
+    Held,
     Parcel,
-    dispatch_of,
     holds_value,
     named_run,
-    outlived,
-    record_timestamp_ms,
-    sendable,
+    record_verdict,
 )
 from poimen_tools.dlq.parked import FailedBatches
 from poimen_tools.dlq.render import problem_summary
@@ -42,23 +40,36 @@ class RedriveSummary:
     replayed: int = 0  # 200: the run already existed (the record was admitted before)
     still_failing: int = 0  # refused again (or not a dispatch), kept with the new reason
     skipped: int = 0  # cannot be sent from here: left as it is
-    # older than the run retention (--run-retention-days): sending it could admit a second run; kept
+    # older than the run retention, or dead-lettered as expired: sending it could admit a second run; kept
     refused: int = 0
     would_send: int = 0  # --dry-run
     not_attempted: int = 0  # left when redrive stopped
     stopped: DlqError | None = None
-    run_retention_days: int | None = None  # the retention records were held to; None: none (no row)
+    held_to_a_retention: bool = False  # the operator gave one (--run-retention-days): the refused row is shown
+    # keyless-replica letters left out of the default kinds: sent only when asked for by name
+    keyless_replicas_not_chosen: int = 0
 
     def rows(self, dry_run: bool) -> list[tuple[str, int]]:
-        refused = [] if self.run_retention_days is None else [("refused (older than the run retention)", self.refused)]
+        refused = [("refused (older than the run retention)", self.refused)]
+        if not self.held_to_a_retention and not self.refused:
+            refused = []
+        left: list[tuple[str, int]] = []
+        if self.keyless_replicas_not_chosen:
+            left = [
+                (
+                    "not chosen: keyless-replica (send them with --kind keyless-replica)",
+                    self.keyless_replicas_not_chosen,
+                )
+            ]
         if dry_run:
-            return [("would send", self.would_send), *refused, ("skipped", self.skipped)]
+            return [("would send", self.would_send), *refused, ("skipped", self.skipped), *left]
         rows = [
             ("redriven (201)", self.redriven),
             ("replayed (200)", self.replayed),
             ("still failing", self.still_failing),
             *refused,
             ("skipped", self.skipped),
+            *left,
         ]
         return [*rows, ("not attempted", self.not_attempted)] if self.stopped else rows
 
@@ -116,20 +127,25 @@ _KEEP = _Resolution(False)
 class Redrive:
     """Sends dead letters through `POST /v1/runs` one at a time, oldest first; within a failed batch in
     (topic, partition, offset) order, so records of one key keep their order. Copies of one record (two
-    letters of the same topic, partition and offset, or a letter and a parked record) are sent once.
+    letters of it, or a letter and a parked record: the same topic, partition, offset, timestamp and value)
+    are sent once; two records at one offset (a topic recreated) are two.
 
     - 201 / 200: the dead letter is deleted (an object once none of its records is left), every copy of it.
     - 400, 413, 415, 422 (the record is at fault): a relay dead letter is replaced by a new message with
       the new reason (left as it is, age included, if the reason is the same, or if the new message could
       not hold the record's value); a record of a failed batch moves to the queue as a relay dead letter
       with that reason (without --queue-url, or if it would not fit SQS whole, it stays in its object).
-    - a failed-batch record the relay would dead-letter (invalid topic, null value, not JSON) moves to the
-      queue the same way; a relay dead letter of those kinds cannot be sent and is skipped.
+    - every record is judged by the relay's own rule (poimen.inbox_rule) first: a failed-batch record the
+      relay would dead-letter (invalid topic, null value, not JSON, a keyless replica) moves to the queue
+      the same way; a relay dead letter of those kinds cannot be sent and is skipped. What the relay holds
+      back although it is a spawn (expired, keyless-replica) is sent only when its kind is asked for by
+      name (--kind); keyless-replica letters are not among the default kinds.
     - an `outcome-unknown` letter (a keyless record the API may have admitted) names its run: that run is
       looked up first, and if it exists the letter is done (counted as replayed) without sending anything.
-    - with --run-retention-days, a record whose Kafka timestamp is older than the run retention is refused
-      and kept, every copy of it (exit 1): its run may have expired, and sending it would admit a second
-      one. Without --run-retention-days nothing is refused for its age.
+    - a record whose Kafka timestamp is older than the run retention (the shortest of --run-retention-days
+      and those its letters record), or that the relay dead-lettered as expired, is refused and kept, every
+      copy of it (exit 1): its run may have expired, and sending it would admit a second one. --kind
+      expired sends it all the same.
     - anything else: stop. What was not confirmed stays; an object is rewritten without what was.
 
     Each record of a failed batch is marked done (a progress marker beside its object) as soon as it is
@@ -145,12 +161,14 @@ class Redrive:
         batches: FailedBatches | None,
         progress: Progress,
         plan_line: Callable[[str], None],
-        run_retention_days: int | None = None,
+        run_retention: RunRetention | None = None,
+        waived: Iterable[str] = (),
     ) -> None:
         self._api, self._queue, self._batches = api, queue, batches
         self._progress, self._plan_line = progress, plan_line
-        self._run_retention_days = run_retention_days
-        self.summary = RedriveSummary(run_retention_days=run_retention_days)
+        self._run_retention = run_retention
+        self._waived = frozenset(waived)
+        self.summary = RedriveSummary(held_to_a_retention=run_retention is not None)
         self._copies: dict[str, list[tuple[Parcel, DeadLetter]]] = {}
         self._resolved: dict[str, _Resolution] = {}
         self._marked: dict[str, set[str]] = {}  # parcel id -> records marked done by this redrive
@@ -233,11 +251,19 @@ class Redrive:
 
     def _resolve(self, parcel: Parcel, letter: DeadLetter) -> _Resolution:
         copies = self._copies.get(letter.record_id or "", [(parcel, letter)])
-        source = next((copy for _, copy in copies if sendable(copy) is not None), None)
-        if source is None or source.record is None:
+        found = record_verdict([copy for _, copy in copies], time.time() * 1000, self._run_retention)
+        if found is None:
             self._skip(letter, letter.blocked or "nothing to send")
             return _KEEP
-        dispatch = dispatch_of(source.record)
+        source, dispatch = found
+        if isinstance(dispatch, Held):
+            if dispatch.reason.kind in self._waived:  # asked for by name: sent as it is
+                dispatch = dispatch.dispatch
+            elif dispatch.reason.kind == EXPIRED:
+                self._refuse(letter, dispatch.reason)
+                return _KEEP
+            else:  # where the relay puts it: a dead letter of that reason
+                dispatch = dispatch.reason
         if isinstance(dispatch, DeadLetterReason):
             held = _holding(copies)
             if held is not None:  # the relay dead-letters such a record: it is where it belongs
@@ -247,9 +273,6 @@ class Redrive:
                 self._skip(letter, f"{dispatch.kind}: {dispatch.detail}; would move to the dead-letter queue")
                 return _KEEP
             return self._dead_letter(letter, source, copies, dispatch)
-        if outlived(source.record, self._run_retention_days, time.time() * 1000):
-            self._refuse(letter, source.record)
-            return _KEEP
         admitted = self._admitted(letter, copies, dispatch)
         if admitted is not None:
             return admitted
@@ -321,8 +344,10 @@ class Redrive:
         if self._queue is None:
             self._failing(letter, reason, "kept in its object")
             return _KEEP
-        record = KafkaEventRecord(source.record)
-        body = dead_letter_body(record, reason)
+        record = source.record
+        # The retention the relay recorded, else the operator's: redrive holds the new letter to it too.
+        recorded = next((copy.run_retention for _, copy in copies if copy.run_retention is not None), None)
+        body = dead_letter_body(record, reason, recorded or self._run_retention or RunRetention())
         if json.loads(body)["record"].get("value") != source.record.get("value"):  # it would lose the value
             if held is not None:
                 where = "kept as it is: a dead letter with the new reason would not hold its value"
@@ -359,14 +384,9 @@ class Redrive:
         problem = f" {problem_summary(reason.problem)}" if reason.problem is not None else ""
         self._progress.note(f"still failing: {letter.id}: {reason.kind}: {reason.detail}{problem} ({where})")
 
-    def _refuse(self, letter: DeadLetter, record: dict[str, Any]) -> None:
+    def _refuse(self, letter: DeadLetter, reason: DeadLetterReason) -> None:
         self.summary.refused += 1
-        timestamp_ms = record_timestamp_ms(record) or 0
-        self._progress.note(
-            f"refused: {letter.id}: the record is {age_text(time.time() * 1000 - timestamp_ms)} old, older than "
-            f"--run-retention-days {self._run_retention_days}: its run may have expired, and sending it would "
-            "admit a second run (kept)"
-        )
+        self._progress.note(f"refused: {letter.id}: {reason.detail} (kept; --kind {EXPIRED} sends it)")
 
     def _skip(self, letter: DeadLetter, why: str) -> None:
         self.summary.skipped += 1
@@ -389,19 +409,23 @@ class Plan:
     keyless: int
 
 
-def plan(parcels: Iterable[Parcel], run_retention_days: int | None = None) -> Plan:
-    """What a redrive would do, counting each record once however many copies of it there are; a record
-    older than the run retention is not one it would send."""
+def plan(parcels: Iterable[Parcel], run_retention: RunRetention | None = None, waived: Iterable[str] = ()) -> Plan:
+    """What a redrive would do, counting each record once however many copies of it there are; a record the
+    relay holds back (older than the run retention, a keyless replica) is not one it would send, unless its
+    kind is waived (asked for by name)."""
     letters = 0
-    now_ms = time.time() * 1000
-    records: dict[str, Dispatch | DeadLetterReason | None] = {}
+    asked = frozenset(waived)
+    copies: dict[str, list[DeadLetter]] = {}
     for parcel in parcels:
         for letter in parcel.letters:
             letters += 1
-            record = letter.record_id or letter.id
-            if records.get(record) is None:  # any copy that can be sent stands for the record
-                found = sendable(letter)
-                old = letter.record is not None and outlived(letter.record, run_retention_days, now_ms)
-                records[record] = None if old else found
-    dispatches = [dispatch for dispatch in records.values() if isinstance(dispatch, Dispatch)]
+            copies.setdefault(letter.record_id or letter.id, []).append(letter)
+    dispatches: list[Dispatch] = []
+    now_ms = time.time() * 1000
+    for found in (record_verdict(same, now_ms, run_retention) for same in copies.values()):
+        verdict = None if found is None else found[1]
+        if isinstance(verdict, Held):
+            verdict = verdict.dispatch if verdict.reason.kind in asked else None
+        if isinstance(verdict, Dispatch):
+            dispatches.append(verdict)
     return Plan(letters, len(dispatches), sum(dispatch.dispatch_key is None for dispatch in dispatches))

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from poimen.relay import DeadLetterReason
+from poimen.dead_letter import DeadLetterReason, retention_document
 from poimen.wire import rfc3339
-from poimen_tools.dlq.model import KINDS, DeadLetter, Dispatch, Parcel, sendable
+from poimen_tools.dlq.model import KINDS, DeadLetter, Dispatch, Held, Parcel, judged, sendable
 
 
 def age(at: datetime | None, now: datetime) -> str:
@@ -118,16 +118,21 @@ def render_inventory(parcels: list[Parcel], now: datetime, ids: bool) -> str:
 def letter_document(letter: DeadLetter, now: datetime) -> dict[str, Any]:
     """`show --json`: one dead letter, its key, value and headers decoded."""
     record = letter.record or {}
-    dispatch = sendable(letter)
-    if isinstance(dispatch, Dispatch):
-        redrive = f"POST /v1/runs for tenant {dispatch.tenant}, " + (
-            f"without dispatch_key: a new run, sent as dispatch_key {dispatch.record_key} (derived from the "
+    retentions = () if letter.run_retention is None else (letter.run_retention,)
+    judgement = judged(record, now.timestamp() * 1000, *retentions) if sendable(letter) else None
+    held = ""
+    if isinstance(judgement, Held):
+        kind = judgement.reason.kind
+        held, judgement = f"held back ({kind}: sent only with --kind {kind}): ", judgement.dispatch
+    if isinstance(judgement, Dispatch):
+        redrive = f"{held}POST /v1/runs for tenant {judgement.tenant}, " + (
+            f"without dispatch_key: a new run, sent as dispatch_key {judgement.record_key} (derived from the "
             "record: sent again, a replay)"
-            if dispatch.dispatch_key is None
-            else f"dispatch_key {json.dumps(dispatch.dispatch_key)}: a replay if it was admitted meanwhile"
+            if judgement.dispatch_key is None
+            else f"dispatch_key {json.dumps(judgement.dispatch_key)}: a replay if it was admitted meanwhile"
         )
-    elif isinstance(dispatch, DeadLetterReason):
-        redrive = f"not possible: {dispatch.kind}: {dispatch.detail}"
+    elif isinstance(judgement, DeadLetterReason):
+        redrive = f"not possible: {judgement.kind}: {judgement.detail}"
     else:
         redrive = f"not possible: {letter.blocked}"
     document: dict[str, Any] = {
@@ -144,6 +149,7 @@ def letter_document(letter: DeadLetter, now: datetime) -> dict[str, Any]:
         "value": _decoded_bytes(record.get("value"), as_json=True),
         "headers": _decoded_headers(record.get("headers")),
         "reason": letter.reason,
+        "runRetention": None if letter.run_retention is None else retention_document(letter.run_retention),
         "redrive": redrive,
     }
     for part in ("value", "headers", "key"):
@@ -162,6 +168,7 @@ def render_letter(letter: DeadLetter, now: datetime) -> str:
         ("record", f"{letter.coordinates} (topic/partition/offset)" if letter.record else "-"),
         ("reason", reason_line(reason)),
         ("status", str(reason.get("status") if reason.get("status") is not None else "-")),
+        ("retention", _retention_line(letter)),
         ("redrive", document["redrive"]),
         ("key", _show(document["key"])),
         ("headers", _show(document["headers"])),
@@ -170,6 +177,18 @@ def render_letter(letter: DeadLetter, now: datetime) -> str:
     text = "".join(f"{name + ':':<{width}} {value}\n" for name, value in lines)
     text += f"problem:\n{_show(reason.get('problem'), indent=True)}\n"
     return text + f"value:\n{_show(document['value'], indent=True)}\n"
+
+
+def _retention_line(letter: DeadLetter) -> str:
+    """The run retention the letter records, as `show` prints it."""
+    retention = letter.run_retention
+    if retention is None:
+        return "- (not recorded)"
+    days = "runs kept forever" if retention.days is None else f"{retention.days} days"
+    if retention.changed_at is None:
+        return days
+    before = "forever" if retention.previous_days is None else f"{retention.previous_days} days"
+    return f"{days} (was {before} until {retention.changed_at})"
 
 
 def reason_line(reason: dict[str, Any]) -> str:

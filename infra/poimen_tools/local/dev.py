@@ -191,6 +191,7 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
                     table_region=table_region,
                     region=options.region,
                     keep_positions=options.dynamodb_endpoint is not None,  # the table outlives poimen dev
+                    run_retention_days=options.run_retention_days,  # its topics keep records no longer
                 )
             yield DevStack(
                 server, endpoints, options.table_name, table_region, dlq_url, bootstrap, bucket, outbox_bucket

@@ -37,7 +37,7 @@ from poimen_tools.local.mapping import (
     parked_batch_key,
 )
 from poimen_tools.local.template import Template
-from poimen_tools.topics import ensure_topics
+from poimen_tools.topics import dispatch_retention_ms, ensure_topics
 
 log = logging.getLogger(__name__)
 # The stack name of `poimen dev`, in its events' CloudEvents source: urn:poimen:local:<tenant>.
@@ -270,13 +270,16 @@ def start_local_outbox(
     table_region: str,
     region: str,
     keep_positions: bool = False,
+    run_retention_days: int | None = None,
 ) -> LocalStreamEventSource:
     """`poimen dev`'s outbox relay in `region`: the stream of the table (in `table_region`) feeding the outbox
     handler of template.yaml, which produces to the local broker; failed batches parked in `bucket` (S3, an
     existing bucket) as Lambda parks them.
 
     The handler is wrapped in what a deploy does beforehand: `poimen topics ensure` for each tenant whose
-    runs reach it (once per tenant), as no tenant is known before its first run. With `keep_positions` (a
+    runs reach it (once per tenant), as no tenant is known before its first run, with `.dispatch` keeping
+    records 7 days or `run_retention_days` when shorter (what `topics ensure --run-retention-days`
+    accepts). With `keep_positions` (a
     table that outlives `poimen dev`) the shards' checkpoints are kept in a file of the temporary
     directory named for the endpoint, the table and the Regions (positions_file), so a restart resumes after
     the last handled batch.
@@ -295,7 +298,12 @@ def start_local_outbox(
         for record in event["Records"]:
             tenant = record["dynamodb"].get("NewImage", {}).get("tenant_id", {}).get("S")
             if tenant and tenant not in ensured:
-                ensure_topics(bootstrap_servers, tenant)
+                ensure_topics(
+                    bootstrap_servers,
+                    tenant,
+                    retention_ms=dispatch_retention_ms(run_retention_days),
+                    run_retention_days=run_retention_days,
+                )
                 ensured.add(tenant)
         return handler(event, context)
 

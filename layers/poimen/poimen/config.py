@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from poimen.principals import InvalidPrincipal, grant_principal
-from poimen.retention import InvalidRetention, run_retention_days
+from poimen.retention import InvalidRetention, RunRetention, run_retention, run_retention_days
 
 N = TypeVar("N", int, float)
 
@@ -104,6 +104,13 @@ def _retention(env: Mapping[str, str]) -> int | None:
         raise ConfigurationError(str(error)) from error
 
 
+def _relay_retention(env: Mapping[str, str]) -> RunRetention:
+    try:
+        return run_retention(env)
+    except InvalidRetention as error:
+        raise ConfigurationError(str(error)) from error
+
+
 def _region(env: Mapping[str, str]) -> str:
     region = (env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "").strip()
     if not region:
@@ -156,8 +163,9 @@ class RelaySettings:
     retry_cap_seconds: float = 5.0
     # Give up retrying this long before the function's deadline, so the raise reaches the event source.
     time_margin_seconds: float = 2.0
-    # RUN_RETENTION_DAYS, as admission reads it: None keeps runs forever.
-    run_retention_days: int | None = None
+    # RUN_RETENTION_DAYS, as admission reads it (days None: runs kept forever), and its last change
+    # (PREVIOUS_RUN_RETENTION_DAYS, RUN_RETENTION_CHANGED_AT), as make deploy records it.
+    run_retention: RunRetention = field(default_factory=RunRetention)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RelaySettings:
@@ -181,7 +189,7 @@ class RelaySettings:
             time_margin_seconds=_number(env, "RELAY_TIME_MARGIN_SECONDS", cls.time_margin_seconds, float),
             retry_base_seconds=_number(env, "RELAY_RETRY_BASE_SECONDS", cls.retry_base_seconds, float),
             retry_cap_seconds=_number(env, "RELAY_RETRY_CAP_SECONDS", cls.retry_cap_seconds, float),
-            run_retention_days=_retention(env),
+            run_retention=_relay_retention(env),
         )
         positive = (
             settings.max_concurrency,

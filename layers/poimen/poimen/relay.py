@@ -10,17 +10,13 @@ for an outage does not dead-letter its bad records once per attempt.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
-import hashlib
 import json
 import random
-import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -36,32 +32,19 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.data_classes.kafka_event import KafkaEvent, KafkaEventRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
+from botocore.awsrequest import AWSPreparedRequest, AWSRequest, AWSResponse
+from botocore.compat import HTTPHeaders
 
 from poimen.config import RelaySettings
-from poimen.kafka import source_alias_of_dispatch_topic, tenant_of_dispatch_topic
+from poimen.dead_letter import MAX_DETAIL_CHARS, DeadLetterReason, dead_letter_attributes, dead_letter_body
+from poimen.inbox_rule import RECORD_FAULT_STATUSES, RETRYABLE_STATUSES, HeldBack, header, judge, rejected
+from poimen.kafka import tenant_of_dispatch_topic
 from poimen.observability import logger, metrics
-from poimen.retention import expired
-from poimen.wire import TENANT_HEADER, rfc3339
+from poimen.wire import TENANT_HEADER
 
-RETRYABLE_STATUSES = frozenset({408, 429}) | frozenset(range(500, 600))
-# The answers that blame the record itself: dead-letter it and drain on. Any other refusal (401, 403,
-# 404, 405, 3xx, ...) says the relay or the API is misconfigured, which every record would hit alike:
-# the batch fails instead, so a fix lets the same records through rather than into the DLQ.
-RECORD_FAULT_STATUSES = frozenset({400, 413, 415, 422})
 # The 503 the API answers when a run may have been admitted: retried for a keyed record (it can only admit
 # that run), dead-lettered naming the run for a keyless one.
 OUTCOME_UNKNOWN = "urn:poimen:problem:outcome-unknown"
-# SQS takes messages of up to 1 MiB (the queue's MaximumMessageSize in template.yaml), body and message
-# attributes together. A dead letter that would not fit keeps of these parts as many as fit, the more
-# useful first: the value whenever it fits alone, the API's answer last. Its coordinates always stay, so
-# the record can be read again from Kafka at that partition and offset.
-MAX_DEAD_LETTER_BYTES = 1024 * 1024
-KEPT_IN_ORDER = (("record", "value"), ("record", "key"), ("record", "headers"), ("reason", "problem"))
-MAX_DETAIL_CHARS = 1000
-INVALID_TOPIC_DETAIL = "topic is neither poimen.<tenant>.dispatch nor <alias>.poimen.<tenant>.dispatch"
-# W3C Trace Context: version-traceid-parentid-flags in lowercase hex; version ff and all-zero ids are invalid.
-TRACEPARENT = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
 
 
 class BatchFailed(Exception):
@@ -82,16 +65,6 @@ class DeadLetterQueueUnavailable(BatchFailed):
 
 class _Aborted(BatchFailed):
     """A record stopped because another record already failed the batch."""
-
-
-@dataclass(frozen=True)
-class DeadLetterReason:
-    # invalid-topic | empty-value | undecodable | invalid-json | expired | keyless-replica | rejected |
-    # outcome-unknown | relay-error
-    kind: str
-    detail: str
-    status: int | None = None
-    problem: Any = None
 
 
 @dataclass
@@ -162,10 +135,11 @@ _T = TypeVar("_T")
 class Relay:
     """Relays batches to one admission API; built once per execution environment.
 
-    With a run retention (RelaySettings.run_retention_days, RUN_RETENTION_DAYS), a record whose Kafka
-    timestamp is older than it is dead-lettered as `expired` instead of admitted: its run may have expired
-    already, and admitting the record again would be a second run. A record without a timestamp (-1) is
-    admitted as always.
+    What each record may become is poimen.inbox_rule's: with a run retention (RelaySettings.run_retention:
+    RUN_RETENTION_DAYS and its last change), a record whose Kafka timestamp is older than it is
+    dead-lettered as `expired` instead of admitted (its run may have expired already, and admitting the
+    record again would be a second run), and one too far in the future as `future-timestamp`. A record
+    without a timestamp (-1) is admitted as always.
     """
 
     def __init__(
@@ -184,16 +158,23 @@ class Relay:
         # AWS endpoints come from the standard SDK configuration (AWS_ENDPOINT_URL_SQS, ...). One attempt
         # per call, bounded by its timeouts: the relay retries itself, and only while an attempt still
         # fits before the deadline.
-        self._sqs: Any = sqs or session.create_client(
-            "sqs",
-            region_name=settings.region,
-            config=botocore.config.Config(
-                connect_timeout=settings.dlq_timeout_seconds,
-                read_timeout=settings.dlq_timeout_seconds,
-                retries={"mode": "standard", "total_max_attempts": 1},
-                max_pool_connections=settings.max_concurrency,
-            ),
-        )
+        self._sqs: Any = sqs
+        if sqs is None:
+            self._sqs = session.create_client(
+                "sqs",
+                region_name=settings.region,
+                config=botocore.config.Config(
+                    connect_timeout=settings.dlq_timeout_seconds,
+                    read_timeout=settings.dlq_timeout_seconds,
+                    retries={"mode": "standard", "total_max_attempts": 1},
+                    max_pool_connections=settings.max_concurrency,
+                ),
+            )
+            # botocore's timeouts bound each socket operation, not the exchange: an answer trickling in
+            # would keep a send past the deadline. Its signed requests go out through a deadline-bound pool
+            # instead (botocore's before-send event: a handler's answer is used in place of its own send).
+            self._sqs_http = _deadline_bound_pool_manager(settings.max_concurrency)
+            self._sqs.meta.events.register("before-send.sqs", self._send_within_deadline)
         found = credentials or session.get_credentials()
         if found is None:
             raise RuntimeError("no AWS credentials to sign admission API calls with")
@@ -236,56 +217,25 @@ class Relay:
             self._dead_letter(record, DeadLetterReason("relay-error", f"{type(error).__name__}: {error}"), batch)
 
     def _relay_record(self, record: KafkaEventRecord, batch: _Batch) -> None:
-        tenant_id = tenant_of_dispatch_topic(record.topic)
-        if tenant_id is None:
-            self._dead_letter(record, DeadLetterReason("invalid-topic", INVALID_TOPIC_DETAIL), batch)
+        verdict = judge(record.raw_event, time.time() * 1000, self._settings.run_retention)
+        if isinstance(verdict, DeadLetterReason):
+            self._dead_letter(record, verdict, batch)
             return
-        if record.get("value") is None:  # a tombstone: Kafka's null value
-            self._dead_letter(record, DeadLetterReason("empty-value", "the record has no value"), batch)
+        if isinstance(verdict, HeldBack):
+            spawn = verdict.spawn
+            self._dead_letter(record, verdict.reason, batch, tenant_id=spawn.tenant, dispatch_key=spawn.dispatch_key)
             return
-        try:
-            body = base64.b64decode(record.value, validate=True)
-            spawn = json.loads(body.decode("utf-8"))
-        except binascii.Error as error:
-            self._dead_letter(record, DeadLetterReason("undecodable", f"value is not base64: {error}"), batch)
-            return
-        except UnicodeDecodeError as error:
-            self._dead_letter(record, DeadLetterReason("undecodable", f"value is not UTF-8: {error}"), batch)
-            return
-        except (ValueError, RecursionError) as error:
-            self._dead_letter(record, DeadLetterReason("invalid-json", f"value is not JSON: {error}"), batch)
-            return
-        if not isinstance(spawn, dict):
-            self._dead_letter(record, DeadLetterReason("invalid-json", "value is not a JSON object"), batch)
-            return
-        dispatch_key = spawn.get("dispatch_key")
-        timestamp_ms = _timestamp_ms(record)
-        now_ms = time.time() * 1000
-        retention = self._settings.run_retention_days
-        if timestamp_ms is not None and expired(timestamp_ms, now_ms, retention):
-            detail = (
-                f"the record is {age_text(now_ms - timestamp_ms)} old, older than the run retention of "
-                f"{retention} days: its run may have expired, and admitting it again would be a "
-                "second run"
-            )
-            self._dead_letter(record, DeadLetterReason("expired", detail), batch, dispatch_key=dispatch_key)
-            return
-        source_alias = source_alias_of_dispatch_topic(record.topic)
-        if dispatch_key is None and source_alias is not None:
-            # Its original, on the source Region's own topic, is relayed there; relayed here too, it would
-            # be a second run (nothing ties a keyless spawn's two relays to one run id).
-            detail = (
-                f"a spawn without dispatch_key replicated from cluster {source_alias}: relayed only in its "
-                "source Region, from its original topic; redrive it only if that Region lost the original"
-            )
-            self._dead_letter(record, DeadLetterReason("keyless-replica", detail), batch, tenant_id=tenant_id)
-            return
+        spawn, dispatch_key = verdict, verdict.dispatch_key
         if dispatch_key is None:
             # Relayed, as the API admits keyless spawns; but a retry after a lost answer, or of the
             # batch, can then admit it twice. Publishers should always set a dispatch_key.
             logger.warning("dispatch without dispatch_key: delivered at least once", topic=record.topic)
-        status, answer = self._post(tenant_id, body, _traceparent(record), batch, keyed=dispatch_key is not None)
+        if spawn.traceparent is None and header(record.raw_event, "traceparent") is not None:
+            logger.warning("malformed traceparent header not forwarded", topic=record.topic, offset=record.offset)
+        status, answer = self._post(spawn.tenant, spawn.body, spawn.traceparent, batch, keyed=dispatch_key is not None)
+        tenant_id = spawn.tenant
         if status in (200, 201):
+            timestamp_ms = spawn.timestamp_ms
             lag_ms = None if timestamp_ms is None else max(0.0, time.time() * 1000 - timestamp_ms)
             batch.outcome.admitted(replayed=status == 200, lag_ms=lag_ms)
             logger.info(
@@ -306,8 +256,7 @@ class Relay:
             return
         if status not in RECORD_FAULT_STATUSES:
             raise AdmissionApiRefused(f"the admission API refused the relay with {status}: {answer}")
-        reason = DeadLetterReason("rejected", f"the admission API answered {status}", status, answer)
-        self._dead_letter(record, reason, batch, tenant_id=tenant_id, dispatch_key=dispatch_key)
+        self._dead_letter(record, rejected(status, answer), batch, tenant_id=tenant_id, dispatch_key=dispatch_key)
 
     def _post(
         self, tenant_id: str, body: bytes, traceparent: str | None, batch: _Batch, *, keyed: bool
@@ -352,6 +301,24 @@ class Relay:
             if batch.abort.wait(delay):
                 raise _Aborted("another record failed the batch")
 
+    def _send_within_deadline(self, request: AWSPreparedRequest, **_: Any) -> AWSResponse:
+        """The SQS client's before-send handler: its signed request sent through the deadline-bound pool, the
+        answer read whole by _EXCHANGE_DEADLINE (or the exchange ends with an error, as botocore's would)."""
+        timeout = self._settings.dlq_timeout_seconds
+        try:
+            answer = self._sqs_http.urlopen(
+                request.method,
+                request.url,
+                body=request.body,
+                headers=dict(request.headers.items()),
+                redirect=False,
+                timeout=urllib3.Timeout(connect=timeout, read=timeout),
+            )
+        except urllib3.exceptions.HTTPError as error:
+            raise _botocore_error(error, request.url) from error
+        headers = HTTPHeaders.from_pairs(list(answer.headers.items()))
+        return AWSResponse(request.url, answer.status, headers, _Read(answer.data))
+
     def _jitter(self, attempt: int) -> float:
         """Full jitter; not security-relevant randomness."""
         ceiling = min(self._settings.retry_cap_seconds, self._settings.retry_base_seconds * 2 ** min(attempt, 30))
@@ -379,7 +346,9 @@ class Relay:
             "offset": record.offset,
             **context,
         }
-        batch.hold(_DeadLetter(dead_letter_body(record, reason), dead_letter_attributes(record), log))
+        raw = record.raw_event
+        body = dead_letter_body(raw, reason, self._settings.run_retention)
+        batch.hold(_DeadLetter(body, dead_letter_attributes(raw), log))
 
     def _send_dead_letter(self, letter: _DeadLetter, batch: _Batch) -> None:
         """SendMessage, retried while a whole attempt (connect and read timeouts) still fits before the
@@ -390,6 +359,7 @@ class Relay:
         failure = "no time left for an attempt"
         while time.monotonic() + attempt_seconds <= batch.deadline:
             attempts += 1
+            exchange = _EXCHANGE_DEADLINE.set(time.monotonic() + attempt_seconds)
             try:
                 sent = self._sqs.send_message(
                     QueueUrl=self._settings.dlq_url, MessageBody=letter.body, MessageAttributes=letter.attributes
@@ -405,6 +375,8 @@ class Relay:
                 failure = str(error)
             except Exception as error:
                 raise DeadLetterQueueUnavailable(f"a dead letter could not be sent: {error!r}") from error
+            finally:
+                _EXCHANGE_DEADLINE.reset(exchange)
             delay = self._jitter(attempts - 1)
             if time.monotonic() + delay + attempt_seconds > batch.deadline:
                 break  # no attempt would fit after the wait: fail the batch now, not past its deadline
@@ -412,104 +384,6 @@ class Relay:
             if batch.abort.wait(delay):
                 raise _Aborted("another record failed the batch")
         raise DeadLetterQueueUnavailable(f"dead-letter queue unavailable after {attempts} attempts: {failure}")
-
-
-def dead_letter_message(record: KafkaEventRecord, reason: DeadLetterReason) -> dict[str, Any]:
-    """The original record (as MSK delivered it: key and value base64) and why it was dead-lettered."""
-    return {
-        "record": {
-            "topic": record.topic,
-            "partition": record.partition,
-            "offset": record.offset,
-            "timestamp": record.timestamp,
-            "timestampType": record.timestamp_type,
-            "key": record.get("key"),
-            "value": record.get("value"),
-            "headers": record.headers,
-        },
-        "reason": {
-            "kind": reason.kind,
-            "detail": reason.detail[:MAX_DETAIL_CHARS],
-            "status": reason.status,
-            "problem": reason.problem,
-        },
-        "deadLetteredAt": rfc3339(),
-    }
-
-
-def dead_letter_body(record: KafkaEventRecord, reason: DeadLetterReason) -> str:
-    """The SQS message body of a dead letter: with its attributes (dead_letter_attributes), at most
-    MAX_DEAD_LETTER_BYTES (ASCII JSON: bytes = characters).
-
-    If the whole letter is too large, every part of KEPT_IN_ORDER is left out, then put back in that order
-    whenever the letter still fits with it. Each part left out becomes null beside `<part>Omitted`
-    (`{"reason": "too large for SQS", "length": <its length as delivered>}`) and `<part>Sha256`, the
-    SHA-256 of that text: the base64 of key and value, compact JSON otherwise.
-    """
-    letter = dead_letter_message(record, reason)
-    budget = MAX_DEAD_LETTER_BYTES - _attributes_size(dead_letter_attributes(record))
-    body = _compact(letter)
-    if len(body) <= budget:
-        return body
-    left_out: list[tuple[dict[str, Any], str, Any]] = []
-    for section, part in KEPT_IN_ORDER:
-        value = letter[section][part]
-        if value is not None:
-            left_out.append((letter[section], part, value))
-            _leave_out(letter[section], part, value)
-    body = _compact(letter)
-    for section_of, part, value in left_out:
-        omitted = section_of.pop(f"{part}Omitted"), section_of.pop(f"{part}Sha256")
-        section_of[part] = value
-        trial = _compact(letter)
-        if len(trial) <= budget:
-            body = trial
-        else:
-            _leave_out(section_of, part, value, omitted)
-    return body
-
-
-def dead_letter_attributes(record: KafkaEventRecord) -> dict[str, dict[str, str]]:
-    """The SQS message attributes of a record's dead letter: its coordinates, so that copies of one record
-    (see relay_batch) are told apart without reading their bodies."""
-    return {
-        "topic": {"DataType": "String", "StringValue": str(record.topic)},
-        "partition": {"DataType": "Number", "StringValue": str(record.partition)},
-        "offset": {"DataType": "Number", "StringValue": str(record.offset)},
-    }
-
-
-def age_text(ms: float) -> str:
-    """An age in its largest units: `4 days 2 h`, `3 h 5 min`, `42 s`."""
-    seconds = max(0, int(ms // 1000))
-    days, hours, minutes = seconds // 86_400, seconds % 86_400 // 3600, seconds % 3600 // 60
-    if days:
-        return f"{days} day{'s' if days != 1 else ''}" + (f" {hours} h" if hours else "")
-    if hours:
-        return f"{hours} h" + (f" {minutes} min" if minutes else "")
-    return f"{minutes} min" if minutes else f"{seconds} s"
-
-
-def _timestamp_ms(record: KafkaEventRecord) -> int | None:
-    """The record's Kafka timestamp; None for a record without one (-1): no lag to tell, no age."""
-    return record.timestamp if record.timestamp > 0 else None
-
-
-def _attributes_size(attributes: dict[str, dict[str, str]]) -> int:
-    """What message attributes count towards SQS's size limit: each one's name, data type and value."""
-    return sum(
-        len(name.encode()) + len(attribute["DataType"].encode()) + len(attribute["StringValue"].encode())
-        for name, attribute in attributes.items()
-    )
-
-
-def _leave_out(section: dict[str, Any], part: str, value: Any, omitted: tuple[Any, Any] | None = None) -> None:
-    if omitted is None:
-        text = value if isinstance(value, str) else _compact(value)
-        length, digest = len(text), hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-        omitted = {"reason": "too large for SQS", "length": length}, digest
-    section[part] = None
-    section[f"{part}Omitted"], section[f"{part}Sha256"] = omitted
 
 
 def _each(pool: ThreadPoolExecutor, work: Callable[[_T], None], items: Sequence[_T], batch: _Batch) -> None:
@@ -531,11 +405,6 @@ def _each(pool: ThreadPoolExecutor, work: Callable[[_T], None], items: Sequence[
         raise next((e for e in errors if not isinstance(e, _Aborted)), errors[0])
 
 
-def _compact(value: Any) -> str:
-    # ASCII only: SQS refuses some characters (U+FFFE, U+FFFF, lone surrogates), and bytes equal characters.
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=True)
-
-
 def _transient_sqs_error(error: botocore.exceptions.ClientError) -> bool:
     status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
     code = error.response.get("Error", {}).get("Code", "")
@@ -549,31 +418,6 @@ def _ordered_groups(records: Iterable[KafkaEventRecord]) -> list[list[KafkaEvent
         key = (record.topic, record.key, 0) if record.key is not None else (record.topic, None, index)
         groups.setdefault(key, []).append(record)
     return [sorted(group, key=lambda r: (r.partition, r.offset)) for group in groups.values()]
-
-
-def _traceparent(record: KafkaEventRecord) -> str | None:
-    """The record's traceparent header if it is well-formed W3C Trace Context; anything else stays behind
-    (a CR or LF in a header value would make the HTTP client refuse the whole request)."""
-    value = _header(record, "traceparent")
-    if value is None:
-        return None
-    text = value.decode("ascii", "replace")
-    if TRACEPARENT.fullmatch(text):
-        return text
-    logger.warning("malformed traceparent header not forwarded", topic=record.topic, offset=record.offset)
-    return None
-
-
-def _header(record: KafkaEventRecord, name: str) -> bytes | None:
-    """The last header of that name (case-insensitive, as Powertools' decoded_headers), its bytes as MSK
-    delivers them: a list of integers, signed (Java bytes) or not. A header whose value is null (Kafka
-    allows it) counts as absent, as aws-lambda-go reads it, rather than as a fault of the record."""
-    found = None
-    for header in record.headers:
-        for key, value in header.items():
-            if key.lower() == name and value is not None:
-                found = bytes(byte + 256 if byte < 0 else byte for byte in value)
-    return found
 
 
 def _json_or_text(data: bytes) -> Any:
@@ -593,6 +437,31 @@ def _retry_after_seconds(value: str | None) -> float:
         return max(0.0, float(value)) if value else 0.0
     except ValueError:
         return 0.0
+
+
+def _botocore_error(error: urllib3.exceptions.HTTPError, url: str) -> botocore.exceptions.BotoCoreError:
+    """The error botocore's own send raises for this urllib3 error (botocore.httpsession.URLLib3Session)."""
+    if isinstance(error, urllib3.exceptions.SSLError):
+        return botocore.exceptions.SSLError(endpoint_url=url, error=error)
+    if isinstance(error, urllib3.exceptions.NewConnectionError):
+        return botocore.exceptions.EndpointConnectionError(endpoint_url=url, error=error)
+    if isinstance(error, urllib3.exceptions.ConnectTimeoutError):
+        return botocore.exceptions.ConnectTimeoutError(endpoint_url=url, error=error)
+    if isinstance(error, urllib3.exceptions.ReadTimeoutError):
+        return botocore.exceptions.ReadTimeoutError(endpoint_url=url, error=error)
+    if isinstance(error, urllib3.exceptions.ProtocolError):
+        return botocore.exceptions.ConnectionClosedError(endpoint_url=url, error=error)
+    return botocore.exceptions.HTTPClientError(error=error)
+
+
+class _Read:
+    """An answer read whole, as botocore reads a raw answer's body."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def stream(self, *_: Any, **__: Any) -> Iterator[bytes]:
+        yield self._data
 
 
 # When the HTTP exchange under way in this thread must end (time.monotonic()); None: no bound but urllib3's.

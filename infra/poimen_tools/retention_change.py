@@ -1,0 +1,178 @@
+"""What `make deploy` passes for the run retention: RunRetentionDays and the record of its last change,
+PreviousRunRetentionDays and RunRetentionChangedAt, worked out from the deployed stack's parameters before
+deploying (docs/architecture.md#run-retention).
+
+`python -m poimen_tools.retention_change --config-env ENV [--run-retention-days DAYS]` prints the parameter
+overrides as `Key=Value` words on stdout, and on stderr one line when it records a change. The value to
+deploy is `--run-retention-days` (make's RUN_RETENTION_DAYS), else a RunRetentionDays in the environment's
+parameter_overrides of samconfig.toml, else the deployed one (unchanged). If the deployed stack cannot be
+read it exits 1 with one line: deploying without knowing the retention the runs were written under could
+hold records to a retention longer than theirs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any, TextIO
+
+import boto3
+import botocore.exceptions
+
+from poimen.retention import (
+    PREVIOUS_RUN_RETENTION_ENV,
+    RUN_RETENTION_CHANGED_ENV,
+    RUN_RETENTION_ENV,
+    InvalidRetention,
+    RunRetention,
+    after_change,
+    parse_run_retention_days,
+    run_retention,
+)
+from poimen_tools.arguments import run_retention_days
+
+# The template's parameters, in the order RunRetention holds them.
+DAYS, PREVIOUS_DAYS, CHANGED_AT = "RunRetentionDays", "PreviousRunRetentionDays", "RunRetentionChangedAt"
+_UNSET: Any = object()
+
+
+class RetentionChangeError(Exception):
+    """Nothing can be deployed: the retention to pass is unknown."""
+
+
+def deployed_retention(cloudformation: Any, stack_name: str) -> RunRetention | None:
+    """The run retention of the deployed stack, from its parameters; None when no such stack exists."""
+    try:
+        (stack,) = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
+    except botocore.exceptions.ClientError as error:
+        message = str(error.response.get("Error", {}).get("Message", ""))
+        if error.response.get("Error", {}).get("Code") == "ValidationError" and "does not exist" in message:
+            return None
+        raise RetentionChangeError(f"cannot read the stack {stack_name} ({error})") from error
+    except botocore.exceptions.BotoCoreError as error:
+        raise RetentionChangeError(f"cannot read the stack {stack_name} ({error})") from error
+    values = {entry["ParameterKey"]: entry.get("ParameterValue", "") for entry in stack.get("Parameters", [])}
+    environment = {
+        RUN_RETENTION_ENV: values.get(DAYS, ""),
+        PREVIOUS_RUN_RETENTION_ENV: values.get(PREVIOUS_DAYS, ""),
+        RUN_RETENTION_CHANGED_ENV: values.get(CHANGED_AT, ""),
+    }
+    try:
+        return run_retention(environment)
+    except InvalidRetention as error:
+        raise RetentionChangeError(f"the stack {stack_name} has an unreadable run retention: {error}") from error
+
+
+def overrides(retention: RunRetention) -> list[str]:
+    """The `Key=Value` parameter overrides of a run retention (an empty value: forever, or never changed)."""
+    return [
+        f"{DAYS}={'' if retention.days is None else retention.days}",
+        f"{PREVIOUS_DAYS}={'' if retention.previous_days is None else retention.previous_days}",
+        f"{CHANGED_AT}={retention.changed_at or ''}",
+    ]
+
+
+def stage_region(config_file: Path, config_env: str) -> str | None:
+    """The Region `sam deploy` deploys the environment to: samconfig.toml's `region`, else AWS_REGION, else
+    None (the SDK's configuration: AWS_DEFAULT_REGION, the profile)."""
+    environment = tomllib.loads(config_file.read_text()).get(config_env, {})
+    for command in ("deploy", "global"):
+        region = environment.get(command, {}).get("parameters", {}).get("region")
+        if region:
+            return str(region)
+    return os.environ.get("AWS_REGION") or None
+
+
+def stage_settings(config_file: Path, config_env: str) -> tuple[str, Any]:
+    """The stack name of a samconfig.toml environment, and the RunRetentionDays its parameter_overrides set
+    (_UNSET when they set none)."""
+    document = tomllib.loads(config_file.read_text())
+    environment = document.get(config_env, {})
+    deploy = environment.get("deploy", {}).get("parameters", {})
+    stack_name = deploy.get("stack_name") or environment.get("global", {}).get("parameters", {}).get("stack_name")
+    if not stack_name:
+        raise RetentionChangeError(f"{config_file} names no stack_name for the environment {config_env!r}")
+    for word in shlex.split(str(deploy.get("parameter_overrides", ""))):
+        name, _, value = word.partition("=")
+        if name == DAYS:
+            try:
+                return stack_name, parse_run_retention_days(value)
+            except InvalidRetention as error:
+                raise RetentionChangeError(f"{config_file} [{config_env}]: {error}") from error
+    return stack_name, _UNSET
+
+
+def retention_to_deploy(
+    cloudformation: Any,
+    config_file: Path,
+    config_env: str,
+    days: Any,
+    now_ms: int,
+    stack_name: str | None = None,
+) -> tuple[RunRetention, RunRetention | None, str]:
+    """(the retention to deploy, the deployed one or None, the stack's name: `stack_name`, a cell's, else the
+    environment's)."""
+    environment_stack, staged = stage_settings(config_file, config_env)
+    stack_name = stack_name or environment_stack
+    if days is not _UNSET and staged is not _UNSET and days != staged:
+        raise RetentionChangeError(
+            f"RUN_RETENTION_DAYS={'' if days is None else days} and {DAYS}={'' if staged is None else staged} of "
+            f"{config_file} [{config_env}] disagree: set it in one place"
+        )
+    deployed = deployed_retention(cloudformation, stack_name)
+    wanted = days if days is not _UNSET else staged
+    if wanted is _UNSET:
+        wanted = None if deployed is None else deployed.days
+    return after_change(deployed, wanted, now_ms), deployed, stack_name
+
+
+def main(
+    argv: list[str] | None = None,
+    *,
+    cloudformation: Any | None = None,
+    now_ms: int | None = None,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    out, err = stdout or sys.stdout, stderr or sys.stderr
+    parser = argparse.ArgumentParser(prog="python -m poimen_tools.retention_change", description=__doc__)
+    parser.add_argument("--config-env", required=True, help="the samconfig.toml environment (CONFIG_ENV)")
+    parser.add_argument("--config-file", type=Path, default=Path("samconfig.toml"))
+    parser.add_argument("--stack-name", help="the stack deployed (a cell's); default: the environment's")
+    parser.add_argument(
+        "--run-retention-days", type=run_retention_days, default=_UNSET, help="the new RunRetentionDays ('' forever)"
+    )
+    args = parser.parse_args(argv)
+    moment = int(time.time() * 1000) if now_ms is None else now_ms
+    try:
+        client = cloudformation or boto3.client(
+            "cloudformation", region_name=stage_region(args.config_file, args.config_env)
+        )
+        retention, deployed, stack_name = retention_to_deploy(
+            client, args.config_file, args.config_env, args.run_retention_days, moment, args.stack_name
+        )
+    except (RetentionChangeError, botocore.exceptions.BotoCoreError) as error:
+        print(f"make deploy: {error}; nothing was deployed", file=err)
+        return 1
+    if deployed is not None and retention.changed_at_ms == moment:
+        print(
+            f"make deploy: {DAYS} of {stack_name} changes from {_text(deployed.days)} to {_text(retention.days)}: "
+            f"records from before {retention.changed_at} are held to the shorter of {_text(retention.previous_days)} "
+            f"and {_text(retention.days)} ({PREVIOUS_DAYS}, {CHANGED_AT}; docs/architecture.md#run-retention)",
+            file=err,
+        )
+    print(" ".join(overrides(retention)), file=out)
+    return 0
+
+
+def _text(days: int | None) -> str:
+    return "forever" if days is None else f"{days} day{'s' if days != 1 else ''}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -54,8 +54,12 @@ def _make_variables(command: str) -> dict[str, str]:
 
 
 def _offline_env(**extra: str) -> dict[str, str]:
-    """The test process's environment without any AWS endpoint or profile, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_ENDPOINT_URL", "AWS_PROFILE"))}
+    """The test process's environment without any AWS endpoint or profile, plus `extra`.
+
+    Without make's own variables too: under `make test` they would make the README's commands a sub-make
+    (`make[1]: ***` in the last line), which is not what a user typing them sees."""
+    dropped = ("AWS_ENDPOINT_URL", "AWS_PROFILE", "MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
     return {**env, "SAM_CLI_TELEMETRY": "0", **extra}
 
 

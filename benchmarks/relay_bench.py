@@ -8,14 +8,11 @@ that matters is the ratio, measured side by side.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 os.environ.update(
@@ -32,6 +29,7 @@ os.environ.update(
 import boto3
 import urllib3
 
+from benchmarks.quiet import silenced
 from poimen.relay import relay_service
 from poimen_tools.local.dev import DevOptions, dev_stack
 from poimen_tools.local.devserver import LocalLambdaContext
@@ -109,24 +107,6 @@ def _check_every_record_became_a_run(
         raise RuntimeError(f"{runs} runs for {expected} distinct dispatch keys")
 
 
-@contextlib.contextmanager
-def _silenced() -> Iterator[None]:
-    """Send file descriptors 1 and 2 to /dev/null: the API's worker processes write EMF lines and logs."""
-    saved = [os.dup(1), os.dup(2)]
-    with open(os.devnull, "w") as devnull:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(devnull.fileno(), 1)
-        os.dup2(devnull.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--records", type=int, default=1000)
@@ -135,7 +115,7 @@ def main() -> None:
     parser.add_argument("--environments", type=int, default=4, help="API execution environments")
     args = parser.parse_args()
 
-    with _silenced(), dev_stack(DevOptions(port=0, concurrency=args.environments, kafka=False)) as stack:
+    with silenced(), dev_stack(DevOptions(port=0, concurrency=args.environments, kafka=False)) as stack:
         thread = threading.Thread(target=stack.server.serve_forever, daemon=True)
         thread.start()
         os.environ.update(

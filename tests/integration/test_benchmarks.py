@@ -17,7 +17,15 @@ from tests.conftest import REPO
             "benchmarks.admission_bench",
             ["--admissions", "5", "--rounds", "1", "--import-rounds", "1"],
             # The cold-import table: both handlers side by side with the botocore.session baseline.
-            ["ours / Powertools", "x botocore.session", "functions/admission/app.py", "functions/inbox_relay/app.py"],
+            [
+                "ours / Powertools",
+                "ours / same-item floor",
+                "same-item / old floor",
+                "admission handler",
+                "x botocore.session",
+                "functions/admission/app.py",
+                "functions/inbox_relay/app.py",
+            ],
         ),
         ("benchmarks.relay_bench", ["--records", "20", "--rounds", "1"], ["Ratio relay / floor"]),
     ],

@@ -30,6 +30,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext, supp
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from poimen_tools.local.template import Template
 
@@ -280,11 +281,8 @@ def _load() -> str:
 @contextmanager
 def _admission_of_handler(admission: Admission) -> Iterator[None]:
     """The handler's routes use `admission` instead of the one built from the environment."""
-    api.app.dependency_overrides[api.admission_service] = lambda: admission
-    try:
+    with mock.patch.object(api, "admission_service", return_value=admission):
         yield
-    finally:
-        api.app.dependency_overrides.pop(api.admission_service)
 
 
 def main() -> None:

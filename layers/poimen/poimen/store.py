@@ -161,6 +161,7 @@ class Store:
         # own retries it must still end before the function's timeout.
         self._once = _bind(RunRecord, dataclasses.replace(settings, dynamodb_max_attempts=1))
         self._attempts = _WriteAttempts()
+        self._watched_client: Any = None
         self.run_retention_days = settings.run_retention_days
 
     @property
@@ -200,10 +201,7 @@ class Store:
         size = item_size(item)
         if size > MAX_ITEM_BYTES:
             raise RunTooLarge(size, MAX_ITEM_BYTES)
-        client = self.client
-        client.meta.events.register(
-            "response-received.dynamodb.PutItem", self._note_attempt, unique_id="poimen.store.write-attempts"
-        )
+        client = self._watched(self.client)
         self._attempts.unanswered = False
         try:
             client.put_item(
@@ -234,6 +232,16 @@ class Store:
                 raise _unknown(record, f"{type(error).__name__}: {error}") from error
             raise
         return None
+
+    def _watched(self, client: Any) -> Any:
+        """`client`, with `_note_attempt` hooked to its PutItem attempts. Hooked once per client: botocore's
+        register inspects the handler's signature on every call, however often it was registered before."""
+        if client is not self._watched_client:
+            client.meta.events.register(
+                "response-received.dynamodb.PutItem", self._note_attempt, unique_id="poimen.store.write-attempts"
+            )
+            self._watched_client = client
+        return client
 
     def _absent_condition(self) -> dict[str, Any]:
         """The condition of a run's write: no item at its key, or (with retention) only an expired one.

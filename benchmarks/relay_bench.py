@@ -47,7 +47,8 @@ def _bodies(prefix: str, count: int) -> list[bytes]:
     ]
 
 
-def relay_rate(handler: object, bodies: list[bytes]) -> float:
+def relay_seconds(handler: object, bodies: list[bytes]) -> float:
+    """One invocation of the relay handler with `bodies` as one MSK batch, in seconds."""
     now = int(time.time() * 1000)
     records = [
         KafkaRecord(
@@ -63,7 +64,11 @@ def relay_rate(handler: object, bodies: list[bytes]) -> float:
     event = msk_event(records)
     start = time.perf_counter()
     handler(event, LocalLambdaContext("InboxRelayFunction", timeout_seconds=900))  # type: ignore[operator]
-    return len(bodies) / (time.perf_counter() - start)
+    return time.perf_counter() - start
+
+
+def relay_rate(handler: object, bodies: list[bytes]) -> float:
+    return len(bodies) / relay_seconds(handler, bodies)
 
 
 def floor_rate(url: str, bodies: list[bytes], concurrency: int) -> float:
@@ -113,6 +118,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the median is reported")
     parser.add_argument("--concurrency", type=int, default=16, help="relay pool size = floor client threads")
     parser.add_argument("--environments", type=int, default=4, help="API execution environments")
+    template = Template(default_template_path())
+    batch_size = int(template.document["Parameters"]["RelayBatchSize"]["Default"])
+    parser.add_argument("--batch-size", type=int, default=batch_size, help="records a timed batch (RelayBatchSize)")
+    parser.add_argument("--batches", type=int, default=10, help="batches of --batch-size timed one by one")
     args = parser.parse_args()
 
     with silenced(), dev_stack(DevOptions(port=0, concurrency=args.environments, kafka=False)) as stack:
@@ -125,7 +134,7 @@ def main() -> None:
                 "RELAY_MAX_CONCURRENCY": str(args.concurrency),
             }
         )
-        handler = Template(default_template_path()).load_handler("InboxRelayFunction")
+        handler = template.load_handler("InboxRelayFunction")
         relay_service.cache_clear()
         relay: list[float] = []
         floor: list[float] = []
@@ -134,12 +143,16 @@ def main() -> None:
         for round_ in range(args.rounds):
             relay.append(relay_rate(handler, _bodies(f"relay-{round_}", args.records)))
             floor.append(floor_rate(stack.server.url, _bodies(f"floor-{round_}", args.records), args.concurrency))
+        # The cost model's duration: invocations of the template's batch size, as the event source sends them.
+        batch_ms = [
+            relay_seconds(handler, _bodies(f"batch-{number}", args.batch_size)) * 1000 for number in range(args.batches)
+        ]
         _check_every_record_became_a_run(
             stack.endpoints.dynamodb,
             stack.endpoints.sqs,
             stack.table_name,
             stack.dlq_url,
-            200 + 2 * sum(args.records for _ in range(args.rounds)),
+            200 + 2 * args.records * args.rounds + args.batch_size * args.batches,
         )
         stack.server.shutdown()
         thread.join()
@@ -154,6 +167,12 @@ def main() -> None:
     print(f"{'inbox relay (MSK event -> signed POSTs)':44} {relayed:10.0f}")
     print(f"{'plain keep-alive HTTP client (floor)':44} {plain:10.0f}")
     print(f"\nRatio relay / floor {relayed / plain:.2f}  [>= 0.8]")
+    per_batch = statistics.median(batch_ms)
+    print(
+        f"\nPer record (docs/operations.md#what-a-tenant-costs): {args.batches} invocations of {args.batch_size} "
+        f"records (RelayBatchSize: {batch_size}), median {per_batch:.0f} ms an invocation, "
+        f"{per_batch / args.batch_size:.2f} ms a record, {args.concurrency} calls in flight"
+    )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,12 @@ from tests.conftest import REPO
                 "functions/inbox_relay/app.py",
             ],
         ),
-        ("benchmarks.relay_bench", ["--records", "20", "--rounds", "1"], ["Ratio relay / floor"]),
+        (
+            "benchmarks.relay_bench",
+            ["--records", "20", "--rounds", "1", "--batch-size", "10", "--batches", "2"],
+            ["Ratio relay / floor", "ms a record"],
+        ),
+        ("benchmarks.outbox_bench", ["--batches", "2", "--rounds", "1"], ["Ratio outbox / floor", "ms a record"]),
     ],
 )
 def test_benchmark_runs_and_prints_its_ratios(module: str, arguments: list[str], figures: list[str]) -> None:

@@ -251,10 +251,11 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-bench: $(STAMP) $(SAM) rie
+bench: $(STAMP) $(SAM) rie kafka-jars
 	$(BIN)/python -m benchmarks.cold_start
 	$(BIN)/python -m benchmarks.admission_bench
 	$(BIN)/python -m benchmarks.relay_bench
+	$(BIN)/python -m benchmarks.outbox_bench
 
 # 10,000 dispatch messages through a real broker and `poimen dev`, killed twice and the broker restarted
 # once; exits non-zero unless every key is one run and nothing was dead-lettered (several minutes). Then the

@@ -2,6 +2,9 @@
 it) initialised fresh in the Lambda Runtime Interface Emulator, read-only /opt, against the floor: a minimal
 built function that imports botocore (its own layer, compiled too) and calls DynamoDB once
 (benchmarks/floor/). The figure is the ratio of INIT REPORT medians, measured side by side in this run.
+After its first answer, the admission function (and the floor) answer `--warm` more requests in the same
+environment: their REPORT Duration, the duration Lambda bills, is the per-admission figure of the cost model
+(docs/operations.md#what-a-tenant-costs) as the built bundle gives it.
 
 Run: `make bench` (or `.venv/bin/python -m benchmarks.cold_start [--inits 7] [--without-bytecode]`).
 `--without-bytecode` builds the bundle as sam build leaves it (no .pyc), as it shipped before `make build`
@@ -11,6 +14,7 @@ compiled it; the floor keeps its bytecode either way.
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import tempfile
 import time
@@ -32,6 +36,8 @@ TENANT = "bench"
 ROLE = "arn:aws:iam::123456789012:role/bench"
 # Goals of docs/architecture.md (Benchmarks), without SnapStart.
 GOALS = {"AdmissionFunction": 1.5, "InboxRelayFunction": 1.2}
+# The RIE's REPORT line of each invocation: "REPORT RequestId: … Init Duration: … Duration: 12.34 ms Billed …".
+_DURATION = re.compile(r"REPORT RequestId: .*?(?<!Init )(?<!Billed )Duration: ([0-9.]+) ms")
 
 
 @dataclass
@@ -39,6 +45,8 @@ class Measured:
     name: str
     init_ms: list[float] = field(default_factory=list)
     first_ms: list[float] = field(default_factory=list)  # the first invocation's answer, INIT included
+    warm_ms: list[float] = field(default_factory=list)  # REPORT Duration of the invocations after the first
+    log_bytes: list[float] = field(default_factory=list)  # log written a warm invocation, START to REPORT
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class Subject:
     function: rie.FunctionBundle
     values: dict[str, str]
     event: Callable[[int], dict[str, Any]]
+    warm: bool = False  # answers warm requests too (the relays' empty batches would measure nothing)
 
 
 def _http_create(number: int) -> dict[str, Any]:
@@ -84,13 +93,18 @@ def subjects(bundle: dict[str, rie.FunctionBundle], floor: rie.FunctionBundle, t
             lambda _: {"Records": []},
         ),
     }
-    found = [Subject(floor, {"TABLE_NAME": table}, lambda _: {})]
-    found += [Subject(bundle[name], values, event) for name, (values, event) in by_name.items() if name in bundle]
+    found = [Subject(floor, {"TABLE_NAME": table}, lambda _: {}, warm=True)]
+    found += [
+        Subject(bundle[name], values, event, warm=name == "AdmissionFunction")
+        for name, (values, event) in by_name.items()
+        if name in bundle
+    ]
     return found
 
 
-def measure(subject: Subject, runtime: dict[str, str], logs: Path, number: int, into: Measured) -> None:
-    """One fresh INIT: a new RIE, its first invocation, its INIT REPORT."""
+def measure(subject: Subject, runtime: dict[str, str], logs: Path, number: int, warm: int, into: Measured) -> None:
+    """One fresh INIT: a new RIE, its first invocation, its INIT REPORT; then `warm` more invocations (a
+    warm subject's), each one's REPORT Duration."""
     with rie.running(subject.function, subject.values, runtime, logs) as function:
         started = time.perf_counter()
         function.invoke(subject.event(number))
@@ -99,6 +113,27 @@ def measure(subject: Subject, runtime: dict[str, str], logs: Path, number: int, 
         if init is None:
             raise SystemExit(f"{subject.function.name}: no INIT REPORT in {function.log_path}")
         into.init_ms.append(init)
+        if subject.warm:
+            _reported_durations(function, 1)  # the first invocation's REPORT is in, before counting bytes
+            logged = len(function.log().encode())
+            for request in range(1, warm + 1):
+                function.invoke(subject.event(number * 1000 + request))
+            reported = _reported_durations(function, warm + 1)
+            if len(reported) != warm + 1:
+                raise SystemExit(f"{subject.function.name}: {len(reported)} REPORT lines for {warm + 1} invocations")
+            into.warm_ms.extend(reported[1:])
+            into.log_bytes.append((len(function.log().encode()) - logged) / max(warm, 1))
+
+
+def _reported_durations(function: rie.RunningFunction, expected: int, timeout: float = 10.0) -> list[float]:
+    """The REPORT Durations in the function's log, once `expected` are there (the RIE may write the last one
+    just after answering) or the timeout passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reported = [float(duration) for duration in _DURATION.findall(function.log())]
+        if len(reported) >= expected or time.monotonic() > deadline:
+            return reported
+        time.sleep(0.05)
 
 
 def table(results: list[Measured], inits: int, bytecode: bool) -> str:
@@ -107,21 +142,30 @@ def table(results: list[Measured], inits: int, bytecode: bool) -> str:
         f"Cold start of the built bundle under the RIE (x86_64 variant, read-only /opt, "
         f"{'bytecode as make build compiles it' if bytecode else 'NO bytecode, as sam build leaves it'}); "
         f"median of {inits} fresh inits",
-        f"{'function':34} {'INIT ms':>9} {'min':>7} {'max':>7} {'x floor':>8} {'goal':>6} {'first answer ms':>16}",
+        f"{'function':34} {'INIT ms':>9} {'min':>7} {'max':>7} {'x floor':>8} {'goal':>6} {'first answer ms':>16} "
+        f"{'warm ms':>8} {'log B':>6}",
     ]
     for result in results:
         median = statistics.median(result.init_ms)
         goal = GOALS.get(result.name)
         lines.append(
             f"{result.name:34} {median:9.0f} {min(result.init_ms):7.0f} {max(result.init_ms):7.0f} "
-            f"{median / floor:7.2f}x {f'{goal:.1f}x' if goal else '':>6} {statistics.median(result.first_ms):16.0f}"
+            f"{median / floor:7.2f}x {f'{goal:.1f}x' if goal else '':>6} {statistics.median(result.first_ms):16.0f} "
+            f"{f'{statistics.median(result.warm_ms):.1f}' if result.warm_ms else '':>8} "
+            f"{f'{statistics.median(result.log_bytes):.0f}' if result.log_bytes else '':>6}"
         )
+    lines.append(
+        "warm ms: median REPORT Duration (what Lambda bills) of the requests each fresh environment answered after "
+        "its first; log B: what each of them wrote to its log. The admission function's are the cost model's "
+        "duration and log bytes per admission (docs/operations.md#what-a-tenant-costs)"
+    )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--inits", type=int, default=7, help="fresh inits per function (the median; 5 or more)")
+    parser.add_argument("--warm", type=int, default=20, help="warm requests after each first one (admission, floor)")
     parser.add_argument("--without-bytecode", action="store_true", help="the bundle without .pyc, as before")
     parser.add_argument(
         "--template", type=Path, default=REPO / "template.yaml", help="another checkout's template.yaml, to compare"
@@ -161,7 +205,7 @@ def main() -> None:
         # Round-robin, so that a busy moment of the machine falls on every function alike.
         for number in range(max(arguments.inits, 1)):
             for subject, result in zip(measured, results, strict=True):
-                measure(subject, runtime, Path(logs), number, result)
+                measure(subject, runtime, Path(logs), number, arguments.warm, result)
     print(table(results, arguments.inits, not arguments.without_bytecode))
 
 

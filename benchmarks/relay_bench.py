@@ -8,14 +8,11 @@ that matters is the ratio, measured side by side.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 os.environ.update(
@@ -32,6 +29,7 @@ os.environ.update(
 import boto3
 import urllib3
 
+from benchmarks.quiet import silenced
 from poimen.relay import relay_service
 from poimen_tools.local.dev import DevOptions, dev_stack
 from poimen_tools.local.devserver import LocalLambdaContext
@@ -49,7 +47,8 @@ def _bodies(prefix: str, count: int) -> list[bytes]:
     ]
 
 
-def relay_rate(handler: object, bodies: list[bytes]) -> float:
+def relay_seconds(handler: object, bodies: list[bytes]) -> float:
+    """One invocation of the relay handler with `bodies` as one MSK batch, in seconds."""
     now = int(time.time() * 1000)
     records = [
         KafkaRecord(
@@ -65,7 +64,11 @@ def relay_rate(handler: object, bodies: list[bytes]) -> float:
     event = msk_event(records)
     start = time.perf_counter()
     handler(event, LocalLambdaContext("InboxRelayFunction", timeout_seconds=900))  # type: ignore[operator]
-    return len(bodies) / (time.perf_counter() - start)
+    return time.perf_counter() - start
+
+
+def relay_rate(handler: object, bodies: list[bytes]) -> float:
+    return len(bodies) / relay_seconds(handler, bodies)
 
 
 def floor_rate(url: str, bodies: list[bytes], concurrency: int) -> float:
@@ -109,33 +112,19 @@ def _check_every_record_became_a_run(
         raise RuntimeError(f"{runs} runs for {expected} distinct dispatch keys")
 
 
-@contextlib.contextmanager
-def _silenced() -> Iterator[None]:
-    """Send file descriptors 1 and 2 to /dev/null: the API's worker processes write EMF lines and logs."""
-    saved = [os.dup(1), os.dup(2)]
-    with open(os.devnull, "w") as devnull:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(devnull.fileno(), 1)
-        os.dup2(devnull.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--records", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the median is reported")
     parser.add_argument("--concurrency", type=int, default=16, help="relay pool size = floor client threads")
     parser.add_argument("--environments", type=int, default=4, help="API execution environments")
+    template = Template(default_template_path())
+    batch_size = int(template.document["Parameters"]["RelayBatchSize"]["Default"])
+    parser.add_argument("--batch-size", type=int, default=batch_size, help="records a timed batch (RelayBatchSize)")
+    parser.add_argument("--batches", type=int, default=10, help="batches of --batch-size timed one by one")
     args = parser.parse_args()
 
-    with _silenced(), dev_stack(DevOptions(port=0, concurrency=args.environments, kafka=False)) as stack:
+    with silenced(), dev_stack(DevOptions(port=0, concurrency=args.environments, kafka=False)) as stack:
         thread = threading.Thread(target=stack.server.serve_forever, daemon=True)
         thread.start()
         os.environ.update(
@@ -145,7 +134,7 @@ def main() -> None:
                 "RELAY_MAX_CONCURRENCY": str(args.concurrency),
             }
         )
-        handler = Template(default_template_path()).load_handler("InboxRelayFunction")
+        handler = template.load_handler("InboxRelayFunction")
         relay_service.cache_clear()
         relay: list[float] = []
         floor: list[float] = []
@@ -154,12 +143,16 @@ def main() -> None:
         for round_ in range(args.rounds):
             relay.append(relay_rate(handler, _bodies(f"relay-{round_}", args.records)))
             floor.append(floor_rate(stack.server.url, _bodies(f"floor-{round_}", args.records), args.concurrency))
+        # The cost model's duration: invocations of the template's batch size, as the event source sends them.
+        batch_ms = [
+            relay_seconds(handler, _bodies(f"batch-{number}", args.batch_size)) * 1000 for number in range(args.batches)
+        ]
         _check_every_record_became_a_run(
             stack.endpoints.dynamodb,
             stack.endpoints.sqs,
             stack.table_name,
             stack.dlq_url,
-            200 + 2 * sum(args.records for _ in range(args.rounds)),
+            200 + 2 * args.records * args.rounds + args.batch_size * args.batches,
         )
         stack.server.shutdown()
         thread.join()
@@ -174,6 +167,12 @@ def main() -> None:
     print(f"{'inbox relay (MSK event -> signed POSTs)':44} {relayed:10.0f}")
     print(f"{'plain keep-alive HTTP client (floor)':44} {plain:10.0f}")
     print(f"\nRatio relay / floor {relayed / plain:.2f}  [>= 0.8]")
+    per_batch = statistics.median(batch_ms)
+    print(
+        f"\nPer record (docs/operations.md#what-a-tenant-costs): {args.batches} invocations of {args.batch_size} "
+        f"records (RelayBatchSize: {batch_size}), median {per_batch:.0f} ms an invocation, "
+        f"{per_batch / args.batch_size:.2f} ms a record, {args.concurrency} calls in flight"
+    )
 
 
 if __name__ == "__main__":

@@ -17,9 +17,22 @@ from tests.conftest import REPO
             "benchmarks.admission_bench",
             ["--admissions", "5", "--rounds", "1", "--import-rounds", "1"],
             # The cold-import table: both handlers side by side with the botocore.session baseline.
-            ["ours / Powertools", "x botocore.session", "functions/admission/app.py", "functions/inbox_relay/app.py"],
+            [
+                "ours / Powertools",
+                "ours / same-item floor",
+                "same-item / old floor",
+                "admission handler",
+                "x botocore.session",
+                "functions/admission/app.py",
+                "functions/inbox_relay/app.py",
+            ],
         ),
-        ("benchmarks.relay_bench", ["--records", "20", "--rounds", "1"], ["Ratio relay / floor"]),
+        (
+            "benchmarks.relay_bench",
+            ["--records", "20", "--rounds", "1", "--batch-size", "10", "--batches", "2"],
+            ["Ratio relay / floor", "ms a record"],
+        ),
+        ("benchmarks.outbox_bench", ["--batches", "2", "--rounds", "1"], ["Ratio outbox / floor", "ms a record"]),
     ],
 )
 def test_benchmark_runs_and_prints_its_ratios(module: str, arguments: list[str], figures: list[str]) -> None:

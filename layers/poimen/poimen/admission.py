@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from poimen.contract import RunRequest, json_text, parse_json, run_json
 from poimen.errors import (
@@ -93,32 +94,41 @@ class Admission:
         self.authorize(principal, tenant_id)
         key = request.dispatch_key
         run_id = keyed_run_id(tenant_id, key) if key is not None else unkeyed_run_id()
+        fingerprint = request_fingerprint(request.workflow_ref, request.input, request.goal_id)
+        attempt_id = uuid.uuid4().hex
+        created_at = _now()
+        # What the stored run and its answer share; the answer is built from these values, before the write (so
+        # that no run is stored that could not be answered), not read back from the record: pynamodb's
+        # attribute reads cost more than the rest of the answer.
+        shown: dict[str, Any] = {
+            "run_id": run_id,
+            "tenant_id": tenant_id,
+            "workflow_ref": request.workflow_ref,
+            "input_json": json_text(request.input),
+            "goal_id": request.goal_id,
+            "dispatch_key": key,
+            "created_at": created_at,
+        }
         record = self._store.runs(
             run_pk(tenant_id, run_id),
-            run_id=run_id,
-            tenant_id=tenant_id,
-            workflow_ref=request.workflow_ref,
-            input_json=json_text(request.input),
-            goal_id=request.goal_id,
-            dispatch_key=key,
-            fingerprint=request_fingerprint(request.workflow_ref, request.input, request.goal_id),
-            attempt_id=uuid.uuid4().hex,
+            fingerprint=fingerprint,
+            attempt_id=attempt_id,
             status="admitted",
-            created_at=_now(),
             traceparent=traceparent,
+            **shown,
         )
-        answer = _as_run(record)  # built before the write: no run is stored that could not be answered
+        answer = RunView(run_id, tenant_id, key, created_at, run_json(**shown))
         try:
             existing = self._store.put_run_if_absent(record)
         except OutcomeUnknown as unknown:
             existing = self._resolve(record, unknown)
-        if existing is None or existing.attempt_id == record.attempt_id:
+        if existing is None or existing.attempt_id == attempt_id:
             # None: written now. Same attempt: a retried PutItem found the item its lost first try wrote.
             return Admitted(answer, replayed=False)
         if key is None:
             # Only a UUIDv7 collision (74 random bits within one millisecond) gets here; never overwrite.
             raise RuntimeError(f"run id {run_id} already exists")
-        if existing.fingerprint != record.fingerprint and not _asks_for(existing, record.fingerprint):
+        if existing.fingerprint != fingerprint and not _asks_for(existing, fingerprint):
             raise DispatchKeyReused(existing.run_id)
         return Admitted(_as_run(existing), replayed=True)
 

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 # Submodules, not `aws_lambda_powertools.event_handler`'s re-exports: what this module uses is named
 # where it is defined. (Python still runs that package's __init__, which imports every resolver.)
 from aws_lambda_powertools.event_handler.api_gateway import APIGatewayHttpResolver, Response
-from aws_lambda_powertools.event_handler.depends import Depends
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.exceptions import (
     RequestUnsupportedContentType,
@@ -235,7 +234,6 @@ _CREATE_RUN_UNAVAILABLE: OpenAPIResponse = {
     "content": {PROBLEM_JSON: {"model": Problem}},
 }
 
-AdmissionService = Annotated[Admission, Depends(admission_service)]
 TenantHeader = Annotated[TenantId, Header(alias=TENANT_HEADER, description="Tenant the call acts for")]
 # Validated by create_run, not by the schema: a malformed key has its own problem type. The pattern is only
 # documented (json_schema_extra), for the same reason.
@@ -306,13 +304,12 @@ _RUN_PATH_PATTERN = "^/v1/runs/" + RUN_ID_PATTERN.removeprefix("^")
 def create_run(
     body: RunRequest,
     tenant_id: TenantHeader,
-    admission: AdmissionService,
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> Response[str]:
     # The key however it came: a header key and a body key are one key, so one run (same run_id).
     key = dispatch_key_of(idempotency_key, body.dispatch_key)
     request = body if key == body.dispatch_key else body.model_copy(update={"dispatch_key": key})
-    admitted = admission.admit_run(_caller(), tenant_id, request, traceparent=_traceparent())
+    admitted = admission_service().admit_run(_caller(), tenant_id, request, traceparent=_traceparent())
     # Written: from here on only the answer admission built before the write, and metrics and a log line.
     _record(admitted)
     run = admitted.run
@@ -329,10 +326,8 @@ _RUN_FOUND: OpenAPIResponse = {"description": "The run", "content": {"applicatio
     summary="One run of the tenant",
     responses={200: _RUN_FOUND, **_problems(*_COMMON_PROBLEMS, HTTPStatus.NOT_FOUND)},
 )
-def get_run(
-    run_id: Annotated[str, Path(pattern=RUN_ID_PATTERN)], tenant_id: TenantHeader, admission: AdmissionService
-) -> Response[str]:
-    return _run_answer(admission.get_run(_caller(), tenant_id, run_id))
+def get_run(run_id: Annotated[str, Path(pattern=RUN_ID_PATTERN)], tenant_id: TenantHeader) -> Response[str]:
+    return _run_answer(admission_service().get_run(_caller(), tenant_id, run_id))
 
 
 @app.get(
@@ -340,10 +335,8 @@ def get_run(
     summary="The run a dispatch_key admitted (reconciliation look-up)",
     responses={200: _RUN_FOUND, **_problems(*_COMMON_PROBLEMS, HTTPStatus.NOT_FOUND)},
 )
-def find_run(
-    dispatch_key: Annotated[DispatchKey, Query()], tenant_id: TenantHeader, admission: AdmissionService
-) -> Response[str]:
-    return _run_answer(admission.find_run_by_dispatch_key(_caller(), tenant_id, dispatch_key))
+def find_run(dispatch_key: Annotated[DispatchKey, Query()], tenant_id: TenantHeader) -> Response[str]:
+    return _run_answer(admission_service().find_run_by_dispatch_key(_caller(), tenant_id, dispatch_key))
 
 
 def _run_answer(

@@ -173,6 +173,7 @@ class Store:
             # is given instead (pynamodb keeps no other way to pass one).
             model._get_connection().connection._local.session = session
         self._attempts = _WriteAttempts()
+        self._watched_client: Any = None
         self.run_retention_days = settings.run_retention_days
 
     @property
@@ -213,10 +214,7 @@ class Store:
         if size > MAX_ITEM_BYTES:
             raise RunTooLarge(size, MAX_ITEM_BYTES)
         with _translated_errors():  # building the client resolves the credentials
-            client = self.client
-        client.meta.events.register(
-            "response-received.dynamodb.PutItem", self._note_attempt, unique_id="poimen.store.write-attempts"
-        )
+            client = self._watched(self.client)
         self._attempts.unanswered = False
         try:
             client.put_item(
@@ -251,6 +249,16 @@ class Store:
                 raise _unknown(record, f"{type(error).__name__}: {error}") from error
             raise
         return None
+
+    def _watched(self, client: Any) -> Any:
+        """`client`, with `_note_attempt` hooked to its PutItem attempts. Hooked once per client: botocore's
+        register inspects the handler's signature on every call, however often it was registered before."""
+        if client is not self._watched_client:
+            client.meta.events.register(
+                "response-received.dynamodb.PutItem", self._note_attempt, unique_id="poimen.store.write-attempts"
+            )
+            self._watched_client = client
+        return client
 
     def _absent_condition(self) -> dict[str, Any]:
         """The condition of a run's write: no item at its key, or (with retention) only an expired one.

@@ -1,0 +1,290 @@
+"""What a tenant costs: the cost model of docs/operations.md#what-a-tenant-costs, computed from template.yaml.
+
+The template gives what is configured (memory sizes, architecture, provisioned pollers, batch sizes, the
+event source mappings a tenant adds); `poimen topics ensure` the partitions a tenant adds; the prices are AWS's
+(US East, N. Virginia, each with its page); the durations are what `make bench` measured. `python -m
+benchmarks.cost_model` prints the section's tables, and tests/unit/test_cost_model.py holds the document to
+them, so no figure drifts from the template. After a new `make bench`, pass its figures:
+`python -m benchmarks.cost_model --admission-ms 30 --relay-ms 1.2 --outbox-ms 0.8` (and paste the tables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from poimen_tools.local.template import Template
+from poimen_tools.topics import ensure_topics
+
+REPO = Path(__file__).resolve().parent.parent
+HOURS_A_MONTH = 730  # AWS pricing pages' month
+MILLION = 1_000_000
+
+LAMBDA_PRICING = "https://aws.amazon.com/lambda/pricing/"
+API_GATEWAY_PRICING = "https://aws.amazon.com/api-gateway/pricing/"
+DYNAMODB_PRICING = "https://aws.amazon.com/dynamodb/pricing/on-demand/"
+MSK_PRICING = "https://aws.amazon.com/msk/pricing/"
+MSK_BEST_PRACTICES = "https://docs.aws.amazon.com/msk/latest/developerguide/bestpractices.html"
+SQS_PRICING = "https://aws.amazon.com/sqs/pricing/"
+S3_PRICING = "https://aws.amazon.com/s3/pricing/"
+CLOUDWATCH_PRICING = "https://aws.amazon.com/cloudwatch/pricing/"
+XRAY_PRICING = "https://aws.amazon.com/xray/pricing/"
+XRAY_SAMPLING = "https://docs.aws.amazon.com/xray/latest/devguide/xray-console-sampling.html"
+
+
+@dataclass(frozen=True)
+class Price:
+    usd: float  # for `per` of `unit`
+    per: int
+    unit: str
+    source: str
+
+    @property
+    def each(self) -> float:
+        return self.usd / self.per
+
+    def __str__(self) -> str:
+        scale = {1: "", 1000: "1,000 ", MILLION: "million "}[self.per]
+        digits = f"{self.usd:.10f}".rstrip("0")
+        whole, _, fraction = digits.partition(".")
+        return f"${whole}.{fraction.ljust(2, '0')} per {scale}{self.unit}"
+
+
+# US East (N. Virginia), read 2026-12-01. Which of them the corpus of AWS pages holds as text, and where the
+# others come from: docs/operations.md#what-a-tenant-costs.
+PRICES = {
+    "lambda_gb_second_arm": Price(0.0000133334, 1, "GB-second (Arm, first 7.5 billion a month)", LAMBDA_PRICING),
+    "lambda_request": Price(0.20, MILLION, "requests", LAMBDA_PRICING),
+    "epu_hour": Price(0.185, 1, "EPU-hour (Kafka: 10 event pollers an EPU)", LAMBDA_PRICING),
+    "http_api_request": Price(1.00, MILLION, "requests (first 300 million a month)", API_GATEWAY_PRICING),
+    "write_request_unit": Price(0.625, MILLION, "write request units", DYNAMODB_PRICING),
+    "msk_broker_hour": Price(0.204, 1, "kafka.m7g.large broker-hour", MSK_PRICING),
+    "log_gb": Price(0.50, 1, "GB ingested (Standard log class)", CLOUDWATCH_PRICING),
+    "trace": Price(5.00, MILLION, "traces recorded", XRAY_PRICING),
+    "sqs_request": Price(0.40, MILLION, "requests (64 KB each)", SQS_PRICING),
+    "s3_put": Price(0.005, 1000, "PUT requests (S3 Standard)", S3_PRICING),
+}
+POLLERS_A_EPU = 10  # Kafka: "EPU-hours price is $0.185/hour and supports 10 event pollers per EPU" (LAMBDA_PRICING)
+ESMS_A_POLLER_GROUP = 100  # ProvisionedPollerConfig.PollerGroupName: up to 100 ESMs a group
+REPLICAS_A_BROKER = 1000  # MSK's recommended most partition replicas on a kafka.m7g.large (MSK_BEST_PRACTICES)
+REPLICATION_FACTOR = 3  # MSK's default.replication.factor, which `poimen topics ensure` takes (-1)
+TOPICS_A_TENANT = 2  # poimen.<tenant>.dispatch and .events; one more dispatch topic per peer cluster alias
+
+
+@dataclass(frozen=True)
+class Durations:
+    """Measured by `make bench` (docs/architecture.md#benchmarks): ms an admission, ms a relayed or published
+    record (an invocation's duration over its batch's records)."""
+
+    admission_ms: float
+    relay_ms_a_record: float
+    outbox_ms_a_record: float
+    admission_log_bytes: int  # what one admission writes to its log group (its line, EMF, START/END/REPORT)
+
+
+# `make bench` on the shared 2-core machine (load average 1-3), 2026-12-01: the admission function of the built
+# bundle under the RIE (median warm REPORT Duration, and its log bytes), the relay and outbox handlers in-process
+# at the template's batch sizes (the relay waiting on a local `poimen dev` API, 16 calls in flight). Local
+# stand-ins (moto, a local broker, a local API) are not DynamoDB, MSK or API Gateway, and the machine is not
+# Lambda's: substitute CloudWatch's Duration of a deployed stack; the model is linear in each.
+MEASURED = Durations(admission_ms=11.5, relay_ms_a_record=11.26, outbox_ms_a_record=0.175, admission_log_bytes=1200)
+# X-Ray's default sampling rule records the first request each second and 5 % of the others (XRAY_SAMPLING);
+# the functions trace actively (template Globals), HTTP APIs do not trace.
+SAMPLED = 0.05
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What template.yaml configures that the cost depends on (its defaults)."""
+
+    memory_mb: dict[str, int]
+    architecture: dict[str, str]
+    minimum_pollers: int
+    relay_batch_size: int
+    outbox_batch_size: int
+    partitions: int
+
+    @classmethod
+    def of(cls, template: Template) -> Settings:
+        functions = ("AdmissionFunction", "InboxRelayFunction", "OutboxRelayFunction")
+        globals_ = template.document.get("Globals", {}).get("Function", {})
+        parameters = template.document["Parameters"]
+        return cls(
+            memory_mb={
+                name: int(template.properties(name).get("MemorySize", globals_["MemorySize"])) for name in functions
+            },
+            architecture={
+                name: template.properties(name).get("Architectures", globals_["Architectures"])[0] for name in functions
+            },
+            minimum_pollers=int(parameters["RelayMinimumPollers"]["Default"]),
+            relay_batch_size=int(parameters["RelayBatchSize"]["Default"]),
+            outbox_batch_size=int(template.properties("OutboxRelaySource")["BatchSize"]),
+            partitions=int(inspect.signature(ensure_topics).parameters["partitions"].default),
+        )
+
+
+@dataclass(frozen=True)
+class Line:
+    item: str
+    quantity: float
+    unit: str
+    price: str  # a key of PRICES
+    note: str = ""
+
+    @property
+    def usd(self) -> float:
+        return self.quantity * PRICES[self.price].each
+
+
+def _gb_seconds(settings: Settings, function: str, ms: float) -> float:
+    if settings.architecture[function] != "arm64":
+        raise ValueError(f"{function} is {settings.architecture[function]}: the model prices Arm (arm64) only")
+    return settings.memory_mb[function] / 1024 * math.ceil(ms) / 1000  # Lambda bills whole milliseconds
+
+
+def fixed_lines(settings: Settings, aliases: int, grouped: bool) -> list[Line]:
+    """A tenant's monthly cost before any admission: its event source mappings' provisioned pollers, and its
+    share of the brokers its partition replicas take."""
+    mappings = 1 + aliases
+    pollers = mappings * settings.minimum_pollers
+    # Ungrouped, a mapping's pollers run on an EPU of their own; in a poller group, ten pollers share one.
+    epus = pollers / POLLERS_A_EPU if grouped else mappings * math.ceil(settings.minimum_pollers / POLLERS_A_EPU)
+    replicas = (TOPICS_A_TENANT + aliases) * settings.partitions * REPLICATION_FACTOR
+    return [
+        Line(
+            f"event pollers ({mappings} mapping{'s' if mappings > 1 else ''} x {settings.minimum_pollers}"
+            f" RelayMinimumPollers){', in a poller group' if grouped else ''}",
+            epus * HOURS_A_MONTH,
+            "EPU-hours",
+            "epu_hour",
+        ),
+        Line(
+            f"MSK brokers: {replicas} partition replicas of the {REPLICAS_A_BROKER:,} a broker holds",
+            replicas / REPLICAS_A_BROKER * HOURS_A_MONTH,
+            "broker-hours",
+            "msk_broker_hour",
+        ),
+    ]
+
+
+def per_million_lines(settings: Settings, measured: Durations) -> list[Line]:
+    """A million admissions through the API, each relayed from Kafka and published as an event."""
+    relay_invocations = MILLION / settings.relay_batch_size
+    outbox_invocations = MILLION / settings.outbox_batch_size
+    relay_ms = measured.relay_ms_a_record * settings.relay_batch_size
+    outbox_ms = measured.outbox_ms_a_record * settings.outbox_batch_size
+    return [
+        Line("HTTP API requests", MILLION, "requests", "http_api_request"),
+        Line("admission: invocations", MILLION, "requests", "lambda_request"),
+        Line(
+            f"admission: {math.ceil(measured.admission_ms)} ms at {settings.memory_mb['AdmissionFunction']} MB",
+            MILLION * _gb_seconds(settings, "AdmissionFunction", measured.admission_ms),
+            "GB-seconds",
+            "lambda_gb_second_arm",
+        ),
+        Line("DynamoDB: one conditional PutItem (an item under 1 KB)", MILLION, "write units", "write_request_unit"),
+        Line(
+            f"inbox relay: invocations (batches of {settings.relay_batch_size})",
+            relay_invocations,
+            "requests",
+            "lambda_request",
+        ),
+        Line(
+            f"inbox relay: {measured.relay_ms_a_record:g} ms a record at {settings.memory_mb['InboxRelayFunction']} MB",
+            relay_invocations * _gb_seconds(settings, "InboxRelayFunction", relay_ms),
+            "GB-seconds",
+            "lambda_gb_second_arm",
+        ),
+        Line(
+            f"outbox: invocations (batches of {settings.outbox_batch_size})",
+            outbox_invocations,
+            "requests",
+            "lambda_request",
+        ),
+        Line(
+            f"outbox: {measured.outbox_ms_a_record:g} ms a record at {settings.memory_mb['OutboxRelayFunction']} MB",
+            outbox_invocations * _gb_seconds(settings, "OutboxRelayFunction", outbox_ms),
+            "GB-seconds",
+            "lambda_gb_second_arm",
+        ),
+        Line(
+            f"admission's logs: {measured.admission_log_bytes:,} bytes each",
+            MILLION * measured.admission_log_bytes / 1e9,
+            "GB",
+            "log_gb",
+        ),
+        Line(f"X-Ray: {SAMPLED:.0%} of admissions traced", MILLION * SAMPLED, "traces", "trace"),
+    ]
+
+
+def failure_lines() -> list[Line]:
+    """What failures add: none of it is paid while everything is admitted."""
+    return [
+        Line("dead letters (one SendMessage each; a retried send is one more)", MILLION, "requests", "sqs_request"),
+        Line("parked batches (one PutObject each into FailedBatchesBucket)", MILLION, "requests", "s3_put"),
+    ]
+
+
+def _quantity(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 or value == int(value) else f"{value:,.2f}"
+
+
+def _table(lines: list[Line], quantity_header: str) -> list[str]:
+    rows = [f"| item | {quantity_header} | price | USD |", "| --- | ---: | --- | ---: |"]
+    for line in lines:
+        rows.append(
+            f"| {line.item} | {_quantity(line.quantity)} {line.unit} | {PRICES[line.price]} | {line.usd:,.3f} |"
+        )
+    rows.append(f"| **total** | | | **{sum(line.usd for line in lines):,.2f}** |")
+    return rows
+
+
+def render(template: Template, measured: Durations = MEASURED) -> str:
+    """The markdown tables of docs/operations.md#what-a-tenant-costs."""
+    settings = Settings.of(template)
+    out = [
+        f"Inputs from template.yaml: memory {settings.memory_mb['AdmissionFunction']} / "
+        f"{settings.memory_mb['InboxRelayFunction']} / {settings.memory_mb['OutboxRelayFunction']} MB (admission, "
+        f"inbox relay, outbox), {settings.architecture['AdmissionFunction']}, RelayMinimumPollers "
+        f"{settings.minimum_pollers}, RelayBatchSize {settings.relay_batch_size}, outbox BatchSize "
+        f"{settings.outbox_batch_size}; {settings.partitions} partitions a topic (`poimen topics ensure`), "
+        f"replication factor {REPLICATION_FACTOR}. Durations measured: admission {measured.admission_ms:g} ms, "
+        f"relay {measured.relay_ms_a_record:g} ms a record, outbox {measured.outbox_ms_a_record:g} ms a record, "
+        f"{measured.admission_log_bytes:,} log bytes an admission.",
+        "",
+        "**Fixed, a tenant a month** (no peer cluster alias; each alias adds one mapping and one replicated "
+        "dispatch topic):",
+        "",
+        *_table(fixed_lines(settings, aliases=0, grouped=False), "a month"),
+        "",
+        "The same with the mappings in poller groups (`PollerGroupName`, not set by the template today):",
+        "",
+        *_table(fixed_lines(settings, aliases=0, grouped=True), "a month"),
+        "",
+        "**A million admissions**, each relayed from its dispatch topic and published as its event:",
+        "",
+        *_table(per_million_lines(settings, measured), "a million admissions"),
+        "",
+        "**Only on failure**, a million of each:",
+        "",
+        *_table(failure_lines(), "a million"),
+    ]
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--admission-ms", type=float, default=MEASURED.admission_ms)
+    parser.add_argument("--relay-ms", type=float, default=MEASURED.relay_ms_a_record, help="ms a relayed record")
+    parser.add_argument("--outbox-ms", type=float, default=MEASURED.outbox_ms_a_record, help="ms a published record")
+    parser.add_argument("--log-bytes", type=int, default=MEASURED.admission_log_bytes, help="log bytes an admission")
+    arguments = parser.parse_args()
+    measured = Durations(arguments.admission_ms, arguments.relay_ms, arguments.outbox_ms, arguments.log_bytes)
+    print(render(Template(REPO / "template.yaml"), measured))
+
+
+if __name__ == "__main__":
+    main()

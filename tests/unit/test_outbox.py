@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import boto3
 import pytest
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from poimen.config import ConfigurationError, OutboxSettings
 from poimen.contract import run_json
@@ -46,11 +46,16 @@ class FakeProducer:
 
     down: bool = False
     fail_values: set[bytes] = field(default_factory=set)
+    # Raised by produce() from its n-th call on (queue full, a fatal idempotent-producer state).
+    refuse_from: int | None = None
+    refusal: Exception = field(default_factory=lambda: BufferError("Local: Queue full"))
     queued: list[dict[str, Any]] = field(default_factory=list)
     acknowledged: list[dict[str, Any]] = field(default_factory=list)
     purged: int = 0
 
     def produce(self, topic: str, value: bytes, key: bytes, headers: list[tuple[str, bytes]], on_delivery: Any) -> None:
+        if self.refuse_from is not None and len(self.queued) + 1 >= self.refuse_from:
+            raise self.refusal
         self.queued.append({"topic": topic, "value": value, "key": key, "headers": headers, "cb": on_delivery})
 
     def poll(self, timeout: float) -> int:
@@ -81,6 +86,29 @@ def _publish(producer: FakeProducer, event: dict[str, Any]) -> BatchOutcome:
     outcome = BatchOutcome()
     _relay(producer).publish_batch(event, lambda: 10_000, outcome)
     return outcome
+
+
+def _handler_with(
+    template: Template, monkeypatch: pytest.MonkeyPatch, *producers: FakeProducer
+) -> Callable[[dict[str, Any], Any], Any]:
+    """The function's handler (template.yaml), whose producers are `producers`, one per producer it builds."""
+    from poimen import outbox
+
+    queue = list(producers)
+    monkeypatch.setattr(outbox, "_kafka_producer", lambda settings: queue.pop(0))
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")
+    monkeypatch.setenv("POIMEN_STACK_NAME", "test")
+    outbox.outbox_service.cache_clear()
+    return template.load_handler("OutboxRelayFunction")
+
+
+def _two_run_batch() -> dict[str, Any]:
+    """The canonical insert, and a second run's copy of it."""
+    event = load_event("dynamodb_stream_insert.json")
+    second = json.loads(json.dumps(event["Records"][0]))
+    second["dynamodb"]["NewImage"]["run_id"] = {"S": "0190a0c4-0000-7000-8000-000000000002"}
+    event["Records"].append(second)
+    return event
 
 
 def _stream_event(dynamodb: Any, table_name: str) -> dict[str, Any]:
@@ -293,11 +321,7 @@ def test_the_handler_publishes_metrics_per_tenant(
     # Given the function's handler (template.yaml) with a producer that acknowledges
     from poimen import outbox
 
-    monkeypatch.setattr(outbox, "_kafka_producer", lambda settings: FakeProducer())
-    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")
-    monkeypatch.setenv("POIMEN_STACK_NAME", "test")
-    outbox.outbox_service.cache_clear()
-    handler = template.load_handler("OutboxRelayFunction")
+    handler = _handler_with(template, monkeypatch, FakeProducer())
     event = load_event("dynamodb_stream_insert.json")
     second = json.loads(json.dumps(event["Records"][0]))
     second["dynamodb"]["NewImage"]["tenant_id"] = {"S": "beta"}
@@ -368,19 +392,25 @@ def test_outbox_settings_from_the_template_environment(template: Template) -> No
     )
 
 
+@pytest.mark.parametrize(
+    ("failing", "purged"),
+    [
+        (FakeProducer(down=True), 2),  # the broker away: nothing acknowledged
+        (FakeProducer(refuse_from=2, refusal=BufferError("Local: Queue full")), 1),  # produce() raises
+        (FakeProducer(refuse_from=2, refusal=KafkaException(KafkaError(KafkaError._FATAL, "fatal"))), 1),
+    ],
+    ids=["unacknowledged", "queue-full", "fatal-producer"],
+)
 def test_after_a_failed_batch_the_next_one_gets_a_new_producer(
-    template: Template, monkeypatch: pytest.MonkeyPatch
+    template: Template, monkeypatch: pytest.MonkeyPatch, failing: FakeProducer, purged: int
 ) -> None:
-    # Given the handler, whose first producer cannot reach the broker and whose next one can
+    # Given the handler, whose first producer fails the batch (the broker away, or produce() refusing its
+    # second event: a full queue, a fatal idempotent-producer state), and whose next one works
     from poimen import outbox
 
-    producers = [FakeProducer(down=True), FakeProducer()]
-    monkeypatch.setattr(outbox, "_kafka_producer", lambda settings: producers.pop(0))
-    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")
-    monkeypatch.setenv("POIMEN_STACK_NAME", "test")
-    outbox.outbox_service.cache_clear()
-    handler = template.load_handler("OutboxRelayFunction")
-    event = load_event("dynamodb_stream_insert.json")
+    working = FakeProducer()
+    handler = _handler_with(template, monkeypatch, failing, working)
+    event = _two_run_batch()
     try:
         # When a batch fails, and the event source retries it
         with pytest.raises(OutboxBatchFailed):
@@ -388,8 +418,10 @@ def test_after_a_failed_batch_the_next_one_gets_a_new_producer(
         handler(event, LocalLambdaContext("OutboxRelayFunction"))
     finally:
         outbox.outbox_service.cache_clear()
-    # Then the retry went through a producer of its own
-    assert producers == []
+    # Then what the failed attempt had queued was purged (only the retry sends it), and the retry went
+    # through a producer of its own
+    assert (failing.purged, failing.queued, failing.acknowledged) == (purged, [], [])
+    assert len(working.acknowledged) == 2
 
 
 @pytest.mark.parametrize("iam", [True, False])

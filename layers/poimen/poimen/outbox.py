@@ -20,7 +20,7 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from poimen.config import OutboxSettings
 from poimen.contract import run_json
@@ -203,24 +203,31 @@ class OutboxRelay:
         events = events_of_batch(event, self._settings.stack_name)
         deadline = time.monotonic() + remaining_ms() / 1000 - self._settings.time_margin_seconds
         for published in events:
-            self._producer.produce(
-                published.topic,
-                value=published.value,
-                key=published.key,
-                headers=list(published.headers),
-                on_delivery=_on_delivery(published, outcome),
-            )
+            try:
+                self._producer.produce(
+                    published.topic,
+                    value=published.value,
+                    key=published.key,
+                    headers=list(published.headers),
+                    on_delivery=_on_delivery(published, outcome),
+                )
+            except (KafkaException, BufferError) as error:  # its queue full, or a fatal producer state
+                self._drop_queued()
+                raise OutboxBatchFailed(f"the producer refused event {published.run_id}: {error}") from error
             self._producer.poll(0)
         unacknowledged = self._producer.flush(max(0.0, deadline - time.monotonic())) if events else 0
         if unacknowledged or outcome.failures:
-            # What is still queued would go out after this invocation failed, beside the retry's copy: dropped.
-            self._producer.purge(in_queue=True, in_flight=False, blocking=True)
-            self._producer.poll(0)
+            self._drop_queued()
             raise OutboxBatchFailed(
                 f"{unacknowledged} event(s) unacknowledged at the deadline, {len(outcome.failures)} failed "
                 f"of {len(events)}: {outcome.failures[:3]}"
             )
         logger.info("events published", events=len(events), records=len(event.get("Records", [])))
+
+    def _drop_queued(self) -> None:
+        """What is still queued would go out after this invocation failed, beside the retry's copy: dropped."""
+        self._producer.purge(in_queue=True, in_flight=False, blocking=True)
+        self._producer.poll(0)
 
 
 def _on_delivery(published: RunEvent, outcome: BatchOutcome) -> Callable[[KafkaError | None, Message], None]:
@@ -263,9 +270,9 @@ def handle_batch(event: Mapping[str, Any], context: LambdaContext) -> None:
     outcome = BatchOutcome()
     try:
         outbox_service().publish_batch(event, context.get_remaining_time_in_millis, outcome)
-    except OutboxBatchFailed:
-        # The retry gets a new producer: an idempotent one may have met a fatal error (its sequence state
-        # lost to the outage), after which it would refuse every record of every later batch.
+    except Exception:
+        # Whatever failed the batch, the retry gets a new producer: an idempotent one may have met a fatal
+        # error (its sequence state lost to the outage), after which it would refuse every later record.
         outbox_service.cache_clear()
         raise
     finally:

@@ -10,13 +10,14 @@ import subprocess
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
 from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient
 
 from poimen.contract import RunRequest
 from poimen.dispatch import DispatchPublisher
@@ -222,22 +223,90 @@ def test_a_broker_outage_and_a_sigkill_lose_no_event(tmp_path: Path, moto_server
         positions_file(moto_server, table).unlink(missing_ok=True)
 
 
-def test_a_producer_that_cannot_reach_the_broker_fails_the_batch(
-    template: Template, monkeypatch: pytest.MonkeyPatch
+def outbox_handler(
+    template: Template, monkeypatch: pytest.MonkeyPatch, bootstrap: str, moto: str, delivery_seconds: float
+) -> tuple[Callable[[dict[str, Any], Any], Any], Any, str]:
+    """The outbox's handler (template.yaml) producing to `bootstrap`, setting events aside in a new bucket of
+    the moto server `moto`: the handler, an S3 client of that moto, the bucket."""
+    s3 = boto3.client("s3", endpoint_url=moto)
+    bucket = f"outbox-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(Bucket=bucket)
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", bootstrap)
+    monkeypatch.setenv("POIMEN_STACK_NAME", "local")
+    monkeypatch.setenv("OUTBOX_DELIVERY_TIMEOUT_SECONDS", str(delivery_seconds))
+    monkeypatch.setenv("OUTBOX_TIME_MARGIN_SECONDS", "0.5")
+    monkeypatch.setenv("OUTBOX_FAILED_BATCHES_BUCKET", bucket)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto)
+    outbox_service.cache_clear()
+    return template.load_handler("OutboxRelayFunction"), s3, bucket
+
+
+def parked_objects(s3: Any, bucket: str) -> list[tuple[str, dict[str, Any]]]:
+    """(key, document) of every object in the bucket."""
+    listed = s3.list_objects_v2(Bucket=bucket).get("Contents", [])
+    return [(o["Key"], json.loads(s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read())) for o in listed]
+
+
+def run_record(tenant: str, run_id: str) -> dict[str, Any]:
+    """The canonical stream record of an admitted run, as the tenant's run `run_id`."""
+    record: dict[str, Any] = load_event("dynamodb_stream_insert.json")["Records"][0]
+    image = record["dynamodb"]["NewImage"]
+    image.update({"pk": {"S": f"RUN#{tenant}#{run_id}"}, "run_id": {"S": run_id}, "tenant_id": {"S": tenant}})
+    return record
+
+
+def test_a_producer_that_cannot_reach_the_broker_fails_the_batch_and_sets_nothing_aside(
+    template: Template, monkeypatch: pytest.MonkeyPatch, moto_server: str
 ) -> None:
     # Given the outbox's handler pointed at a port where no broker listens
-    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", f"127.0.0.1:{free_port()}")
-    monkeypatch.setenv("POIMEN_STACK_NAME", "local")
-    monkeypatch.setenv("OUTBOX_DELIVERY_TIMEOUT_SECONDS", "2")
-    monkeypatch.setenv("OUTBOX_TIME_MARGIN_SECONDS", "0.5")
-    outbox_service.cache_clear()
-    handler = template.load_handler("OutboxRelayFunction")
+    handler, s3, bucket = outbox_handler(template, monkeypatch, f"127.0.0.1:{free_port()}", moto_server, 2)
     try:
         # When a batch with one admitted run is handled
         with pytest.raises(OutboxBatchFailed, match=r"1 failed of 1.*Message timed out"):
             handler(load_event("dynamodb_stream_insert.json"), LocalLambdaContext("OutboxRelayFunction", 4))
     finally:
         outbox_service.cache_clear()
+    # Then the batch failed (the event source retries it): an outage is no reason to set its event aside
+    assert parked_objects(s3, bucket) == []
+
+
+def test_an_event_no_retry_can_deliver_is_set_aside_and_the_batch_goes_on(
+    template: Template, monkeypatch: pytest.MonkeyPatch, moto_server: str, broker: KafkaBroker
+) -> None:
+    # Given a broker that refuses unknown topics as MSK does, where only the first tenant has its topics
+    served, unknown = (f"t-{uuid.uuid4().hex[:12]}" for _ in range(2))
+    ensure_topics(broker.bootstrap_servers, served, partitions=1, replication_factor=1)
+    handler, s3, bucket = outbox_handler(template, monkeypatch, broker.bootstrap_servers, moto_server, 6)
+    good, bad = str(uuid.uuid4()), str(uuid.uuid4())
+    event = {"Records": [run_record(served, good), run_record(unknown, bad)]}
+    failed = 0
+    try:
+        # When a batch of one run of each is handled, and retried while it fails, as the event source does
+        for _ in range(3):
+            try:
+                handler(event, LocalLambdaContext("OutboxRelayFunction", 20))
+                break
+            except OutboxBatchFailed:
+                failed += 1
+    finally:
+        outbox_service.cache_clear()
+    # Then the first invocation went through: the served tenant's event is on its topic, once
+    assert failed == 0
+    (published,) = events(broker.bootstrap_servers, served, expected=1)
+    assert published["headers"]["ce_subject"] == good.encode()
+    # And the other's event was set aside, once, in Lambda's S3 on-failure record under its tenant's prefix,
+    # holding its stream record and why it cannot be delivered
+    ((key, parked),) = parked_objects(s3, bucket)
+    assert key.startswith(f"undeliverable/{unknown}/")
+    assert parked["requestContext"]["condition"] == "EventsUndeliverable"
+    assert parked["DDBStreamBatchInfo"]["batchSize"] == 1
+    assert json.loads(parked["payload"]) == {"Records": [run_record(unknown, bad)]}
+    ((why),) = parked["undeliverable"]
+    assert (why["run_id"], why["topic"], why["error"]) == (bad, events_topic(unknown), "UNKNOWN_TOPIC_OR_PART")
+    # And no topic was created for the tenant that has none
+    assert (
+        events_topic(unknown) not in AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics().topics
+    )
 
 
 def test_a_failing_batch_is_never_skipped_and_is_parked_after_its_attempts(

@@ -22,12 +22,13 @@ import os
 import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import boto3
 
+from poimen.on_failure import stream_batch_info
 from poimen_tools.local.mapping import (
     Handler,
     LocalMapping,
@@ -90,19 +91,9 @@ def passes(filters: Sequence[Mapping[str, Any]], record: Mapping[str, Any]) -> b
 def on_failure_record(event: dict[str, Any], attempts: int, shard_id: str, function_name: str) -> dict[str, Any]:
     """What Lambda writes to a DynamoDB stream mapping's S3 OnFailure destination for the batch `event`: its
     metadata (DDBStreamBatchInfo) and, as an S3 destination gets it, the whole event in `payload`."""
-    records = event["Records"]
-    arrivals = [record["dynamodb"].get("ApproximateCreationDateTime", 0) for record in records]
     return {
         **invocation_record(function_name, attempts),
-        "DDBStreamBatchInfo": {
-            "shardId": shard_id,
-            "startSequenceNumber": records[0]["dynamodb"]["SequenceNumber"],
-            "endSequenceNumber": records[-1]["dynamodb"]["SequenceNumber"],
-            "approximateArrivalOfFirstRecord": _iso(min(arrivals)),
-            "approximateArrivalOfLastRecord": _iso(max(arrivals)),
-            "batchSize": len(records),
-            "streamArn": records[0]["eventSourceARN"],
-        },
+        "DDBStreamBatchInfo": stream_batch_info(event["Records"], shard_id),
         "payload": json.dumps(event),
     }
 
@@ -110,10 +101,6 @@ def on_failure_record(event: dict[str, Any], attempts: int, shard_id: str, funct
 def failed_batch_key(record: dict[str, Any], mapping_id: str) -> str:
     """An S3 key for a parked stream batch, named for its shard (poimen_tools.local.mapping)."""
     return parked_batch_key(mapping_id, record["DDBStreamBatchInfo"]["shardId"])
-
-
-def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 class LocalStreamEventSource(LocalMapping):
@@ -245,6 +232,7 @@ class LocalStreamEventSource(LocalMapping):
 
 OUTBOX_FUNCTION = "OutboxRelayFunction"
 OUTBOX_SOURCE = "OutboxRelaySource"
+OUTBOX_BUCKET = "OutboxFailedBatchesBucket"
 
 
 def positions_file(
@@ -281,7 +269,7 @@ def start_local_outbox(
     directory named for the endpoint, the table and the Regions (positions_file), so a restart resumes after
     the last handled batch.
     """
-    function = template.function_environment(OUTBOX_FUNCTION, {})
+    function = template.function_environment(OUTBOX_FUNCTION, {OUTBOX_BUCKET: bucket})
     # The outbox's variables, for the local broker: plaintext, and a stack named "local". Its service name
     # is left out, as for the inbox relay: this process's environment is also the API environments'.
     os.environ.update(

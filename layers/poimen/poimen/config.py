@@ -205,6 +205,9 @@ class OutboxSettings:
     region: str
     # The stack's name, in each event's CloudEvents source (`urn:poimen:<stack>:<tenant>`).
     stack_name: str
+    # Where events no retry can deliver are set aside (OUTBOX_FAILED_BATCHES_BUCKET, OutboxFailedBatchesBucket);
+    # None only for tools that publish otherwise (backfill reports them instead).
+    failed_batches_bucket: str | None = None
     # SASL_SSL/OAUTHBEARER with MSK IAM tokens; plaintext otherwise (the local broker).
     iam_auth: bool = False
     # How long a record may wait for the broker (librdkafka's message.timeout.ms); each batch also waits at
@@ -221,6 +224,11 @@ class OutboxSettings:
         stack_name = env.get("POIMEN_STACK_NAME", "").strip()
         if not stack_name:
             raise ConfigurationError("POIMEN_STACK_NAME must name the stack (the events' CloudEvents source)")
+        bucket = env.get("OUTBOX_FAILED_BATCHES_BUCKET", "").strip()
+        if not bucket:
+            raise ConfigurationError(
+                "OUTBOX_FAILED_BATCHES_BUCKET must name the bucket where undeliverable events are set aside"
+            )
         auth = env.get("KAFKA_AUTH", "none").strip().lower()
         if auth not in ("iam", "none"):
             raise ConfigurationError(f"KAFKA_AUTH must be iam or none, got {auth!r}")
@@ -228,6 +236,7 @@ class OutboxSettings:
             bootstrap_servers=bootstrap,
             region=_region(env),
             stack_name=stack_name,
+            failed_batches_bucket=bucket,
             iam_auth=auth == "iam",
             delivery_timeout_seconds=_number(
                 env, "OUTBOX_DELIVERY_TIMEOUT_SECONDS", cls.delivery_timeout_seconds, float

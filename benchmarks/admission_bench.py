@@ -65,7 +65,7 @@ class PowertoolsAdmission(Admission):
     key = (tenant, dispatch_key), the run written by an unconditional save inside it."""
 
     def __init__(self, store: Store, idempotency_table: str, client: Any) -> None:
-        super().__init__(store, grants_cache_seconds=3600)
+        super().__init__(store, grants_cache_seconds=3600, tenants={TENANT})
         self.persistence = DynamoDBPersistenceLayer(table_name=idempotency_table, boto3_client=client)
         self._executed = threading.local()
         self.errors: list[str] = []
@@ -240,7 +240,7 @@ def main() -> None:
         store.grant(PRINCIPAL, "*")
         handler = template.load_handler("AdmissionFunction")
 
-        ours = Admission(store, grants_cache_seconds=3600)
+        ours = Admission(store, grants_cache_seconds=3600, tenants={TENANT})
         powertools_client = boto3.client("dynamodb")
         theirs = PowertoolsAdmission(store, "bench-idempotency", powertools_client)
         floor_client = boto3.client("dynamodb")

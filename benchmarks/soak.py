@@ -202,7 +202,7 @@ class DevProcess:
         # must outlive `poimen dev` (its embedded moto would die with it).
         for service in ("dynamodb", "sqs", "s3"):
             command += [f"--{service}-endpoint", self._aws_endpoint]
-        command += ["--table-name", TABLE, "--dlq-name", DLQ]
+        command += ["--table-name", TABLE, "--dlq-name", DLQ, "--tenants", ",".join(TENANTS)]
         with log.open("ab") as out:  # append mode: the execution environments share this file
             self.process = subprocess.Popen(
                 command,

@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient
 from poimen.contract import RunRequest
 from poimen.dispatch import DispatchPublisher
 from poimen.ids import keyed_run_id
-from poimen.kafka import events_topic, partition_key
+from poimen.kafka import dispatch_topic, events_topic, partition_key
 from poimen.outbox import OutboxBatchFailed, outbox_service
 from poimen_tools.local.devserver import LocalLambdaContext
 from poimen_tools.local.kafka_broker import KafkaBroker
@@ -131,9 +131,9 @@ def _assert_one_event_per_run(dev: DevServer, tenant: str, records: list[dict[st
 
 
 @pytest.fixture
-def kafka_dev(tmp_path: Path, broker: KafkaBroker) -> Iterator[DevServer]:
-    """`poimen dev` on the module's broker: API, inbox relay and outbox relay."""
-    dev = start_dev(tmp_path, "--kafka-bootstrap", broker.bootstrap_servers, kafka=True)
+def kafka_dev(tmp_path: Path, broker: KafkaBroker, tenant: str) -> Iterator[DevServer]:
+    """`poimen dev` on the module's broker, serving the test's tenant: API, inbox relay and outbox relay."""
+    dev = start_dev(tmp_path, "--kafka-bootstrap", broker.bootstrap_servers, kafka=True, tenants=[tenant])
     yield dev
     assert dev.stop() == 0
 
@@ -183,7 +183,7 @@ def test_a_broker_outage_and_a_sigkill_lose_no_event(tmp_path: Path, moto_server
     common = ("--kafka-bootstrap", broker.bootstrap_servers, *endpoints)
     (tmp_path / "first").mkdir()
     (tmp_path / "second").mkdir()
-    dev = start_dev(tmp_path / "first", *common, kafka=True, table_name=table)
+    dev = start_dev(tmp_path / "first", *common, kafka=True, table_name=table, tenants=[tenant])
     http = signed_session()
     headers = {"X-Poimen-Tenant": tenant}
     try:
@@ -206,7 +206,7 @@ def test_a_broker_outage_and_a_sigkill_lose_no_event(tmp_path: Path, moto_server
         dev.process.send_signal(signal.SIGKILL)
         dev.process.wait(timeout=30)
         # And started again on the same table and broker
-        dev = start_dev(tmp_path / "second", *common, kafka=True, table_name=table)
+        dev = start_dev(tmp_path / "second", *common, kafka=True, table_name=table, tenants=[tenant])
         for i in range(15, 18):
             admit(i)
         # Then every run has its event, and duplicates (after the failures only) are identical; the
@@ -349,6 +349,36 @@ def test_a_failing_batch_is_never_skipped_and_is_parked_after_its_attempts(
     assert record["DDBStreamBatchInfo"]["batchSize"] == 1
     (kept,) = json.loads(record["payload"])["Records"]
     assert kept["dynamodb"]["NewImage"] == run
+
+
+def test_poimen_dev_serves_its_tenants_and_refuses_the_others_as_aws_does(
+    kafka_dev: DevServer, broker: KafkaBroker, tenant: str
+) -> None:
+    # Given `poimen dev` serving the test's tenant on a broker that creates no topic on demand (as MSK)
+    other = f"t-{uuid.uuid4().hex[:12]}"
+    topics = AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=10).topics
+    # Then its tenant's topics were created at start, before any run, and no other tenant's
+    assert {dispatch_topic(tenant), events_topic(tenant)} <= set(topics)
+    assert not {dispatch_topic(other), events_topic(other)} & set(topics)
+    # And a run of another tenant is refused, though the dev key is granted every tenant, and nothing is stored
+    answer = signed_session().post(
+        f"{kafka_dev.url}/v1/runs",
+        json={"workflow_ref": "wf/x", "input": {}, "dispatch_key": "x-1"},
+        headers={"X-Poimen-Tenant": other},
+        timeout=30,
+    )
+    assert (answer.status_code, answer.json()["type"]) == (403, "urn:poimen:problem:tenant-not-served")
+    assert count_runs(kafka_dev.dynamodb(), kafka_dev.table_name, other) == []
+    # And publishing a spawn for it fails as on MSK: it has no topic, and none is created
+    published = subprocess.run(
+        [str(POIMEN), "dispatch", "publish", "--tenant", other, "--workflow-ref", "wf/x", "--input", "{}",
+         "--bootstrap-servers", broker.bootstrap_servers, "--timeout", "5"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert published.returncode == 1, published.stderr
+    assert f"has no topic {dispatch_topic(other)}" in published.stderr
+    topics = AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=10).topics
+    assert dispatch_topic(other) not in topics
 
 
 def test_poimen_dev_announces_its_outbox(kafka_dev: DevServer) -> None:

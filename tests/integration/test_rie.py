@@ -109,7 +109,7 @@ def _admission_values(local: Local) -> dict[str, str]:
     return {
         "TABLE_NAME": local.dev.table_name,
         "RELAY_PRINCIPAL": RELAY_ROLE,
-        "RELAY_TENANTS": local.tenant,
+        "TENANTS": local.tenant,
     }
 
 
@@ -154,7 +154,13 @@ def _outbox_values(local: Local) -> dict[str, str]:
     broker = local.broker().bootstrap_servers
     ensure_topics(broker, local.tenant, partitions=1, replication_factor=1)
     # The local broker has no MSK IAM: plaintext, as `poimen dev` runs the outbox relay.
-    return {"KAFKA_BOOTSTRAP_SERVERS": broker, "KAFKA_AUTH": "none", "POIMEN_STACK_NAME": "local"}
+    return {
+        "KAFKA_BOOTSTRAP_SERVERS": broker,
+        "KAFKA_AUTH": "none",
+        "POIMEN_STACK_NAME": "local",
+        # Never written: the batch's one event is delivered.
+        "OUTBOX_FAILED_BATCHES_BUCKET": "poimen-outbox-failed-batches-local",
+    }
 
 
 def _stream_insert(local: Local) -> dict[str, Any]:

@@ -558,6 +558,8 @@ def test_the_producer_is_idempotent_acks_all_murmur2_and_msk_iam_when_deployed(
     (config,) = configs
     assert (config["enable.idempotence"], config["acks"], config["partitioner"]) == (True, "all", "murmur2_random")
     assert config["message.timeout.ms"] == 55_000
+    # an unknown topic is said (UNDELIVERABLE) before the record times out
+    assert config["topic.metadata.propagation.max.ms"] == 10_000
     assert config["bootstrap.servers"] == "b-1:9098"
     if iam:
         assert (config["security.protocol"], config["sasl.mechanism"]) == ("SASL_SSL", "OAUTHBEARER")

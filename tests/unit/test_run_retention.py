@@ -339,5 +339,5 @@ def test_poimen_dev_sets_the_tables_ttl_as_the_template_with_its_retention(
 def test_poimen_dev_takes_the_retention_argument() -> None:
     args = build_parser().parse_args(["dev", "--run-retention-days", "3"])
 
-    assert _dev_options(args).template_parameters == {"RunRetentionDays": "3"}
+    assert _dev_options(args).template_parameters["RunRetentionDays"] == "3"
     assert _dev_options(build_parser().parse_args(["dev"])).run_retention_days is None

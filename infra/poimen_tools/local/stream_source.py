@@ -38,7 +38,6 @@ from poimen_tools.local.mapping import (
     parked_batch_key,
 )
 from poimen_tools.local.template import Template
-from poimen_tools.topics import ensure_topics
 
 log = logging.getLogger(__name__)
 # The stack name of `poimen dev`, in its events' CloudEvents source: urn:poimen:local:<tenant>.
@@ -261,13 +260,13 @@ def start_local_outbox(
 ) -> LocalStreamEventSource:
     """`poimen dev`'s outbox relay in `region`: the stream of the table (in `table_region`) feeding the outbox
     handler of template.yaml, which produces to the local broker; failed batches parked in `bucket` (S3, an
-    existing bucket) as Lambda parks them.
+    existing bucket) as Lambda parks them, and the events the handler sets aside written there by it.
 
-    The handler is wrapped in what a deploy does beforehand: `poimen topics ensure` for each tenant whose
-    runs reach it (once per tenant), as no tenant is known before its first run. With `keep_positions` (a
-    table that outlives `poimen dev`) the shards' checkpoints are kept in a file of the temporary
-    directory named for the endpoint, the table and the Regions (positions_file), so a restart resumes after
-    the last handled batch.
+    It creates no topic: `poimen dev` creates its tenants' at start, as a deploy needs them created first,
+    and an event of a topic that does not exist is set aside, as on MSK. With `keep_positions` (a table
+    that outlives `poimen dev`) the shards' checkpoints are kept in a file of the temporary directory
+    named for the endpoint, the table and the Regions (positions_file), so a restart resumes after the
+    last handled batch.
     """
     function = template.function_environment(OUTBOX_FUNCTION, {OUTBOX_BUCKET: bucket})
     # The outbox's variables, for the local broker: plaintext, and a stack named "local". Its service name
@@ -277,22 +276,12 @@ def start_local_outbox(
         | {"KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers, "KAFKA_AUTH": "none", "POIMEN_STACK_NAME": LOCAL_STACK}
     )
     handler = template.load_handler(OUTBOX_FUNCTION)
-    ensured: set[str] = set()
-
-    def ensure_then_handle(event: dict[str, Any], context: Any) -> Any:
-        for record in event["Records"]:
-            tenant = record["dynamodb"].get("NewImage", {}).get("tenant_id", {}).get("S")
-            if tenant and tenant not in ensured:
-                ensure_topics(bootstrap_servers, tenant)
-                ensured.add(tenant)
-        return handler(event, context)
-
     s3 = boto3.client("s3")
     mapping_id = str(uuid.uuid4())
     source = LocalStreamEventSource(
         dynamodb_endpoint,
         table_name,
-        ensure_then_handle,
+        handler,
         park_in_s3(s3, bucket, lambda record: failed_batch_key(record, mapping_id)),
         filters=template.properties(OUTBOX_SOURCE).get("FilterCriteria", {}).get("Filters", []),
         function_timeout_seconds=float(template.properties(OUTBOX_FUNCTION).get("Timeout", 60)),

@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 from pydantic.json_schema import SkipJsonSchema
 
 from poimen.admission import Admission, Admitted, RunView
-from poimen.config import Settings
+from poimen.config import ConfigurationError, Settings
 from poimen.contract import (
     DispatchKey,
     IdempotencyKeyMismatch,
@@ -49,6 +49,7 @@ from poimen.errors import (
     RunTooLarge,
     StoreUnavailable,
     TenantNotGranted,
+    TenantNotServed,
 )
 from poimen.observability import logger, metrics
 from poimen.store import Store
@@ -120,10 +121,14 @@ app = AdmissionResolver()
 def admission_service() -> Admission:
     """Admission built once per process from the validated environment, on first use."""
     settings = Settings.from_env()
-    trusted = {settings.relay_principal: settings.relay_tenants} if settings.relay_principal else {}
+    if not settings.tenants:
+        raise ConfigurationError("TENANTS must name the tenants this stack serves (template.yaml: its Tenants)")
+    # The stack's relay is trusted for exactly the tenants the stack serves.
+    trusted = {settings.relay_principal: settings.tenants} if settings.relay_principal else {}
     return Admission(
         Store(settings),
         settings.grants_cache_seconds,
+        tenants=settings.tenants,
         refusal_cache_seconds=settings.refusal_cache_seconds,
         trusted=trusted,
     )
@@ -158,6 +163,16 @@ def _problems(*statuses: HTTPStatus) -> dict[int, OpenAPIResponse]:
 
 
 _COMMON_PROBLEMS = (HTTPStatus.BAD_REQUEST, HTTPStatus.FORBIDDEN, HTTPStatus.SERVICE_UNAVAILABLE)
+
+# Every route's 403s, by problem type (IAM's own refusals are API Gateway's, not these).
+_FORBIDDEN: OpenAPIResponse = {
+    "description": (
+        "`forbidden`: no authenticated principal, or the tenant is not granted to it. `tenant-not-served`: this "
+        "stack does not serve the tenant (it is not in the stack's Tenants), whatever the caller's grants; "
+        "nothing was read or written, and only a deploy serving the tenant changes the answer."
+    ),
+    "content": {PROBLEM_JSON: {"model": Problem}},
+}
 
 # Each 503 of POST /v1/runs says what a retry can do: store-unavailable, nothing was written; outcome-unknown,
 # the run named may exist (see the _outcome_unknown handler).
@@ -226,6 +241,7 @@ _CREATE_RUN_BAD_REQUEST: OpenAPIResponse = {
             HTTPStatus.UNPROCESSABLE_ENTITY,
         ),
         400: _CREATE_RUN_BAD_REQUEST,
+        403: _FORBIDDEN,
         503: _CREATE_RUN_UNAVAILABLE,
     },
 )
@@ -250,7 +266,7 @@ def create_run(
 @app.get(
     "/v1/runs/<run_id>",
     summary="One run of the tenant",
-    responses=_problems(*_COMMON_PROBLEMS, HTTPStatus.NOT_FOUND),
+    responses={**_problems(*_COMMON_PROBLEMS, HTTPStatus.NOT_FOUND), 403: _FORBIDDEN},
 )
 def get_run(
     run_id: Annotated[str, Path(pattern=RUN_ID_PATTERN)], tenant_id: TenantHeader, admission: AdmissionService
@@ -261,7 +277,7 @@ def get_run(
 @app.get(
     "/v1/runs",
     summary="The run a dispatch_key admitted (reconciliation look-up)",
-    responses=_problems(*_COMMON_PROBLEMS, HTTPStatus.NOT_FOUND),
+    responses={**_problems(*_COMMON_PROBLEMS, HTTPStatus.NOT_FOUND), 403: _FORBIDDEN},
 )
 def find_run(
     dispatch_key: Annotated[DispatchKey, Query()], tenant_id: TenantHeader, admission: AdmissionService
@@ -412,6 +428,20 @@ def _no_identity(_: IdentityMissing) -> Response[str]:
 def _not_granted(error: TenantNotGranted) -> Response[str]:
     logger.warning("tenant not granted", principal=error.principal, tenant_id=error.tenant_id)
     return problem(HTTPStatus.FORBIDDEN, "forbidden", "The caller is not granted this tenant.")
+
+
+@app.exception_handler(TenantNotServed)
+def _not_served(error: TenantNotServed) -> Response[str]:
+    # 403 and not a 400/422: the request is not at fault, this stack is not the one to ask (the relay, which
+    # dead-letters what blames the record, fails the batch instead and retries it until a deploy serves the
+    # tenant), and no grant changes the answer.
+    logger.warning("tenant not served", tenant_id=error.tenant_id)
+    return problem(
+        HTTPStatus.FORBIDDEN,
+        "tenant-not-served",
+        f"This stack does not serve tenant {error.tenant_id}: it admits runs only for the tenants it is "
+        "deployed with (its Tenants), whatever the caller's grants.",
+    )
 
 
 @app.exception_handler(RunNotFound)

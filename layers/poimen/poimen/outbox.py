@@ -36,7 +36,7 @@ from poimen import on_failure
 from poimen.config import OutboxSettings
 from poimen.contract import run_json
 from poimen.kafka import events_topic, partition_key
-from poimen.kafka_client import client_config, quiet_client_settings
+from poimen.kafka_client import client_config, delivery_settings, quiet_client_settings
 from poimen.observability import logger, metrics
 
 RUN_PREFIX = "RUN#"
@@ -395,11 +395,8 @@ def _kafka_producer(settings: OutboxSettings) -> Producer:
             "enable.idempotence": True,
             "acks": "all",
             "partitioner": "murmur2_random",
-            "message.timeout.ms": int(settings.delivery_timeout_seconds * 1000),
-            # How long a topic the metadata says does not exist may still be on its way (30 s by default):
-            # less than the delivery timeout, so an unknown topic is reported as one (UNDELIVERABLE) rather
-            # than as a time-out, which would fail the batch.
-            "topic.metadata.propagation.max.ms": int(min(10.0, settings.delivery_timeout_seconds / 2) * 1000),
+            # An unknown topic is reported as one (UNDELIVERABLE), not as a time-out that would fail the batch.
+            **delivery_settings(settings.delivery_timeout_seconds),
             "linger.ms": 5,
             **quiet_client_settings(settings.delivery_timeout_seconds),
         },

@@ -2,8 +2,8 @@
 
 `backfill` republishes the event of every run a tenant admitted in a time window, as the outbox relay
 publishes it (the same code builds and sends it: identical key, headers and value), for events the outbox
-gave up on (its parked batches) or never saw. Consumers already deduplicate by `ce_id`, so a backfill is
-safe to repeat. `tail` prints a tenant's events as they arrive, one line each.
+gave up on (its parked batches) or never saw. Consumers already deduplicate by `ce_id` (the admission's id,
+the same in every copy), so a backfill is safe to repeat. `tail` prints a tenant's events as they arrive, one line each.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def _event_line(headers: dict[str, Any], value: bytes) -> str:
     return " ".join(
         [
             text.get("ce_time", run.get("created_at", "?")),
-            text.get("ce_id", run.get("run_id", "?")),
+            text.get("ce_subject", run.get("run_id", "?")),  # the run; ce_id names its admission
             run.get("dispatch_key") or "-",
             run.get("workflow_ref", "?"),
         ]

@@ -116,7 +116,7 @@ def event_ids(bootstrap: str, tenant: str, wanted: set[str], timeout: float) -> 
     def complete() -> bool:
         for message in consumer.consume(100, 0.5):
             if message.error() is None:
-                run_id = dict(message.headers() or [])["ce_id"]
+                run_id = dict(message.headers() or [])["ce_subject"]
                 seen[run_id.decode() if isinstance(run_id, bytes) else str(run_id)] += 1
         return wanted <= set(seen)
 

@@ -21,7 +21,7 @@ from confluent_kafka.admin import AdminClient
 
 from poimen.contract import RunRequest
 from poimen.dispatch import DispatchPublisher
-from poimen.ids import keyed_run_id
+from poimen.ids import admission_id, keyed_run_id
 from poimen.kafka import dispatch_topic, events_topic, partition_key
 from poimen.outbox import OutboxBatchFailed, outbox_service
 from poimen_tools.local.devserver import LocalLambdaContext
@@ -90,7 +90,7 @@ def records_on(
                         "partition": message.partition(),
                     }
                 )
-            seen_last = last is None or any(r["headers"].get("ce_id") == last.encode() for r in records)
+            seen_last = last is None or any(r["headers"].get("ce_subject") == last.encode() for r in records)
             return len(records) >= expected and seen_last and idle_polls >= 4
 
         wait_for(enough, timeout=timeout, what=f"{expected} records on {topic}")
@@ -110,13 +110,15 @@ def _assert_one_event_per_run(dev: DevServer, tenant: str, records: list[dict[st
     duplicates = 0
     http = signed_session()
     for record in records:
-        run_id = record["headers"]["ce_id"].decode()
+        run_id = record["headers"]["ce_subject"].decode()
         if run_id in by_id:
             duplicates += 1
             assert record == by_id[run_id], "a duplicate is identical"
         by_id[run_id] = record
     assert set(by_id) == set(runs)
     for run_id, record in by_id.items():
+        # The event's id names the run's one admission: its stored write's
+        assert record["headers"]["ce_id"] == admission_id(run_id, runs[run_id]["attempt_id"]["S"]).encode()
         assert record["key"] == partition_key(tenant, run_id)
         answer = http.get(f"{dev.url}/v1/runs/{run_id}", headers={"X-Poimen-Tenant": tenant}, timeout=30)
         assert record["value"] == answer.content, "the value is GET /v1/runs/{id}, byte for byte"
@@ -449,7 +451,7 @@ def test_events_backfill_republishes_exactly_the_window_idempotently(
     after = events(broker.bootstrap_servers, tenant, expected=7)
     assert len(after) == 7
     # (partitions interleave when read: counted, not in order)
-    counts = Counter(record["headers"]["ce_id"].decode() for record in after)
+    counts = Counter(record["headers"]["ce_subject"].decode() for record in after)
     assert counts == {created[0]["run_id"]: 1, created[1]["run_id"]: 3, created[2]["run_id"]: 3}
     originals = {record["headers"]["ce_id"]: record for record in before}
     assert all(record == originals[record["headers"]["ce_id"]] for record in after)

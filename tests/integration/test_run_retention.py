@@ -110,3 +110,6 @@ def test_the_run_admitted_over_an_expired_one_reaches_the_outbox_from_the_stream
     assert published[0].created_at == first.json()["created_at"]
     assert published[-1].created_at == again.json()["created_at"]
     assert b'"n":2' in published[-1].value
+    # And the two admissions are two CloudEvents (ids), the test's expiry an identical copy of the first
+    assert published[1] == published[0]
+    assert published[-1].event_id != published[0].event_id

@@ -64,7 +64,7 @@ def test_a_time_without_offset_or_not_a_time_is_a_usage_error(given: str, capsys
 
 
 def test_tail_prints_time_run_key_and_workflow_one_line_each() -> None:
-    headers = {"ce_time": b"2026-11-27T12:00:00.000Z", "ce_id": b"r-1"}
+    headers = {"ce_time": b"2026-11-27T12:00:00.000Z", "ce_id": b"admission-1", "ce_subject": b"r-1"}
 
     keyed = _event_line(headers, b'{"dispatch_key": "k-1", "workflow_ref": "wf/a"}')
     keyless = _event_line(headers, b'{"dispatch_key": null, "workflow_ref": "wf/b"}')

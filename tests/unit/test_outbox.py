@@ -19,6 +19,7 @@ from moto import mock_aws
 
 from poimen.config import ConfigurationError, OutboxSettings
 from poimen.contract import run_json
+from poimen.ids import admission_id
 from poimen.kafka import partition_key
 from poimen.outbox import (
     NOT_A_RUN_MARKER,
@@ -161,9 +162,11 @@ def test_the_canonical_insert_becomes_one_event_with_cloudevents_headers() -> No
         created_at="2026-11-27T12:00:00.000Z",
     )
     assert b'"amount":1.10,"big":12345678901234567890' in published.value  # numbers as admitted
+    # ce_id names this admission of the run: derived from the run id and the stored write's attempt id
+    assert published.event_id == admission_id(run_id, image["attempt_id"]["S"]) != run_id
     assert dict(published.headers) == {
         "ce_specversion": b"1.0",
-        "ce_id": run_id.encode(),
+        "ce_id": published.event_id.encode(),
         "ce_source": b"urn:poimen:prod:acme",
         "ce_type": b"poimen.run.admitted",
         "ce_subject": run_id.encode(),

@@ -5,7 +5,8 @@ it) and its role cannot write the table. An event is the run as GET /v1/runs/{id
 run's partition key, with CloudEvents 1.0 attributes as Kafka headers (binary content mode). Delivery is at
 least once: a batch succeeds only once the broker acknowledged every event of it (idempotent producer,
 acks=all); otherwise the invocation fails and the event source retries the batch, so a duplicate only
-follows a failure, and is identical (same key, `ce_id`, value).
+follows a failure, and is identical (same key, `ce_id`, value). `ce_id` names the admission, not the run
+(poimen.ids.admission_id): a run id admitted again once its first admission expired is another event.
 
 An event no retry can deliver (UNDELIVERABLE: its topic does not exist or may not be written, the record is
 refused as it is) would block its shard, every tenant's later runs with it, until the retries ran out: it
@@ -35,6 +36,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from poimen import on_failure
 from poimen.config import OutboxSettings
 from poimen.contract import run_json
+from poimen.ids import admission_id
 from poimen.kafka import events_topic, partition_key
 from poimen.kafka_client import client_config, delivery_settings, quiet_client_settings
 from poimen.observability import logger, metrics
@@ -107,6 +109,8 @@ class RunEvent:
 
     tenant_id: str
     run_id: str
+    # The admission's id (poimen.ids.admission_id), its CloudEvents id: one per admission, not per run.
+    event_id: str
     created_at: str
     topic: str
     key: bytes
@@ -153,9 +157,10 @@ def run_event(image: Mapping[str, Mapping[str, Any]], stack_name: str) -> RunEve
         dispatch_key=_string(image, "dispatch_key"),
         created_at=created_at,
     )
+    event_id = admission_id(run_id, text["attempt_id"])
     headers: list[tuple[str, bytes]] = [
         ("ce_specversion", b"1.0"),
-        ("ce_id", run_id.encode()),
+        ("ce_id", event_id.encode()),
         ("ce_source", event_source_uri(stack_name, tenant_id).encode()),
         ("ce_type", EVENT_TYPE.encode()),
         ("ce_subject", run_id.encode()),
@@ -168,6 +173,7 @@ def run_event(image: Mapping[str, Mapping[str, Any]], stack_name: str) -> RunEve
     return RunEvent(
         tenant_id=tenant_id,
         run_id=run_id,
+        event_id=event_id,
         created_at=created_at,
         topic=events_topic(tenant_id),
         key=partition_key(tenant_id, run_id),

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,9 @@ import requests
 
 from poimen_tools.local.kafka_broker import KafkaBroker
 from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY, signed_headers
+from tests.conftest import wait_for
+
+__all__ = ["wait_for"]  # the integration tests import it from here, with the other helpers
 
 POIMEN = Path(sys.executable).parent / "poimen"
 # The tenants a `poimen dev` without Kafka serves unless a test names others: next_tenant (and the `tenant`
@@ -54,17 +56,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @dataclass

@@ -383,10 +383,23 @@ def test_poimen_dev_serves_its_tenants_and_refuses_the_others_as_aws_does(
     assert dispatch_topic(other) not in topics
 
 
-def test_poimen_dev_announces_its_outbox(kafka_dev: DevServer) -> None:
+def test_poimen_dev_announces_its_outbox_and_it_publishes_metrics_under_its_own_service(
+    kafka_dev: DevServer, broker: KafkaBroker, tenant: str, template: Template
+) -> None:
     banner = kafka_dev.log.read_text()
-
     assert "Outbox relay: table stream -> poimen.<tenant>.events" in banner
+    # When a run is admitted and its event published
+    body = {"workflow_ref": "wf/m", "input": {}, "dispatch_key": "metrics-1"}
+    signed_session().post(f"{kafka_dev.url}/v1/runs", json=body, headers={"X-Poimen-Tenant": tenant}, timeout=30)
+    events(broker.bootstrap_servers, tenant, expected=1)
+
+    # Then its EMF metrics name the outbox's service, as template.yaml gives it (the dashboard reads that one)
+    def published() -> list[dict[str, Any]]:
+        documents = [json.loads(line) for line in kafka_dev.log.read_text().splitlines() if line.startswith('{"_aws"')]
+        return [doc for doc in documents if "EventsPublished" in doc and doc.get("tenant") == tenant]
+
+    (document,) = wait_for(published, timeout=30, what="the outbox's EMF document")
+    assert document["service"] == template.function_environment("OutboxRelayFunction", {})["POWERTOOLS_SERVICE_NAME"]
 
 
 def test_events_tail_prints_each_event(kafka_dev: DevServer, broker: KafkaBroker, tenant: str) -> None:

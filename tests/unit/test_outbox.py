@@ -569,3 +569,21 @@ def test_the_producer_is_idempotent_acks_all_murmur2_and_msk_iam_when_deployed(
         assert callable(config["oauth_cb"])
     else:
         assert "security.protocol" not in config
+
+
+@pytest.mark.parametrize(
+    ("environ", "service"),
+    [
+        ({"POWERTOOLS_SERVICE_NAME": "poimen-outbox-relay"}, "poimen-outbox-relay"),  # Lambda: its own variable
+        (
+            {"POWERTOOLS_SERVICE_NAME": "poimen-admission", "OUTBOX_SERVICE_NAME": "poimen-outbox-relay"},
+            "poimen-outbox-relay",
+        ),
+    ],
+    ids=["lambda", "poimen-dev"],
+)
+def test_the_outbox_publishes_its_metrics_under_its_own_service(environ: dict[str, str], service: str) -> None:
+    settings = OutboxSettings.from_env({"AWS_REGION": "us-east-1", **OUTBOX_ENV, **environ})
+
+    assert settings.service_name == service
+    assert OutboxRelay(settings, cast(Producer, FakeProducer())).metrics.provider.service == service

@@ -241,6 +241,10 @@ class OutboxSettings:
     # Where events no retry can deliver are set aside (OUTBOX_FAILED_BATCHES_BUCKET, OutboxFailedBatchesBucket);
     # None only for tools that publish otherwise (backfill reports them instead).
     failed_batches_bucket: str | None = None
+    # The service its EMF metrics are published under (the dashboard's `service`): OUTBOX_SERVICE_NAME, else
+    # POWERTOOLS_SERVICE_NAME, which Lambda gives each function alone; `poimen dev`, whose process runs the
+    # relays beside admission's variables, sets the former from the template. None: Powertools' own default.
+    service_name: str | None = None
     # SASL_SSL/OAUTHBEARER with MSK IAM tokens; plaintext otherwise (the local broker).
     iam_auth: bool = False
     # How long a record may wait for the broker (librdkafka's message.timeout.ms); each batch also waits at
@@ -270,6 +274,7 @@ class OutboxSettings:
             region=_region(env),
             stack_name=stack_name,
             failed_batches_bucket=bucket,
+            service_name=(env.get("OUTBOX_SERVICE_NAME") or env.get("POWERTOOLS_SERVICE_NAME") or "").strip() or None,
             iam_auth=auth == "iam",
             delivery_timeout_seconds=_number(
                 env, "OUTBOX_DELIVERY_TIMEOUT_SECONDS", cls.delivery_timeout_seconds, float

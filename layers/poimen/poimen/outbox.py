@@ -27,6 +27,7 @@ from functools import lru_cache
 from typing import Any
 
 import botocore.session
+from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.config import Config
@@ -253,7 +254,7 @@ class BatchOutcome:
             else:
                 self.failures.append(f"{published.run_id}: {error.str()}")
 
-    def publish(self) -> None:
+    def publish(self, metrics: Metrics) -> None:
         """One EMF document per tenant (a stream batch mixes tenants), each with its `tenant` dimension."""
         for tenant in sorted(self.published.keys() | self.parked.keys()):
             metrics.add_dimension(name="tenant", value=tenant)
@@ -277,6 +278,8 @@ class OutboxRelay:
         self._producer: Producer = producer or _kafka_producer(settings)
         self._producer.poll(0)  # serves oauth_cb (MSK IAM) before the first request
         self._s3 = s3  # built on the first event set aside: most environments never need it
+        # Its metrics under its own service (a process may hold other functions' handlers: poimen dev).
+        self.metrics = Metrics(service=settings.service_name)
 
     def publish_batch(self, event: Mapping[str, Any], remaining_ms: Callable[[], int], outcome: BatchOutcome) -> None:
         """Produce every event of the batch and wait for the broker's acknowledgement of each, until the
@@ -421,6 +424,7 @@ def handle_batch(event: Mapping[str, Any], context: LambdaContext) -> None:
     """The whole invocation: publish the batch, set aside what cannot be delivered, then its metrics whether
     or not it succeeded."""
     outcome = BatchOutcome()
+    relay: OutboxRelay | None = None
     try:
         relay = outbox_service()
         relay.publish_batch(event, context.get_remaining_time_in_millis, outcome)
@@ -432,4 +436,4 @@ def handle_batch(event: Mapping[str, Any], context: LambdaContext) -> None:
         outbox_service.cache_clear()
         raise
     finally:
-        outcome.publish()
+        outcome.publish(relay.metrics if relay is not None else metrics)

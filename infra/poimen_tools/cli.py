@@ -74,7 +74,8 @@ traceback instead. Exit codes:
   {EXIT_OK}   done
   {EXIT_NOT_FOUND}   refused or not found: no such table or topic, no such grant to remove, a broker refusing
       the request; dlq: dead letters of the chosen kinds remain (failing again, not sendable, or older
-      than --run-retention-days)
+      than --run-retention-days); events backfill: a run item that is no event, or an event the broker
+      can never take
   {EXIT_USAGE}   usage: bad arguments or input (a spawn request the API would refuse, a principal that is no
       ARN, a dispatch retention longer than --run-retention-days); dlq: unknown ID, redrive refused or
       not confirmed

@@ -471,24 +471,44 @@ def test_events_backfill_republishes_exactly_the_window_idempotently(
     assert _assert_one_event_per_run(kafka_dev, tenant, after) == 4
 
 
+def backfill_of_one_run(
+    template: Template, moto_server: str, tenant: str, bootstrap: str, timeout: str
+) -> subprocess.CompletedProcess[str]:
+    """`poimen events backfill` to `bootstrap` of a window holding one admitted run of the tenant, in a new table."""
+    dynamodb, table, run = table_with_stream(template, moto_server)
+    dynamodb.put_item(TableName=table, Item={**run, "pk": {"S": f"RUN#{tenant}#r"}, "tenant_id": {"S": tenant}})
+    return subprocess.run(
+        [str(POIMEN), "events", "backfill", "--tenant", tenant, "--since", "2026-01-01T00:00:00Z",
+         "--table-name", table, "--dynamodb-endpoint", moto_server,
+         "--bootstrap-servers", bootstrap, "--timeout", timeout],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
 def test_a_backfill_the_broker_does_not_acknowledge_fails_with_one_line(
     template: Template, moto_server: str, tenant: str
 ) -> None:
-    # Given a table holding one admitted run of the tenant, and no broker where the backfill is pointed
-    dynamodb, table, run = table_with_stream(template, moto_server)
-    dynamodb.put_item(TableName=table, Item={**run, "pk": {"S": f"RUN#{tenant}#r"}, "tenant_id": {"S": tenant}})
-    # When the window holding it is backfilled
-    backfill = subprocess.run(
-        [str(POIMEN), "events", "backfill", "--tenant", tenant, "--since", "2026-01-01T00:00:00Z",
-         "--table-name", table, "--dynamodb-endpoint", moto_server,
-         "--bootstrap-servers", f"127.0.0.1:{free_port()}", "--timeout", "2"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    # Given one admitted run of the tenant, and no broker where the backfill is pointed: when it is backfilled
+    backfill = backfill_of_one_run(template, moto_server, tenant, f"127.0.0.1:{free_port()}", "2")
     # Then it says so in one line, with exit code 3 (unavailable), having published nothing
     assert backfill.returncode == 3, backfill.stdout + backfill.stderr
     (line,) = backfill.stderr.splitlines()
     assert line.startswith("poimen events backfill: 0 of 1 event(s) published, then the broker")
     assert backfill.stdout == ""
+
+
+def test_a_backfill_of_a_tenant_without_topics_says_so_and_publishes_nothing(
+    template: Template, moto_server: str, broker: KafkaBroker, tenant: str
+) -> None:
+    # Given one admitted run of a tenant whose topics were never created (MSK makes none): when it is backfilled
+    backfill = backfill_of_one_run(template, moto_server, tenant, broker.bootstrap_servers, "6")
+    # Then it says that its event cannot be published and how to fix it, exit 1, counting none as published
+    assert backfill.returncode == 1, backfill.stdout + backfill.stderr
+    assert f"{events_topic(tenant)}: 0 event(s) published" in backfill.stdout
+    assert "1 event(s) not published" in backfill.stderr
+    assert "UNKNOWN_TOPIC_OR_PART" in backfill.stderr
+    assert f"poimen topics ensure --tenant {tenant}" in backfill.stderr
+    assert events_topic(tenant) not in AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics().topics
 
 
 def test_a_restarted_stream_source_resumes_after_its_last_handled_batch(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import json
+import os
 import threading
 import time
 import uuid
@@ -94,7 +95,8 @@ class RelayHarness:
         sqs: Any | None = None,
         run_retention_days: int | None = None,
     ) -> RelayHarness:
-        """Inside mock_aws: a fresh DLQ, the relay's role granted every tenant, a tenant of its own."""
+        """Inside mock_aws: a fresh DLQ, the relay's role granted every tenant, and the test's own tenant, the
+        first the `dynamodb` fixture has the stack serve (tests/unit/conftest.py)."""
         store.grant(RELAY_ROLE, "*")
         queue_client = boto3.client("sqs")
         request = template.create_queue_request("RelayDeadLetterQueue", f"dlq-{uuid.uuid4().hex[:8]}")
@@ -108,7 +110,7 @@ class RelayHarness:
         )
         credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
         relay = Relay(settings, sqs=sqs or queue_client, http=api, credentials=credentials)
-        return cls(relay, api, queue_client, queue_url, f"t-{uuid.uuid4().hex[:12]}")
+        return cls(relay, api, queue_client, queue_url, os.environ["TENANTS"].split(",")[0])
 
     def with_settings(self, **changes: Any) -> RelayHarness:
         """The same queue, API and tenant, relayed by a relay with these settings changed."""

@@ -40,7 +40,7 @@ from poimen.dead_letter import MAX_DETAIL_CHARS, DeadLetterReason, dead_letter_a
 from poimen.inbox_rule import RECORD_FAULT_STATUSES, RETRYABLE_STATUSES, HeldBack, header, judge, rejected
 from poimen.kafka import tenant_of_dispatch_topic
 from poimen.observability import logger, metrics
-from poimen.wire import TENANT_HEADER
+from poimen.wire import TENANT_HEADER, retry_after_seconds
 
 # The 503 the API answers when a run may have been admitted: retried for a keyed record (it can only admit
 # that run), dead-lettered naming the run for a keyless one.
@@ -289,7 +289,7 @@ class Relay:
                 if response.status not in RETRYABLE_STATUSES or (not keyed and _outcome_unknown(response.data)):
                     return response.status, _json_or_text(response.data)
                 failure = f"HTTP {response.status}"
-                retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
+                retry_after = retry_after_seconds(response.headers.get("Retry-After")) or 0.0
             finally:
                 _EXCHANGE_DEADLINE.reset(exchange)
             delay = max(retry_after, self._jitter(attempt))
@@ -430,13 +430,6 @@ def _json_or_text(data: bytes) -> Any:
 def _outcome_unknown(data: bytes) -> bool:
     answer = _json_or_text(data)
     return isinstance(answer, dict) and answer.get("type") == OUTCOME_UNKNOWN
-
-
-def _retry_after_seconds(value: str | None) -> float:
-    try:
-        return max(0.0, float(value)) if value else 0.0
-    except ValueError:
-        return 0.0
 
 
 def _botocore_error(error: urllib3.exceptions.HTTPError, url: str) -> botocore.exceptions.BotoCoreError:

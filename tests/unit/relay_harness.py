@@ -42,6 +42,7 @@ class InProcessApi(urllib3.PoolManager):
         # One execution environment: Powertools keeps the current event on the resolver.
         self._lock = threading.Lock()
         self.received: list[dict[str, str]] = []
+        self.principals = {RELAY_KEY.access_key: RELAY_KEY}  # whose signatures it accepts
 
     # PoolManager's own signature, which narrows RequestMethods' as urllib3 itself declares it.
     def urlopen(self, method: str, url: str, redirect: bool = True, **kw: Any) -> urllib3.BaseHTTPResponse:  # type: ignore[override]
@@ -52,7 +53,7 @@ class InProcessApi(urllib3.PoolManager):
         for name, value in headers:
             outgoing.putheader(name, value)
         body: bytes = kw.get("body") or b""
-        principal = verify({RELAY_KEY.access_key: RELAY_KEY}, method, target.path, headers, body)
+        principal = verify(self.principals, method, target.path, headers, body)
         event = http_api_event(
             method=method,
             target=target.path,

@@ -350,9 +350,11 @@ def test_the_relay_never_imports_the_store_or_admission() -> None:
     )
 
     # Only the HTTP contract's names, Kafka naming, its settings, the run retention rule, the record rule and
-    # the dead letter it shares with poimen dlq, and observability: never the store, admission or the API
+    # the dead letter it shares with poimen dlq, its bounded AWS session, and observability: never the store,
+    # admission or the API
     allowed = {"poimen", "poimen.relay", "poimen.wire", "poimen.kafka", "poimen.config", "poimen.principals"}
     allowed |= {"poimen.retention", "poimen.inbox_rule", "poimen.dead_letter", "poimen.observability"}
+    allowed.add("poimen.aws_session")
     assert "poimen.relay" in loaded
     assert set(loaded) <= allowed
     assert not {"poimen.store", "poimen.admission", "poimen.api"} & set(loaded)

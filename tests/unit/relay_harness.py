@@ -164,7 +164,7 @@ class RelayHarness:
             "topic": f"poimen.{self.tenant}.dispatch",
             "partition": 0,
             "offset": offset,
-            "timestamp_ms": 0,
+            "timestamp_ms": -1,  # Kafka's NO_TIMESTAMP: no age, under any run retention
             "value": encoded,
             "key": key,
             **changes,

@@ -577,6 +577,23 @@ def test_a_record_without_a_timestamp_is_admitted_whatever_the_run_retention(
     assert outcome.relayed == 1
 
 
+def test_a_record_of_timestamp_0_is_from_1970_not_one_without_a_timestamp(
+    retaining_harness: RelayHarness, dynamodb: Any, table_name: str
+) -> None:
+    # Given, with runs kept 3 days, a record whose producer set its CreateTime to 0 (a clock never set; Kafka's
+    # "no timestamp" is -1 alone), and one without a timestamp
+    zero = retaining_harness.record({**SPAWN, "dispatch_key": "zero"}, 0, key=b"a", timestamp_ms=0)
+    none = retaining_harness.record({**SPAWN, "dispatch_key": "none"}, 1, key=b"b", timestamp_ms=-1)
+    # When they are relayed
+    retaining_harness.run([zero, none])
+    # Then the record of 1970 is older than the retention, a dead letter `expired`, not a run admitted whatever
+    # its age; the one without a timestamp is admitted, as always
+    runs = count_runs(dynamodb, table_name, retaining_harness.tenant)
+    assert [run["dispatch_key"]["S"] for run in runs] == ["none"]
+    ((_, letter),) = retaining_harness.dead_letters()
+    assert (letter["record"]["timestamp"], letter["reason"]["kind"]) == (0, "expired")
+
+
 def test_a_record_from_the_future_is_dead_lettered_not_trusted_under_a_run_retention(
     retaining_harness: RelayHarness, harness: RelayHarness, dynamodb: Any, table_name: str
 ) -> None:

@@ -43,6 +43,7 @@ class InProcessApi(urllib3.PoolManager):
         # One execution environment: Powertools keeps the current event on the resolver.
         self._lock = threading.Lock()
         self.received: list[dict[str, str]] = []
+        self.principals = {RELAY_KEY.access_key: RELAY_KEY}  # whose signatures it accepts
 
     # PoolManager's own signature, which narrows RequestMethods' as urllib3 itself declares it.
     def urlopen(self, method: str, url: str, redirect: bool = True, **kw: Any) -> urllib3.BaseHTTPResponse:  # type: ignore[override]
@@ -53,7 +54,7 @@ class InProcessApi(urllib3.PoolManager):
         for name, value in headers:
             outgoing.putheader(name, value)
         body: bytes = kw.get("body") or b""
-        principal = verify({RELAY_KEY.access_key: RELAY_KEY}, method, target.path, headers, body)
+        principal = verify(self.principals, method, target.path, headers, body)
         event = http_api_event(
             method=method,
             target=target.path,
@@ -165,7 +166,7 @@ class RelayHarness:
             "topic": f"poimen.{self.tenant}.dispatch",
             "partition": 0,
             "offset": offset,
-            "timestamp_ms": 0,
+            "timestamp_ms": -1,  # Kafka's NO_TIMESTAMP: no age, under any run retention
             "value": encoded,
             "key": key,
             **changes,

@@ -165,6 +165,9 @@ def test_admission_answers_within_its_timeout_and_the_relay_outwaits_any_answer(
     # And one such call, and a dead letter after it, fit in one relay invocation
     relay_timeout = _function_timeout(template, "InboxRelayFunction")
     assert relay.http_timeout_seconds + 2 * relay.dlq_timeout_seconds + relay.time_margin_seconds < relay_timeout
+    # And a credentials refresh begun just before the relay's deadline (its container endpoint silent) ends
+    # within the margin left after it
+    assert relay.time_margin_seconds >= CREDENTIALS_FETCH_SECONDS
 
 
 ROLE_WITH_PATH = "arn:aws:iam::123456789012:role/aws-reserved/sso.amazonaws.com/AWSReservedSSO_X_abc"

@@ -24,8 +24,6 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
@@ -38,7 +36,7 @@ from botocore.awsrequest import AWSRequest
 from pydantic import ValidationError
 
 from poimen.contract import Problem, Run, json_text, parse_json
-from poimen.wire import REPLAYED_HEADER, TENANT_HEADER, TENANT_PATTERN
+from poimen.wire import REPLAYED_HEADER, TENANT_HEADER, TENANT_PATTERN, retry_after_seconds
 
 __all__ = [
     "GENERATED_KEY_PREFIX",
@@ -71,7 +69,6 @@ DEFAULT_TIMEOUT_SECONDS: Final = 15.0
 DEFAULT_MAX_ATTEMPTS: Final = 5
 _EXECUTE_API_HOST = re.compile(r"[a-z0-9]+\.execute-api\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(\.cn)?")
 _TENANT = re.compile(TENANT_PATTERN)
-_DELAY_SECONDS = re.compile(r"[0-9]+")  # RFC 9110 delay-seconds: 1*DIGIT, and DIGIT is ASCII (RFC 5234)
 
 
 class AdmissionError(Exception):
@@ -413,7 +410,7 @@ class AdmissionClient:
                     return answer
                 last = answer
                 failure = f"HTTP {response.status}"
-                retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
+                retry_after = retry_after_seconds(response.headers.get("Retry-After"))
                 reached = reached or not _nothing_written(answer)
             # A Retry-After speaks for the endpoint that sent it, not for another Region's: it holds back that
             # endpoint only, however the rotation comes back to it.
@@ -602,21 +599,3 @@ def _json_or_text(data: bytes) -> Any:
         return json.loads(data)
     except ValueError:
         return data.decode("utf-8", "replace")
-
-
-def _retry_after_seconds(value: str | None, now: datetime | None = None) -> float | None:
-    """Retry-After as delay-seconds or an HTTP-date (RFC 9110 10.2.3), in seconds from now; None if
-    absent or unreadable. delay-seconds is ASCII digits only: `str.isdigit` would take "²" (which float
-    refuses) or Arabic-Indic digits."""
-    if not value:
-        return None
-    text = value.strip()
-    if _DELAY_SECONDS.fullmatch(text):
-        return float(text)
-    try:
-        when = parsedate_to_datetime(text)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:  # "-0000": UTC, as HTTP-dates always are
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())

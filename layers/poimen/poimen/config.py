@@ -194,7 +194,8 @@ class RelaySettings:
     dlq_timeout_seconds: float = 1.0
     retry_base_seconds: float = 0.05
     retry_cap_seconds: float = 5.0
-    # Give up retrying this long before the function's deadline, so the raise reaches the event source.
+    # Give up retrying this long before the function's deadline, so the raise reaches the event source; at
+    # least poimen.aws_session.CREDENTIALS_FETCH_SECONDS, a credentials refresh begun just before it.
     time_margin_seconds: float = 2.0
     # RUN_RETENTION_DAYS, as admission reads it (days None: runs kept forever), and its last change
     # (PREVIOUS_RUN_RETENTION_DAYS, RUN_RETENTION_CHANGED_AT), as make deploy records it.

@@ -36,6 +36,9 @@ os.environ.update(
         **TEMPLATE.function_environment("OutboxRelayFunction", {}),
         "KAFKA_AUTH": "none",
         "POIMEN_STACK_NAME": STACK,
+        # Where an undeliverable event would be set aside: never written here, the tenant's topics exist
+        # (a set-aside event would fail the benchmark, no S3 being reachable).
+        "OUTBOX_FAILED_BATCHES_BUCKET": "bench-outbox-failed-batches",
     }
 )
 

@@ -124,7 +124,10 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=10, help="batches of --batch-size timed one by one")
     args = parser.parse_args()
 
-    with silenced(), dev_stack(DevOptions(port=0, concurrency=args.environments, kafka=False)) as stack:
+    with (
+        silenced(),
+        dev_stack(DevOptions(port=0, concurrency=args.environments, kafka=False, tenants=(TENANT,))) as stack,
+    ):
         thread = threading.Thread(target=stack.server.serve_forever, daemon=True)
         thread.start()
         os.environ.update(

@@ -37,7 +37,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 # CloudFormation's 500 resources per stack, less 100 for everything else (about 50 today): room to grow.
 MAX_EVENT_SOURCE_MAPPINGS = 400
-# The admission function's variables are 4 KB in all (Lambda quotas); RELAY_TENANTS is the Tenants list, and
+# The admission function's variables are 4 KB in all (Lambda quotas); TENANTS is the Tenants list, and
 # the other variables take at most about 600 bytes (the quota test renders them at their longest).
 MAX_TENANT_CHARACTERS = 3000
 CELLS = "docs/operations.md#cells"

@@ -17,7 +17,7 @@ from typing import Any
 import boto3
 import pytest
 from confluent_kafka import Consumer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from poimen.contract import RunRequest
 from poimen.dispatch import DispatchPublisher
@@ -309,6 +309,37 @@ def test_an_event_no_retry_can_deliver_is_set_aside_and_the_batch_goes_on(
     assert (
         events_topic(unknown) not in AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics().topics
     )
+
+
+def test_events_each_within_the_topics_record_limit_are_published_though_a_batch_of_them_is_not(
+    template: Template, monkeypatch: pytest.MonkeyPatch, moto_server: str, broker: KafkaBroker
+) -> None:
+    # Given a tenant whose events topic takes records of at most 2,000 bytes (max.message.bytes, which bounds
+    # a whole record batch), and a stream batch of ten of its runs whose events take about 600 bytes each, and
+    # one whose event alone is over the limit
+    tenant = f"t-{uuid.uuid4().hex[:12]}"
+    topic = events_topic(tenant)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "2000"})])[topic].result()
+    small = [str(uuid.uuid4()) for _ in range(10)]
+    large = str(uuid.uuid4())
+    records = [run_record(tenant, run_id) for run_id in small]
+    oversized = run_record(tenant, large)
+    oversized["dynamodb"]["NewImage"]["input"] = {"S": json.dumps({"blob": "x" * 3000})}
+    handler, s3, bucket = outbox_handler(template, monkeypatch, broker.bootstrap_servers, moto_server, 6)
+    try:
+        # When the batch is handled
+        handler({"Records": [*records[:5], oversized, *records[5:]]}, LocalLambdaContext("OutboxRelayFunction", 20))
+    finally:
+        outbox_service.cache_clear()
+    # Then each event the topic takes is on it, once: librdkafka batched them into requests over the limit,
+    # which the broker refused whole, and that refusal is no reason to set aside an event it takes alone
+    published = events(broker.bootstrap_servers, tenant, expected=10)
+    assert sorted(record["headers"]["ce_subject"].decode() for record in published) == sorted(small)
+    # And only the event over the limit by itself was set aside
+    ((key, parked),) = parked_objects(s3, bucket)
+    assert key.startswith(f"undeliverable/{tenant}/")
+    assert [(why["run_id"], why["error"]) for why in parked["undeliverable"]] == [(large, "MSG_SIZE_TOO_LARGE")]
 
 
 def test_a_failing_batch_is_never_skipped_and_is_parked_after_its_attempts(

@@ -73,7 +73,10 @@ UNDELIVERABLE = frozenset(
         # changes the role's policies.
         KafkaError.TOPIC_AUTHORIZATION_FAILED,
         # The record is larger than the topic, the broker or the client takes (max.message.bytes,
-        # message.max.bytes); the event is a function of the stored run, so it is as large every time.
+        # message.max.bytes); the event is a function of the stored run, so it is as large every time. The
+        # broker's answer is about a whole record batch, though (a topic's max.message.bytes bounds the batch
+        # librdkafka sends, up to its batch.size of 1 MB): an event it refused in a batch of several is sent
+        # again alone (OutboxRelay.publish_batch), and is undeliverable only if refused alone too.
         KafkaError.MSG_SIZE_TOO_LARGE,
         # The broker refused this record on validation, or the topic's name: the same answer every time.
         KafkaError.INVALID_RECORD,
@@ -237,6 +240,8 @@ class BatchOutcome:
     failures: list[str] = field(default_factory=list)
     # Events no retry can deliver, in stream order; `parked` counts, per tenant, those written aside.
     undeliverable: list[SetAside] = field(default_factory=list)
+    # Events the broker refused as too large in a record batch that may have held others: to send alone.
+    refused_in_batch: list[RunEvent] = field(default_factory=list)
     parked: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -247,9 +252,12 @@ class BatchOutcome:
             self.published[tenant] = self.published.get(tenant, 0) + 1
             self.max_lag_ms[tenant] = max(self.max_lag_ms.get(tenant, 0.0), lag_ms)
 
-    def failed(self, published: RunEvent, error: KafkaError) -> None:
+    def failed(self, published: RunEvent, error: KafkaError, *, alone: bool = True) -> None:
+        """`alone`: the answer is about this event by itself (produce() raised it, or it was sent alone)."""
         with self._lock:
-            if error.code() in UNDELIVERABLE:
+            if error.code() == KafkaError.MSG_SIZE_TOO_LARGE and not alone:
+                self.refused_in_batch.append(published)
+            elif error.code() in UNDELIVERABLE:
                 self.undeliverable.append(SetAside(published, error))
             else:
                 self.failures.append(f"{published.run_id}: {error.str()}")
@@ -288,26 +296,13 @@ class OutboxRelay:
         events = events_of_batch(event, self._settings.stack_name)
         deadline = time.monotonic() + remaining_ms() / 1000 - self._settings.time_margin_seconds
         for published in events:
-            try:
-                self._producer.produce(
-                    published.topic,
-                    value=published.value,
-                    key=published.key,
-                    headers=list(published.headers),
-                    on_delivery=_on_delivery(published, outcome),
-                )
-            except KafkaException as error:
-                kafka_error: KafkaError = error.args[0]
-                if kafka_error.code() in UNDELIVERABLE:  # e.g. a topic the metadata already said is unknown
-                    outcome.failed(published, kafka_error)
-                    continue
-                self._drop_queued()
-                raise OutboxBatchFailed(f"the producer refused event {published.run_id}: {error}") from error
-            except BufferError as error:  # its queue full
-                self._drop_queued()
-                raise OutboxBatchFailed(f"the producer refused event {published.run_id}: {error}") from error
+            self._produce(published, outcome, alone=False)
             self._producer.poll(0)
         unacknowledged = self._producer.flush(max(0.0, deadline - time.monotonic())) if events else 0
+        while outcome.refused_in_batch and not (unacknowledged or outcome.failures):
+            # One at a time, nothing else queued: each is the only record of its batch.
+            self._produce(outcome.refused_in_batch.pop(0), outcome, alone=True)
+            unacknowledged = self._producer.flush(max(0.0, deadline - time.monotonic()))
         if unacknowledged or outcome.failures:
             self._drop_queued()
             raise OutboxBatchFailed(
@@ -320,6 +315,28 @@ class OutboxRelay:
             undeliverable=len(outcome.undeliverable),
             records=len(event.get("Records", [])),
         )
+
+    def _produce(self, published: RunEvent, outcome: BatchOutcome, *, alone: bool) -> None:
+        """Queue one event, its delivery reported to `outcome`; OutboxBatchFailed (the queue dropped) if the
+        producer refuses it for a reason other than UNDELIVERABLE."""
+        try:
+            self._producer.produce(
+                published.topic,
+                value=published.value,
+                key=published.key,
+                headers=list(published.headers),
+                on_delivery=_on_delivery(published, outcome, alone=alone),
+            )
+        except KafkaException as error:
+            kafka_error: KafkaError = error.args[0]
+            if kafka_error.code() in UNDELIVERABLE:  # e.g. a topic the metadata already said is unknown
+                outcome.failed(published, kafka_error)
+                return
+            self._drop_queued()
+            raise OutboxBatchFailed(f"the producer refused event {published.run_id}: {error}") from error
+        except BufferError as error:  # its queue full
+            self._drop_queued()
+            raise OutboxBatchFailed(f"the producer refused event {published.run_id}: {error}") from error
 
     def set_aside(self, outcome: BatchOutcome, context: LambdaContext) -> None:
         """Write the batch's undeliverable events to OutboxFailedBatchesBucket, one on-failure record per
@@ -365,12 +382,14 @@ class OutboxRelay:
         self._producer.poll(0)
 
 
-def _on_delivery(published: RunEvent, outcome: BatchOutcome) -> Callable[[KafkaError | None, Message], None]:
+def _on_delivery(
+    published: RunEvent, outcome: BatchOutcome, *, alone: bool
+) -> Callable[[KafkaError | None, Message], None]:
     def delivered(error: KafkaError | None, _message: Message) -> None:
         if error is None:
             outcome.acknowledged(published, time.time())
         else:
-            outcome.failed(published, error)
+            outcome.failed(published, error, alone=alone)
 
     return delivered
 

@@ -50,6 +50,7 @@ os.environ.update(
         "AWS_DEFAULT_REGION": "us-east-1",
         **TEMPLATE.function_environment("AdmissionFunction", {}),
         "TABLE_NAME": TABLE,
+        "TENANTS": TENANT,
     }
 )
 
@@ -79,7 +80,7 @@ class PowertoolsAdmission(Admission):
     key = (tenant, dispatch_key), the run written by an unconditional save inside it."""
 
     def __init__(self, store: Store, idempotency_table: str, client: Any) -> None:
-        super().__init__(store, grants_cache_seconds=3600)
+        super().__init__(store, grants_cache_seconds=3600, tenants={TENANT})
         self.persistence = DynamoDBPersistenceLayer(table_name=idempotency_table, boto3_client=client)
         self._executed = threading.local()
         self.errors: list[str] = []

@@ -83,13 +83,18 @@ def _http_create(number: int) -> dict[str, Any]:
 def subjects(bundle: dict[str, rie.FunctionBundle], floor: rie.FunctionBundle, table: str) -> list[Subject]:
     unused = "http://127.0.0.1:9"  # never reached: the relays' first batches are empty
     by_name = {
-        "AdmissionFunction": ({"TABLE_NAME": table, "RELAY_PRINCIPAL": ROLE, "RELAY_TENANTS": TENANT}, _http_create),
+        "AdmissionFunction": ({"TABLE_NAME": table, "RELAY_PRINCIPAL": ROLE, "TENANTS": TENANT}, _http_create),
         "InboxRelayFunction": (
             {"ADMISSION_API_URL": unused, "DLQ_URL": f"{unused}/123456789012/dlq"},
             lambda _: {"eventSource": "aws:kafka", "records": {}},
         ),
         "OutboxRelayFunction": (
-            {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9", "KAFKA_AUTH": "none", "POIMEN_STACK_NAME": "bench"},
+            {
+                "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9",
+                "KAFKA_AUTH": "none",
+                "POIMEN_STACK_NAME": "bench",
+                "OUTBOX_FAILED_BATCHES_BUCKET": "bench",  # never written: its batches are empty
+            },
             lambda _: {"Records": []},
         ),
     }

@@ -6,8 +6,8 @@ relay) while `poimen dev` is killed with SIGKILL twice and the broker is restart
 relay's DLQ and its failed-batches bucket live in a moto server of this script's own, so they outlive
 `poimen dev`. Every dispatch_key must end as exactly one run; nothing may be dead-lettered or parked.
 The outbox relay of `poimen dev` publishes each run to `poimen.<tenant>.events` meanwhile: every run must
-have its event, every event be a run's, and every duplicate (after a kill or the broker's restart) be
-identical to the first copy.
+have its event, every event be a run's (its `ce_id` the id of a stored admission, poimen.ids.admission_id),
+and every duplicate (after a kill or the broker's restart) be identical to the first copy.
 
 Run: `make soak`, or `.venv/bin/python -m benchmarks.soak --messages 500` for a quick check. Prints one
 table. Exit codes: 0 the soak held (one run per key, no dead letter, no parked batch, one event per run);
@@ -43,6 +43,7 @@ from confluent_kafka.admin import AdminClient
 from benchmarks.harness import run_in_work_folder
 from poimen.contract import RunRequest
 from poimen.dispatch import DispatchPublisher
+from poimen.ids import admission_id
 from poimen.kafka import dispatch_topic, events_topic
 from poimen_tools.local.event_source import LocalMskEventSource
 from poimen_tools.local.kafka_broker import BrokerError, KafkaBroker, free_port
@@ -173,7 +174,7 @@ class DevProcess(SessionProcess):
         # must outlive `poimen dev` (its embedded moto would die with it).
         for service in ("dynamodb", "sqs", "s3"):
             command += [f"--{service}-endpoint", self._aws_endpoint]
-        command += ["--table-name", TABLE, "--dlq-name", DLQ]
+        command += ["--table-name", TABLE, "--dlq-name", DLQ, "--tenants", ",".join(TENANTS)]
         with log.open("ab") as out:  # append mode: the execution environments share this file
             self.process = subprocess.Popen(
                 command,
@@ -298,6 +299,7 @@ class Outcome:
     events_of_no_run: int = 0
     duplicate_events: int = 0
     differing_duplicates: int = 0
+    misnamed_events: int = 0
     outbox_parked_batches: int = 0
 
 
@@ -351,20 +353,27 @@ def _created_at(dynamodb: Any) -> dict[tuple[str, str], float]:
     return created
 
 
-def _run_ids(dynamodb: Any) -> set[tuple[str, str]]:
-    """(tenant, run_id) of every run in the table."""
+def _admissions_stored(dynamodb: Any) -> dict[str, tuple[str, str]]:
+    """Every run in the table, as the CloudEvents id of its admission's event (poimen.ids.admission_id, of its
+    run id and stored attempt id) -> (tenant, run_id)."""
     pages = dynamodb.get_paginator("scan").paginate(
         TableName=TABLE,
         FilterExpression="begins_with(pk, :p)",
-        ProjectionExpression="tenant_id, run_id",
+        ProjectionExpression="tenant_id, run_id, attempt_id",
         ExpressionAttributeValues={":p": {"S": "RUN#"}},
     )
-    return {(item["tenant_id"]["S"], item["run_id"]["S"]) for page in pages for item in page["Items"]}
+    return {
+        admission_id(item["run_id"]["S"], item["attempt_id"]["S"]): (item["tenant_id"]["S"], item["run_id"]["S"])
+        for page in pages
+        for item in page["Items"]
+    }
 
 
-def _events(bootstrap: str, runs: set[tuple[str, str]], outcome: Outcome, timeout: float) -> None:
-    """Read every tenant's events topic from the start until each run's event is in (or `timeout`), then
-    for 5 s more (late duplicates); count what is missing, extra, duplicated and differing."""
+def _events(bootstrap: str, admissions: dict[str, tuple[str, str]], outcome: Outcome, timeout: float) -> None:
+    """Read every tenant's events topic from the start until each admission's event is in (or `timeout`),
+    then for 5 s more (late duplicates); count what is missing, extra, duplicated and differing. An event is
+    identified as its consumers do, by `ce_id`, which must be the id of a stored admission and name its
+    run (subject and topic)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -373,7 +382,7 @@ def _events(bootstrap: str, runs: set[tuple[str, str]], outcome: Outcome, timeou
             "enable.auto.commit": False,
         }
     )
-    first: dict[tuple[str, str], tuple[bytes | None, bytes | None, list[Any]]] = {}
+    first: dict[str, tuple[bytes | None, bytes | None, list[Any]]] = {}
     deadline = time.monotonic() + timeout
     quiet_until: float | None = None
     try:
@@ -381,25 +390,27 @@ def _events(bootstrap: str, runs: set[tuple[str, str]], outcome: Outcome, timeou
         while time.monotonic() < (quiet_until or deadline):
             message = consumer.poll(0.5)
             if message is None or message.error() is not None:
-                if quiet_until is None and runs <= set(first):
+                if quiet_until is None and admissions.keys() <= first.keys():
                     quiet_until = time.monotonic() + 5.0
                 continue
             outcome.events += 1
             raw = message.headers() or []
             headers = list(raw.items() if isinstance(raw, dict) else raw)
-            ce_id = next((value for name, value in headers if name == "ce_id"), None)
-            run_id = ce_id.decode() if isinstance(ce_id, bytes) else ""
+            text = {name: value.decode() for name, value in headers if isinstance(value, bytes)}
+            event_id = text.get("ce_id", "")
             tenant = (message.topic() or "").split(".")[1]
             record = (message.key(), message.value(), headers)
-            if (tenant, run_id) in first:
+            if event_id in admissions and admissions[event_id] != (tenant, text.get("ce_subject")):
+                outcome.misnamed_events += 1  # the id of one run's admission on another run's event
+            if event_id in first:
                 outcome.duplicate_events += 1
-                outcome.differing_duplicates += record != first[(tenant, run_id)]
+                outcome.differing_duplicates += record != first[event_id]
             else:
-                first[(tenant, run_id)] = record
+                first[event_id] = record
     finally:
         consumer.close()
-    outcome.runs_without_event = len(runs - set(first))
-    outcome.events_of_no_run = len(set(first) - runs)
+    outcome.runs_without_event = len(admissions.keys() - first.keys())
+    outcome.events_of_no_run = len(first.keys() - admissions.keys())
 
 
 def _dead_letters(sqs: Any, url: str, outcome: Outcome) -> None:
@@ -539,7 +550,7 @@ def soak(args: argparse.Namespace, folder: Path) -> int:
         outcome.parked_batches = _parked_batches(moto.s3(), bucket)
         # Before `poimen dev` stops: its outbox relay publishes the last runs' events meanwhile.
         _log(started, f"checking every run's event on {', '.join(events_topic(t) for t in TENANTS)}")
-        _events(broker.bootstrap_servers, _run_ids(dynamodb), outcome, args.timeout)
+        _events(broker.bootstrap_servers, _admissions_stored(dynamodb), outcome, args.timeout)
         outbox_bucket = OUTBOX_BUCKET.search(announced["Outbox relay"])
         if outbox_bucket is None:
             raise StackError(f"poimen dev announced no outbox bucket: {announced['Outbox relay']}")
@@ -580,6 +591,7 @@ def _report(
         and outcome.runs_without_event == 0
         and outcome.events_of_no_run == 0
         and outcome.differing_duplicates == 0
+        and outcome.misnamed_events == 0
         and outcome.outbox_parked_batches == 0
     )
 
@@ -608,7 +620,8 @@ def _report(
         ),
         ("events on the .events topics (records)", f"{outcome.events}"),
         ("runs without an event", f"{outcome.runs_without_event}  [must be 0]"),
-        ("events of no run", f"{outcome.events_of_no_run}  [must be 0]"),
+        ("events of no run (ce_id no stored admission's)", f"{outcome.events_of_no_run}  [must be 0]"),
+        ("events whose ce_id is another run's admission", f"{outcome.misnamed_events}  [must be 0]"),
         (
             "duplicate events (after kills/restarts)",
             f"{outcome.duplicate_events}, of which differing {outcome.differing_duplicates}  [must be 0]",

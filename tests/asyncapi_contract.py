@@ -37,7 +37,29 @@ def record_errors(message: str, key: bytes | None, headers: dict[str, bytes], va
     errors = [f"key: {e.message}" for e in _validator(f"{base}/bindings/kafka/key").iter_errors(_text(key))]
     text_headers = {name: raw.decode() for name, raw in headers.items()}
     errors += [f"headers: {e.message}" for e in _validator(f"{base}/headers").iter_errors(text_headers)]
-    errors += [f"value: {e.message}" for e in _validator(f"{base}/payload").iter_errors(json.loads(value))]
+    payload = json.loads(value)
+    errors += [f"value: {e.message}" for e in _validator(f"{base}/payload").iter_errors(payload)]
+    if message == "runAdmitted" and isinstance(payload, dict):
+        errors += _event_errors(key, text_headers, payload)
+    return errors
+
+
+def _event_errors(key: bytes | None, headers: dict[str, str], run: dict[str, Any]) -> list[str]:
+    """What the document says of an event in prose, which its schemas cannot: its subject, time and key are
+    the run's, and its id is not the run's (it names the admission)."""
+    expected = {
+        "ce_subject": run.get("run_id"),
+        "ce_time": run.get("created_at"),
+        "key": f"{run.get('tenant_id')}/{run.get('run_id')}",
+    }
+    actual = {**headers, "key": _text(key)}
+    errors = [
+        f"{name}: {actual.get(name)!r} is not the run's {value!r}"
+        for name, value in expected.items()
+        if actual.get(name) != value
+    ]
+    if headers.get("ce_id") == run.get("run_id"):
+        errors.append("ce_id: the run id, not the admission's id")
     return errors
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from poimen.config import is_region_name
+from poimen.config import is_region_name, parse_tenants
 from poimen.contract import parse_json
 from poimen.kafka import is_tenant_id
 from poimen.principals import InvalidPrincipal, grant_principal
@@ -45,6 +45,14 @@ def tenant(value: str) -> str:
     if not is_tenant_id(text(value)):
         raise argparse.ArgumentTypeError(f"{value!r} is not a tenant id ({TENANT_PATTERN})")
     return value
+
+
+def tenant_list(value: str) -> tuple[str, ...]:
+    """Tenant ids, comma-separated, as the template's Tenants takes them (poimen.config.parse_tenants)."""
+    try:
+        return parse_tenants(text(value))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
 
 
 def tenant_or_all(value: str) -> str:

@@ -43,6 +43,7 @@ from poimen_tools.arguments import (
     run_retention_days,
     table_name,
     tenant,
+    tenant_list,
     tenant_or_all,
     text,
     whole_number,
@@ -73,7 +74,8 @@ traceback instead. Exit codes:
   {EXIT_OK}   done
   {EXIT_NOT_FOUND}   refused or not found: no such table or topic, no such grant to remove, a broker refusing
       the request; dlq: dead letters of the chosen kinds remain (failing again, not sendable, or older
-      than --run-retention-days)
+      than --run-retention-days); events backfill: a run item that is no event, or an event the broker
+      can never take
   {EXIT_USAGE}   usage: bad arguments or input (a spawn request the API would refuse, a principal that is no
       ARN, a dispatch retention longer than --run-retention-days); dlq: unknown ID, redrive refused or
       not confirmed
@@ -255,6 +257,15 @@ def _add_dev(commands: Commands) -> None:
         help="keep runs this many days, as the template's RunRetentionDays: the table's TTL, the DLQ's "
         "retention (default: forever)",
     )
+    dev.add_argument(
+        "--tenants",
+        type=tenant_list,
+        metavar="LIST",
+        default=defaults.tenants,
+        help="the tenants served, comma-separated, as the template's Tenants: their topics are created at start, "
+        "the relay consumes their dispatch topics, and admission refuses any other tenant, 403 tenant-not-served "
+        f"(default: {','.join(defaults.tenants)})",
+    )
 
 
 def _add_topics(commands: Commands) -> None:
@@ -358,6 +369,7 @@ def _dev_options(args: argparse.Namespace) -> DevOptions:
         kafka_port=args.kafka_port,
         kafka_bootstrap=args.kafka_bootstrap,
         run_retention_days=args.run_retention_days,
+        tenants=args.tenants,
     )
 
 

@@ -2,9 +2,10 @@
 
 `backfill` republishes the event of every run a tenant admitted in a time window, as the outbox relay
 publishes it (the same code builds and sends it: identical key, headers and value), for events the outbox
-gave up on (its parked batches) or never saw. Consumers already deduplicate by `ce_id`, so a backfill is
-safe to repeat. `tail` prints a tenant's events as they arrive, one line each; a broker that does not
-answer within --timeout, or a tenant without an events topic, ends it with one line and an exit code.
+gave up on (its parked batches) or never saw. Consumers already deduplicate by `ce_id` (the admission's id,
+the same in every copy), so a backfill is safe to repeat. `tail` prints a tenant's events as they arrive, one
+line each; a broker that does not answer within --timeout, or a tenant without an events topic, ends it with
+one line and an exit code.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, NamedTuple
 
 import boto3
 from confluent_kafka import Consumer, KafkaError, KafkaException
@@ -37,7 +39,9 @@ from poimen_tools.credentials import local_credentials
 from poimen_tools.topics import KafkaUnreachable
 
 EXIT_OK = 0
-EXIT_UNAVAILABLE = 3  # the broker did not acknowledge every event in time (poimen_tools/cli.py's codes)
+EXIT_REFUSED = 1  # backfill: a run item that is no event, or an event the broker can never take (cli.py's codes)
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3  # the broker did not acknowledge every event in time
 # Events sent per flush: each chunk is acknowledged before the next is read, and a progress line follows it.
 CHUNK = 500
 LOCAL_STACK = "local"  # `poimen dev`'s stack name (poimen_tools.local.stream_source.LOCAL_STACK)
@@ -53,8 +57,12 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     backfill.set_defaults(run=_backfill, prog=backfill.prog)
     backfill.add_argument("--tenant", required=True, type=tenant)
-    backfill.add_argument("--since", required=True, type=_timestamp, metavar="TIME", help="RFC 3339, inclusive")
-    backfill.add_argument("--until", type=_timestamp, metavar="TIME", help="RFC 3339, exclusive (default: now)")
+    backfill.add_argument(
+        "--since", required=True, type=_bound, metavar="TIME", help="RFC 3339, inclusive (to the millisecond, up)"
+    )
+    backfill.add_argument(
+        "--until", type=_bound, metavar="TIME", help="RFC 3339, exclusive (to the millisecond, up; default: now)"
+    )
     backfill.add_argument("--dry-run", action="store_true", help="count the window's runs; publish nothing")
     backfill.add_argument(
         "--stack-name",
@@ -97,12 +105,18 @@ def _backfill(args: argparse.Namespace) -> int:
 
     if not args.debug:
         logger.setLevel(logging.WARNING)  # the relay's per-batch log lines are for Lambda, not this terminal
-    until = args.until or rfc3339(datetime.now(UTC))
-    window = f"[{args.since}, {until})"
-    items = sorted(_runs_in_window(args, args.since, until), key=lambda item: item["created_at"]["S"])
+    bounds = _window(args)
+    if bounds is None:
+        return EXIT_USAGE
+    since, until = bounds
+    window = f"[{since.at}, {until.at})"
+    items = sorted(_runs_in_window(args, since.at, until.at), key=lambda item: item["created_at"]["S"])
+    events_of, malformed = _events_and_malformed(items, args.stack_name)
     if args.dry_run:
         print(f"{len(items)} run(s) of tenant {args.tenant} created in {window}; nothing published (--dry-run)")
-        return EXIT_OK
+        for reason in malformed:
+            print(f"{args.prog}: {reason}: it is no event, and would not be published", file=sys.stderr)
+        return EXIT_REFUSED if malformed else EXIT_OK
     settings = OutboxSettings(
         bootstrap_servers=args.bootstrap_servers,
         region=args.region,
@@ -113,8 +127,9 @@ def _backfill(args: argparse.Namespace) -> int:
     )
     relay = OutboxRelay(settings)
     published = 0
-    for start in range(0, len(items), CHUNK):
-        chunk = items[start : start + CHUNK]
+    undeliverable: list[str] = []
+    for start in range(0, len(events_of), CHUNK):
+        chunk = events_of[start : start + CHUNK]
         # The stream's own shape, so the outbox's one code path builds and sends each event.
         event = {"Records": [{"eventName": "INSERT", "dynamodb": {"NewImage": item}} for item in chunk]}
         outcome = BatchOutcome()
@@ -124,16 +139,66 @@ def _backfill(args: argparse.Namespace) -> int:
             if args.debug:
                 raise
             line = (
-                f"{published} of {len(items)} event(s) published, then the broker at {args.bootstrap_servers} did "
-                f"not acknowledge the rest within {args.timeout:g} s ({error}); rerun the backfill (it is safe "
+                f"{published} of {len(events_of)} event(s) published, then the broker at {args.bootstrap_servers} "
+                f"did not acknowledge the rest within {args.timeout:g} s ({error}); rerun the backfill (it is safe "
                 "to repeat), --timeout to wait longer"
             )
             print(f"{args.prog}: {' '.join(line.split())}", file=sys.stderr)
             return EXIT_UNAVAILABLE
-        published += len(chunk)
-        print(f"backfill: {published}/{len(items)} event(s) published", file=sys.stderr, flush=True)
+        undeliverable += [f"{aside.event.run_id}: {aside.error.name()}" for aside in outcome.undeliverable]
+        published += len(chunk) - len(outcome.undeliverable)
+        print(f"backfill: {published}/{len(events_of)} event(s) published", file=sys.stderr, flush=True)
     print(f"{events_topic(args.tenant)}: {published} event(s) published for runs created in {window}")
-    return EXIT_OK
+    for reason in malformed:
+        print(f"{args.prog}: {reason}: it is no event, not published", file=sys.stderr)
+    if undeliverable:
+        line = (
+            f"{len(undeliverable)} event(s) not published: the broker can never take them as they are "
+            f"({', '.join(undeliverable[:3])}{', ...' if len(undeliverable) > 3 else ''}); an unknown topic: create "
+            f"it with poimen topics ensure --tenant {args.tenant}, then backfill again"
+        )
+        print(f"{args.prog}: {line}", file=sys.stderr)
+    return EXIT_REFUSED if malformed or undeliverable else EXIT_OK
+
+
+def _window(args: argparse.Namespace) -> tuple[Bound, Bound] | None:
+    """(since, until) as the window uses them, each rounding said on stderr; None, said in one line, if the
+    window [since, until) is empty."""
+    since: Bound = args.since
+    now = rfc3339(datetime.now(UTC))
+    until: Bound = args.until or Bound(now, now)
+    if since.at >= until.at:
+        print(
+            f"{args.prog}: --since {since.at} is not before --until {until.at}: the window [since, until) holds "
+            "nothing; give a later --until",
+            file=sys.stderr,
+        )
+        return None
+    for option, bound in (("--since", since), ("--until", until)):
+        if bound.rounded:
+            print(
+                f"note: {option} {bound.given} is taken as {bound.at}: created_at has millisecond precision, and "
+                "the window starts and ends at the first millisecond at or after the times given",
+                file=sys.stderr,
+            )
+    return since, until
+
+
+def _events_and_malformed(items: list[dict[str, Any]], stack_name: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The items that are events, and why each other one is not: a run item lacking what an event needs is
+    said to be that, apart, and the others are published."""
+    from poimen.outbox import MalformedRun, run_event
+
+    events_of: list[dict[str, Any]] = []
+    malformed: list[str] = []
+    for item in items:
+        try:
+            run_event(item, stack_name)
+        except MalformedRun as error:
+            malformed.append(str(error))
+            continue
+        events_of.append(item)
+    return events_of, malformed
 
 
 def _runs_in_window(args: argparse.Namespace, since: str, until: str) -> Iterator[dict[str, Any]]:
@@ -306,12 +371,38 @@ def _connection_arguments(parser: argparse.ArgumentParser, timeout_help: str) ->
     )
 
 
-def _timestamp(text: str) -> str:
-    """An RFC 3339 time, as created_at is written: UTC, milliseconds, Z."""
+class Bound(NamedTuple):
+    """A window bound: the time given, and `at`, the first millisecond at or after it, as created_at is
+    written (UTC, milliseconds, Z): created_at >= since, and < until, hold exactly when they hold of `at`."""
+
+    given: str
+    at: str
+
+    @property
+    def rounded(self) -> bool:
+        return _timestamp(self.given, exact=True) != self.at
+
+
+def _bound(text: str) -> Bound:
+    return Bound(text, _timestamp(text))
+
+
+_FRACTION = re.compile(r"\d{2}:\d{2}:\d{2}[.,](?P<digits>\d+)")
+
+
+def _timestamp(text: str, *, exact: bool = False) -> str:
+    """An RFC 3339 time, as created_at is written: UTC, milliseconds, Z; rounded up to the next millisecond
+    if it falls between two (with `exact`, cut to the millisecond: what it was before, for comparison)."""
     try:
         moment = datetime.fromisoformat(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(f"{text!r} is not an RFC 3339 time (2026-11-27T12:00:00Z)") from error
     if moment.tzinfo is None:
         raise argparse.ArgumentTypeError(f"{text!r} has no UTC offset: end it with Z or +HH:MM")
+    # From the text, not the datetime: fromisoformat keeps six digits at most.
+    found = _FRACTION.search(text)
+    digits = found["digits"] if found else ""
+    moment = moment.replace(microsecond=int(digits[:3].ljust(3, "0")) * 1000)
+    if not exact and digits[3:].strip("0"):
+        moment += timedelta(milliseconds=1)
     return rfc3339(moment)

@@ -78,7 +78,7 @@ def record_and_check(folder: Path, options: Options) -> Outcome:
     tenant = f"h-{uuid.uuid4().hex[:10]}"
     history = History({"tenant": tenant, **asdict(options)})
     rng = random.Random(options.seed)
-    with stack(folder, options.concurrency) as system:
+    with stack(folder, options.concurrency, tenant) as system:
         system.proxy.strip_condition = options.strip_condition
         pool = KeyPool(options.live_keys, options.uses_per_key)
         workload = Workload(Target(system.dev.url, tenant), history, options.clients, options.seed, pool)

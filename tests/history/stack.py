@@ -33,11 +33,12 @@ class StackError(RuntimeError):
 
 
 class DevProcess(SessionProcess):
-    """`poimen dev` (no Kafka) on one port and one table across its restarts."""
+    """`poimen dev` (no Kafka) serving `tenant`, on one port and one table across its restarts."""
 
-    def __init__(self, folder: Path, dynamodb_endpoint: str, aws_endpoint: str, concurrency: int) -> None:
+    def __init__(self, folder: Path, dynamodb_endpoint: str, aws_endpoint: str, concurrency: int, tenant: str) -> None:
         super().__init__()
         self._folder = folder
+        self._tenant = tenant
         self._dynamodb_endpoint = dynamodb_endpoint
         self._aws_endpoint = aws_endpoint
         self._concurrency = concurrency
@@ -49,7 +50,7 @@ class DevProcess(SessionProcess):
         self.starts += 1
         log = self._folder / f"poimen-dev-{self.starts}.log"
         port = self.url.rsplit(":", 1)[1]
-        command = [str(POIMEN), "dev", "--no-kafka", "--port", port, "--table-name", TABLE]
+        command = [str(POIMEN), "dev", "--no-kafka", "--port", port, "--table-name", TABLE, "--tenants", self._tenant]
         command += ["--dynamodb-endpoint", self._dynamodb_endpoint, "--concurrency", str(self._concurrency)]
         # SQS and S3 (its DLQ's; unused without Kafka) on the same moto: no embedded one to start each time.
         command += ["--sqs-endpoint", self._aws_endpoint, "--s3-endpoint", self._aws_endpoint]
@@ -113,11 +114,11 @@ def _run(item: dict[str, Any]) -> dict[str, Any]:
 
 
 @contextmanager
-def stack(folder: Path, concurrency: int) -> Iterator[Stack]:
-    """moto, the proxy and `poimen dev` (`concurrency` execution environments), started; everything stopped
-    on the way out."""
+def stack(folder: Path, concurrency: int, tenant: str) -> Iterator[Stack]:
+    """moto, the proxy and `poimen dev` (`concurrency` execution environments, serving `tenant`), started;
+    everything stopped on the way out."""
     with EmbeddedMoto() as moto, faulty_proxy(moto.endpoint) as proxy:
-        dev = DevProcess(folder, proxy.url, moto.endpoint, concurrency)
+        dev = DevProcess(folder, proxy.url, moto.endpoint, concurrency, tenant)
         try:
             dev.start()
             yield Stack(dev, proxy, moto.endpoint)

@@ -9,9 +9,8 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -24,8 +23,32 @@ import requests
 from poimen_tools.local.kafka_broker import KafkaBroker
 from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY, signed_headers
 from tests.conftest import serve_on_loopback as serve_on_loopback  # re-exported: integration tests import it here
+from tests.conftest import wait_for
+
+__all__ = ["wait_for"]  # the integration tests import it from here, with the other helpers
 
 POIMEN = Path(sys.executable).parent / "poimen"
+# The tenants a `poimen dev` without Kafka serves unless a test names others: next_tenant (and the `tenant`
+# fixture) hands out each once, as a test's own tenant (tests never see each other's runs); each one's
+# `<tenant>-other` too, the second tenant some tests use; and the fixed names tests use. A `poimen dev` with
+# Kafka creates every served tenant's topics at start: those are given their tenants.
+TENANT_POOL = tuple(f"t-{uuid.uuid4().hex[:12]}" for _ in range(320))
+FIXED_TENANTS = ("acme", "globex")
+SERVED_BY_DEFAULT = (*TENANT_POOL, *(f"{tenant}-other" for tenant in TENANT_POOL), *FIXED_TENANTS)
+_unused_tenants = iter(TENANT_POOL)
+
+
+def next_tenant() -> str:
+    """A tenant id no other test uses, which the `poimen dev`s of these tests serve (TENANT_POOL)."""
+    try:
+        return next(_unused_tenants)
+    except StopIteration:
+        raise AssertionError("more tests ask for a tenant than TENANT_POOL holds: make it larger") from None
+
+
+@pytest.fixture
+def tenant() -> str:
+    return next_tenant()
 
 
 def free_port() -> int:
@@ -33,17 +56,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @dataclass
@@ -123,9 +135,16 @@ def start_dev(
     port: int | None = None,
     kafka: bool = False,
     test_principal: bool = True,
+    tenants: Sequence[str] | None = None,
 ) -> DevServer:
+    """`poimen dev` serving `tenants` (without Kafka: SERVED_BY_DEFAULT unless given; empty: its own default,
+    as `make run` starts it)."""
     port = port or free_port()
+    if tenants is None and kafka:
+        raise TypeError("a poimen dev with Kafka creates each served tenant's topics at start: name its tenants")
+    served = tenants if tenants is not None else SERVED_BY_DEFAULT
     extra = ("--kafka-port", "0", *extra) if kafka else ("--no-kafka", *extra)
+    extra = ("--tenants", ",".join(served), *extra) if served else extra
     principals = tmp_path / "principals.json"
     # The relays these tests run in their own process sign as "testing"; `poimen dev` adds its dev key.
     # tests/conftest.py sets AWS_SESSION_TOKEN=testing: the principal declares it, as temporary credentials must.

@@ -16,7 +16,6 @@ from cloudevents.core.formats.json import JSONFormat
 from poimen.outbox import run_event
 from poimen_tools.local.kafka_broker import KafkaBroker
 from poimen_tools.local.stream_source import LOCAL_STACK
-from poimen_tools.topics import ensure_topics
 from tests.conftest import count_runs
 from tests.integration.conftest import DevServer, signed_session, start_dev
 from tests.integration.test_outbox import events
@@ -25,8 +24,8 @@ TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 @pytest.fixture
-def kafka_dev(tmp_path: Path, broker: KafkaBroker) -> Iterator[DevServer]:
-    dev = start_dev(tmp_path, "--kafka-bootstrap", broker.bootstrap_servers, kafka=True)
+def kafka_dev(tmp_path: Path, broker: KafkaBroker, tenant: str) -> Iterator[DevServer]:
+    dev = start_dev(tmp_path, "--kafka-bootstrap", broker.bootstrap_servers, kafka=True, tenants=[tenant])
     yield dev
     assert dev.stop() == 0
 
@@ -34,8 +33,8 @@ def kafka_dev(tmp_path: Path, broker: KafkaBroker) -> Iterator[DevServer]:
 def test_the_sdk_reads_each_event_as_the_outbox_builds_it(
     kafka_dev: DevServer, broker: KafkaBroker, tenant: str
 ) -> None:
-    # Given runs admitted through the API: keyed (sent twice), keyless, and one carrying a traceparent
-    ensure_topics(broker.bootstrap_servers, tenant, partitions=2, replication_factor=1)
+    # Given runs admitted through the API (poimen dev created the tenant's topics): keyed (sent twice), keyless,
+    # and one carrying a traceparent
     headers = {"X-Poimen-Tenant": tenant}
     spawns: list[tuple[dict[str, Any], dict[str, str]]] = [
         ({"workflow_ref": "wf/ce", "input": {"n": 1.10, "s": "é"}, "goal_id": "g-1", "dispatch_key": "ce-1"}, {}),

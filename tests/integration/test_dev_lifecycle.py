@@ -122,7 +122,7 @@ def _relay_members(admin: AdminClient) -> list[str]:
 @linux_only
 def test_a_request_sent_as_the_banner_prints_is_answered_and_ctrl_c_stops_quietly(tmp_path: Path, tenant: str) -> None:
     # Given `poimen dev` starting
-    dev = _spawn(tmp_path, "--no-kafka")
+    dev = _spawn(tmp_path, "--no-kafka", "--tenants", tenant)
     try:
         # When a request is sent the moment the banner names its URL
         url = wait_for(lambda: dev.line("Admission API"), timeout=180, what="the banner")
@@ -192,7 +192,7 @@ def test_a_restart_after_sigkill_resumes_consuming_within_seconds(tmp_path: Path
         ensure_topics(bootstrap, tenant, partitions=3, replication_factor=1)
         admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})  # quiet once the broker is gone
         # Given `poimen dev` consuming the tenant's topic from a broker of its own
-        first = start_dev(tmp_path, "--kafka-bootstrap", bootstrap, kafka=True)
+        first = start_dev(tmp_path, "--kafka-bootstrap", bootstrap, kafka=True, tenants=[tenant])
         try:
             members = wait_for(lambda: _relay_members(admin), timeout=60, what="the relay to be assigned partitions")
             children = _descendants(first.process.pid)
@@ -210,7 +210,7 @@ def test_a_restart_after_sigkill_resumes_consuming_within_seconds(tmp_path: Path
             first.stop()
 
         # And a restarted `poimen dev` admits what is published next within seconds
-        second = start_dev(tmp_path, "--kafka-bootstrap", bootstrap, kafka=True)
+        second = start_dev(tmp_path, "--kafka-bootstrap", bootstrap, kafka=True, tenants=[tenant])
         try:
             publisher = DispatchPublisher(bootstrap)
             publisher.publish(tenant, RunRequest(workflow_ref="wf/hello", input={}, dispatch_key="after-restart"))

@@ -15,7 +15,7 @@ from poimen.ids import keyed_run_id
 from poimen_tools.local.moto import serialise_dynamodb_writes
 from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY, signed_headers
 from tests.conftest import count_runs
-from tests.integration.conftest import POIMEN, DevServer, SigV4, free_port, signed_session, start_dev
+from tests.integration.conftest import POIMEN, DevServer, SigV4, free_port, next_tenant, signed_session, start_dev
 
 SPAWN = {"workflow_ref": "wf/hello", "input": {"greeting": "hi"}, "dispatch_key": "k-1"}
 
@@ -111,7 +111,8 @@ def test_dev_uses_an_already_running_dynamodb_endpoint(tmp_path: Path, tenant: s
 
 def test_concurrent_requests_of_different_tenants_are_never_mixed(dev: DevServer) -> None:
     # Twenty different unkeyed spawns in flight at once, across two tenants and four environments
-    tenants = [f"mix-{i % 2}-{dev.url.rsplit(':', 1)[1]}" for i in range(20)]
+    mixed = (next_tenant(), next_tenant())
+    tenants = [mixed[i % 2] for i in range(20)]
 
     def spawn(i: int) -> tuple[int, requests.Response]:
         with signed_session() as session:

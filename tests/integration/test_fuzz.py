@@ -24,13 +24,13 @@ from schemathesis.specs.openapi.checks import (
 
 from poimen.ids import keyed_run_id
 from tests.conftest import REPO, count_runs
-from tests.integration.conftest import DevServer, SigV4, signed_session
+from tests.integration.conftest import DevServer, SigV4, next_tenant, signed_session
 
 DOCUMENT = REPO / "infra" / "openapi.json"
 # Every generated request acts for this tenant (the header is set, not generated). Half of the generated look-ups
 # ask for a run `admitted` put there first, by key or by id, and some spawns reuse its keys (a replay or a 422),
 # so the answers to real runs are judged too, not only 404s.
-TENANT = f"fuzz-{uuid.uuid4().hex[:8]}"
+TENANT = next_tenant()
 KEYS = [f"fuzz-{i}" for i in range(4)]
 CHECKS = [
     not_a_server_error,

@@ -253,7 +253,7 @@ def test_inbox_lag_is_emitted(
 
 def test_poimen_dev_runs_the_whole_path(tmp_path: Path, tenant: str) -> None:
     # Given `poimen dev` with its own broker and event source, knowing no principal but its dev key
-    dev = start_dev(tmp_path, kafka=True, test_principal=False)
+    dev = start_dev(tmp_path, kafka=True, test_principal=False, tenants=[tenant])
     try:
         assert dev.kafka_bootstrap is not None
         # When a dispatch message is published with the CLI
@@ -282,7 +282,9 @@ def test_poimen_dev_runs_the_whole_path(tmp_path: Path, tenant: str) -> None:
         run_id = keyed_run_id(tenant, "cli-1")
         assert run_id in published.stdout
         wait_for(lambda: len(count_runs(dev.dynamodb(), dev.table_name, tenant)) == 1, timeout=60)
-        assert [entry["message"] for entry in dev.admissions(tenant)] == ["run admitted"]
+        # (the handler logs the admission just after its write)
+        entries = wait_for(lambda: dev.admissions(tenant), timeout=10, what="the admission's log line")
+        assert [entry["message"] for entry in entries] == ["run admitted"]
     finally:
         assert dev.stop() == 0
 

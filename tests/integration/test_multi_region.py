@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,7 @@ def start_region(
     *,
     table_region: str | None = None,
     kafka_bootstrap: str | None = None,
+    tenants: Sequence[str] | None = None,
 ) -> DevServer:
     """`poimen dev` for one Region on the shared local AWS, on `table` in `table_region` (default: its own)."""
     folder.mkdir()
@@ -71,7 +72,7 @@ def start_region(
         arguments += ["--table-region", table_region]
     if kafka_bootstrap is not None:
         arguments += ["--kafka-bootstrap", kafka_bootstrap]
-    return start_dev(folder, *arguments, kafka=kafka_bootstrap is not None, table_name=table)
+    return start_dev(folder, *arguments, kafka=kafka_bootstrap is not None, table_name=table, tenants=tenants)
 
 
 def post_run(url: str, region: str, tenant: str, body: dict[str, Any]) -> requests.Response:
@@ -115,7 +116,7 @@ def event_ids(bootstrap: str, tenant: str, wanted: set[str], timeout: float) -> 
     def complete() -> bool:
         for message in consumer.consume(100, 0.5):
             if message.error() is None:
-                run_id = dict(message.headers() or [])["ce_id"]
+                run_id = dict(message.headers() or [])["ce_subject"]
                 seen[run_id.decode() if isinstance(run_id, bytes) else str(run_id)] += 1
         return wanted <= set(seen)
 
@@ -161,6 +162,7 @@ def test_a_region_killed_mid_stream_loses_no_run_and_admits_none_twice(tmp_path:
                     table,
                     table_region=EAST,
                     kafka_bootstrap=brokers[region].bootstrap_servers,
+                    tenants=[tenant],
                 )
                 for region in (EAST, WEST)
             }

@@ -10,18 +10,19 @@ import subprocess
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
 from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient
 
 from poimen.contract import RunRequest
 from poimen.dispatch import DispatchPublisher
-from poimen.ids import keyed_run_id
-from poimen.kafka import events_topic, partition_key
+from poimen.ids import admission_id, keyed_run_id
+from poimen.kafka import dispatch_topic, events_topic, partition_key
 from poimen.outbox import OutboxBatchFailed, outbox_service
 from poimen_tools.local.devserver import LocalLambdaContext
 from poimen_tools.local.kafka_broker import KafkaBroker
@@ -89,7 +90,7 @@ def records_on(
                         "partition": message.partition(),
                     }
                 )
-            seen_last = last is None or any(r["headers"].get("ce_id") == last.encode() for r in records)
+            seen_last = last is None or any(r["headers"].get("ce_subject") == last.encode() for r in records)
             return len(records) >= expected and seen_last and idle_polls >= 4
 
         wait_for(enough, timeout=timeout, what=f"{expected} records on {topic}")
@@ -109,13 +110,15 @@ def _assert_one_event_per_run(dev: DevServer, tenant: str, records: list[dict[st
     duplicates = 0
     http = signed_session()
     for record in records:
-        run_id = record["headers"]["ce_id"].decode()
+        run_id = record["headers"]["ce_subject"].decode()
         if run_id in by_id:
             duplicates += 1
             assert record == by_id[run_id], "a duplicate is identical"
         by_id[run_id] = record
     assert set(by_id) == set(runs)
     for run_id, record in by_id.items():
+        # The event's id names the run's one admission: its stored write's
+        assert record["headers"]["ce_id"] == admission_id(run_id, runs[run_id]["attempt_id"]["S"]).encode()
         assert record["key"] == partition_key(tenant, run_id)
         answer = http.get(f"{dev.url}/v1/runs/{run_id}", headers={"X-Poimen-Tenant": tenant}, timeout=30)
         assert record["value"] == answer.content, "the value is GET /v1/runs/{id}, byte for byte"
@@ -130,9 +133,9 @@ def _assert_one_event_per_run(dev: DevServer, tenant: str, records: list[dict[st
 
 
 @pytest.fixture
-def kafka_dev(tmp_path: Path, broker: KafkaBroker) -> Iterator[DevServer]:
-    """`poimen dev` on the module's broker: API, inbox relay and outbox relay."""
-    dev = start_dev(tmp_path, "--kafka-bootstrap", broker.bootstrap_servers, kafka=True)
+def kafka_dev(tmp_path: Path, broker: KafkaBroker, tenant: str) -> Iterator[DevServer]:
+    """`poimen dev` on the module's broker, serving the test's tenant: API, inbox relay and outbox relay."""
+    dev = start_dev(tmp_path, "--kafka-bootstrap", broker.bootstrap_servers, kafka=True, tenants=[tenant])
     yield dev
     assert dev.stop() == 0
 
@@ -182,7 +185,7 @@ def test_a_broker_outage_and_a_sigkill_lose_no_event(tmp_path: Path, moto_server
     common = ("--kafka-bootstrap", broker.bootstrap_servers, *endpoints)
     (tmp_path / "first").mkdir()
     (tmp_path / "second").mkdir()
-    dev = start_dev(tmp_path / "first", *common, kafka=True, table_name=table)
+    dev = start_dev(tmp_path / "first", *common, kafka=True, table_name=table, tenants=[tenant])
     http = signed_session()
     headers = {"X-Poimen-Tenant": tenant}
     try:
@@ -205,7 +208,7 @@ def test_a_broker_outage_and_a_sigkill_lose_no_event(tmp_path: Path, moto_server
         dev.process.send_signal(signal.SIGKILL)
         dev.process.wait(timeout=30)
         # And started again on the same table and broker
-        dev = start_dev(tmp_path / "second", *common, kafka=True, table_name=table)
+        dev = start_dev(tmp_path / "second", *common, kafka=True, table_name=table, tenants=[tenant])
         for i in range(15, 18):
             admit(i)
         # Then every run has its event, and duplicates (after the failures only) are identical; the
@@ -222,22 +225,90 @@ def test_a_broker_outage_and_a_sigkill_lose_no_event(tmp_path: Path, moto_server
         positions_file(moto_server, table).unlink(missing_ok=True)
 
 
-def test_a_producer_that_cannot_reach_the_broker_fails_the_batch(
-    template: Template, monkeypatch: pytest.MonkeyPatch
+def outbox_handler(
+    template: Template, monkeypatch: pytest.MonkeyPatch, bootstrap: str, moto: str, delivery_seconds: float
+) -> tuple[Callable[[dict[str, Any], Any], Any], Any, str]:
+    """The outbox's handler (template.yaml) producing to `bootstrap`, setting events aside in a new bucket of
+    the moto server `moto`: the handler, an S3 client of that moto, the bucket."""
+    s3 = boto3.client("s3", endpoint_url=moto)
+    bucket = f"outbox-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(Bucket=bucket)
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", bootstrap)
+    monkeypatch.setenv("POIMEN_STACK_NAME", "local")
+    monkeypatch.setenv("OUTBOX_DELIVERY_TIMEOUT_SECONDS", str(delivery_seconds))
+    monkeypatch.setenv("OUTBOX_TIME_MARGIN_SECONDS", "0.5")
+    monkeypatch.setenv("OUTBOX_FAILED_BATCHES_BUCKET", bucket)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto)
+    outbox_service.cache_clear()
+    return template.load_handler("OutboxRelayFunction"), s3, bucket
+
+
+def parked_objects(s3: Any, bucket: str) -> list[tuple[str, dict[str, Any]]]:
+    """(key, document) of every object in the bucket."""
+    listed = s3.list_objects_v2(Bucket=bucket).get("Contents", [])
+    return [(o["Key"], json.loads(s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read())) for o in listed]
+
+
+def run_record(tenant: str, run_id: str) -> dict[str, Any]:
+    """The canonical stream record of an admitted run, as the tenant's run `run_id`."""
+    record: dict[str, Any] = load_event("dynamodb_stream_insert.json")["Records"][0]
+    image = record["dynamodb"]["NewImage"]
+    image.update({"pk": {"S": f"RUN#{tenant}#{run_id}"}, "run_id": {"S": run_id}, "tenant_id": {"S": tenant}})
+    return record
+
+
+def test_a_producer_that_cannot_reach_the_broker_fails_the_batch_and_sets_nothing_aside(
+    template: Template, monkeypatch: pytest.MonkeyPatch, moto_server: str
 ) -> None:
     # Given the outbox's handler pointed at a port where no broker listens
-    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", f"127.0.0.1:{free_port()}")
-    monkeypatch.setenv("POIMEN_STACK_NAME", "local")
-    monkeypatch.setenv("OUTBOX_DELIVERY_TIMEOUT_SECONDS", "2")
-    monkeypatch.setenv("OUTBOX_TIME_MARGIN_SECONDS", "0.5")
-    outbox_service.cache_clear()
-    handler = template.load_handler("OutboxRelayFunction")
+    handler, s3, bucket = outbox_handler(template, monkeypatch, f"127.0.0.1:{free_port()}", moto_server, 2)
     try:
         # When a batch with one admitted run is handled
         with pytest.raises(OutboxBatchFailed, match=r"1 failed of 1.*Message timed out"):
             handler(load_event("dynamodb_stream_insert.json"), LocalLambdaContext("OutboxRelayFunction", 4))
     finally:
         outbox_service.cache_clear()
+    # Then the batch failed (the event source retries it): an outage is no reason to set its event aside
+    assert parked_objects(s3, bucket) == []
+
+
+def test_an_event_no_retry_can_deliver_is_set_aside_and_the_batch_goes_on(
+    template: Template, monkeypatch: pytest.MonkeyPatch, moto_server: str, broker: KafkaBroker
+) -> None:
+    # Given a broker that refuses unknown topics as MSK does, where only the first tenant has its topics
+    served, unknown = (f"t-{uuid.uuid4().hex[:12]}" for _ in range(2))
+    ensure_topics(broker.bootstrap_servers, served, partitions=1, replication_factor=1)
+    handler, s3, bucket = outbox_handler(template, monkeypatch, broker.bootstrap_servers, moto_server, 6)
+    good, bad = str(uuid.uuid4()), str(uuid.uuid4())
+    event = {"Records": [run_record(served, good), run_record(unknown, bad)]}
+    failed = 0
+    try:
+        # When a batch of one run of each is handled, and retried while it fails, as the event source does
+        for _ in range(3):
+            try:
+                handler(event, LocalLambdaContext("OutboxRelayFunction", 20))
+                break
+            except OutboxBatchFailed:
+                failed += 1
+    finally:
+        outbox_service.cache_clear()
+    # Then the first invocation went through: the served tenant's event is on its topic, once
+    assert failed == 0
+    (published,) = events(broker.bootstrap_servers, served, expected=1)
+    assert published["headers"]["ce_subject"] == good.encode()
+    # And the other's event was set aside, once, in Lambda's S3 on-failure record under its tenant's prefix,
+    # holding its stream record and why it cannot be delivered
+    ((key, parked),) = parked_objects(s3, bucket)
+    assert key.startswith(f"undeliverable/{unknown}/")
+    assert parked["requestContext"]["condition"] == "EventsUndeliverable"
+    assert parked["DDBStreamBatchInfo"]["batchSize"] == 1
+    assert json.loads(parked["payload"]) == {"Records": [run_record(unknown, bad)]}
+    ((why),) = parked["undeliverable"]
+    assert (why["run_id"], why["topic"], why["error"]) == (bad, events_topic(unknown), "UNKNOWN_TOPIC_OR_PART")
+    # And no topic was created for the tenant that has none
+    assert (
+        events_topic(unknown) not in AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics().topics
+    )
 
 
 def test_a_failing_batch_is_never_skipped_and_is_parked_after_its_attempts(
@@ -282,10 +353,53 @@ def test_a_failing_batch_is_never_skipped_and_is_parked_after_its_attempts(
     assert kept["dynamodb"]["NewImage"] == run
 
 
-def test_poimen_dev_announces_its_outbox(kafka_dev: DevServer) -> None:
-    banner = kafka_dev.log.read_text()
+def test_poimen_dev_serves_its_tenants_and_refuses_the_others_as_aws_does(
+    kafka_dev: DevServer, broker: KafkaBroker, tenant: str
+) -> None:
+    # Given `poimen dev` serving the test's tenant on a broker that creates no topic on demand (as MSK)
+    other = f"t-{uuid.uuid4().hex[:12]}"
+    topics = AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=10).topics
+    # Then its tenant's topics were created at start, before any run, and no other tenant's
+    assert {dispatch_topic(tenant), events_topic(tenant)} <= set(topics)
+    assert not {dispatch_topic(other), events_topic(other)} & set(topics)
+    # And a run of another tenant is refused, though the dev key is granted every tenant, and nothing is stored
+    answer = signed_session().post(
+        f"{kafka_dev.url}/v1/runs",
+        json={"workflow_ref": "wf/x", "input": {}, "dispatch_key": "x-1"},
+        headers={"X-Poimen-Tenant": other},
+        timeout=30,
+    )
+    assert (answer.status_code, answer.json()["type"]) == (403, "urn:poimen:problem:tenant-not-served")
+    assert count_runs(kafka_dev.dynamodb(), kafka_dev.table_name, other) == []
+    # And publishing a spawn for it fails as on MSK: it has no topic, and none is created
+    published = subprocess.run(
+        [str(POIMEN), "dispatch", "publish", "--tenant", other, "--workflow-ref", "wf/x", "--input", "{}",
+         "--bootstrap-servers", broker.bootstrap_servers, "--timeout", "5"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert published.returncode == 1, published.stderr
+    assert f"has no topic {dispatch_topic(other)}" in published.stderr
+    topics = AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=10).topics
+    assert dispatch_topic(other) not in topics
 
+
+def test_poimen_dev_announces_its_outbox_and_it_publishes_metrics_under_its_own_service(
+    kafka_dev: DevServer, broker: KafkaBroker, tenant: str, template: Template
+) -> None:
+    banner = kafka_dev.log.read_text()
     assert "Outbox relay: table stream -> poimen.<tenant>.events" in banner
+    # When a run is admitted and its event published
+    body = {"workflow_ref": "wf/m", "input": {}, "dispatch_key": "metrics-1"}
+    signed_session().post(f"{kafka_dev.url}/v1/runs", json=body, headers={"X-Poimen-Tenant": tenant}, timeout=30)
+    events(broker.bootstrap_servers, tenant, expected=1)
+
+    # Then its EMF metrics name the outbox's service, as template.yaml gives it (the dashboard reads that one)
+    def published() -> list[dict[str, Any]]:
+        documents = [json.loads(line) for line in kafka_dev.log.read_text().splitlines() if line.startswith('{"_aws"')]
+        return [doc for doc in documents if "EventsPublished" in doc and doc.get("tenant") == tenant]
+
+    (document,) = wait_for(published, timeout=30, what="the outbox's EMF document")
+    assert document["service"] == template.function_environment("OutboxRelayFunction", {})["POWERTOOLS_SERVICE_NAME"]
 
 
 def test_events_tail_prints_each_event(kafka_dev: DevServer, broker: KafkaBroker, tenant: str) -> None:
@@ -350,31 +464,51 @@ def test_events_backfill_republishes_exactly_the_window_idempotently(
     after = events(broker.bootstrap_servers, tenant, expected=7)
     assert len(after) == 7
     # (partitions interleave when read: counted, not in order)
-    counts = Counter(record["headers"]["ce_id"].decode() for record in after)
+    counts = Counter(record["headers"]["ce_subject"].decode() for record in after)
     assert counts == {created[0]["run_id"]: 1, created[1]["run_id"]: 3, created[2]["run_id"]: 3}
     originals = {record["headers"]["ce_id"]: record for record in before}
     assert all(record == originals[record["headers"]["ce_id"]] for record in after)
     assert _assert_one_event_per_run(kafka_dev, tenant, after) == 4
 
 
+def backfill_of_one_run(
+    template: Template, moto_server: str, tenant: str, bootstrap: str, timeout: str
+) -> subprocess.CompletedProcess[str]:
+    """`poimen events backfill` to `bootstrap` of a window holding one admitted run of the tenant, in a new table."""
+    dynamodb, table, run = table_with_stream(template, moto_server)
+    dynamodb.put_item(TableName=table, Item={**run, "pk": {"S": f"RUN#{tenant}#r"}, "tenant_id": {"S": tenant}})
+    return subprocess.run(
+        [str(POIMEN), "events", "backfill", "--tenant", tenant, "--since", "2026-01-01T00:00:00Z",
+         "--table-name", table, "--dynamodb-endpoint", moto_server,
+         "--bootstrap-servers", bootstrap, "--timeout", timeout],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
 def test_a_backfill_the_broker_does_not_acknowledge_fails_with_one_line(
     template: Template, moto_server: str, tenant: str
 ) -> None:
-    # Given a table holding one admitted run of the tenant, and no broker where the backfill is pointed
-    dynamodb, table, run = table_with_stream(template, moto_server)
-    dynamodb.put_item(TableName=table, Item={**run, "pk": {"S": f"RUN#{tenant}#r"}, "tenant_id": {"S": tenant}})
-    # When the window holding it is backfilled
-    backfill = subprocess.run(
-        [str(POIMEN), "events", "backfill", "--tenant", tenant, "--since", "2026-01-01T00:00:00Z",
-         "--table-name", table, "--dynamodb-endpoint", moto_server,
-         "--bootstrap-servers", f"127.0.0.1:{free_port()}", "--timeout", "2"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    # Given one admitted run of the tenant, and no broker where the backfill is pointed: when it is backfilled
+    backfill = backfill_of_one_run(template, moto_server, tenant, f"127.0.0.1:{free_port()}", "2")
     # Then it says so in one line, with exit code 3 (unavailable), having published nothing
     assert backfill.returncode == 3, backfill.stdout + backfill.stderr
     (line,) = backfill.stderr.splitlines()
     assert line.startswith("poimen events backfill: 0 of 1 event(s) published, then the broker")
     assert backfill.stdout == ""
+
+
+def test_a_backfill_of_a_tenant_without_topics_says_so_and_publishes_nothing(
+    template: Template, moto_server: str, broker: KafkaBroker, tenant: str
+) -> None:
+    # Given one admitted run of a tenant whose topics were never created (MSK makes none): when it is backfilled
+    backfill = backfill_of_one_run(template, moto_server, tenant, broker.bootstrap_servers, "6")
+    # Then it says that its event cannot be published and how to fix it, exit 1, counting none as published
+    assert backfill.returncode == 1, backfill.stdout + backfill.stderr
+    assert f"{events_topic(tenant)}: 0 event(s) published" in backfill.stdout
+    assert "1 event(s) not published" in backfill.stderr
+    assert "UNKNOWN_TOPIC_OR_PART" in backfill.stderr
+    assert f"poimen topics ensure --tenant {tenant}" in backfill.stderr
+    assert events_topic(tenant) not in AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics().topics
 
 
 def test_a_restarted_stream_source_resumes_after_its_last_handled_batch(

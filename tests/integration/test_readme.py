@@ -117,7 +117,7 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A fresh `poimen dev` with its own broker, knowing only its dev key, as `make run` starts it."""
-    dev = start_dev(tmp_path_factory.mktemp("readme"), kafka=True, test_principal=False)
+    dev = start_dev(tmp_path_factory.mktemp("readme"), kafka=True, test_principal=False, tenants=())
     try:
         yield Stack(dev, _documented_moto_endpoint())
     finally:

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Message
 
+from poimen.ids import admission_id
 from poimen.kafka import events_topic
 from poimen.store import grant_pk
 from poimen_tools.local import rie
@@ -109,7 +110,7 @@ def _admission_values(local: Local) -> dict[str, str]:
     return {
         "TABLE_NAME": local.dev.table_name,
         "RELAY_PRINCIPAL": RELAY_ROLE,
-        "RELAY_TENANTS": local.tenant,
+        "TENANTS": local.tenant,
     }
 
 
@@ -154,7 +155,13 @@ def _outbox_values(local: Local) -> dict[str, str]:
     broker = local.broker().bootstrap_servers
     ensure_topics(broker, local.tenant, partitions=1, replication_factor=1)
     # The local broker has no MSK IAM: plaintext, as `poimen dev` runs the outbox relay.
-    return {"KAFKA_BOOTSTRAP_SERVERS": broker, "KAFKA_AUTH": "none", "POIMEN_STACK_NAME": "local"}
+    return {
+        "KAFKA_BOOTSTRAP_SERVERS": broker,
+        "KAFKA_AUTH": "none",
+        "POIMEN_STACK_NAME": "local",
+        # Never written: the batch's one event is delivered.
+        "OUTBOX_FAILED_BATCHES_BUCKET": "poimen-outbox-failed-batches-local",
+    }
 
 
 def _stream_insert(local: Local) -> dict[str, Any]:
@@ -179,7 +186,10 @@ def _published_once(local: Local, answer: Any) -> None:
         message = wait_for(lambda: _message(consumer), timeout=60, what="the run's event")
     finally:
         consumer.close()
-    assert dict(message.headers() or [])["ce_id"] == b"28f956d5-cb15-83b0-bfc9-6c1d99e2e4ae"
+    headers = dict(message.headers() or [])
+    image = _stream_insert(local)["Records"][0]["dynamodb"]["NewImage"]
+    assert headers["ce_subject"] == b"28f956d5-cb15-83b0-bfc9-6c1d99e2e4ae"
+    assert headers["ce_id"] == admission_id(image["run_id"]["S"], image["attempt_id"]["S"]).encode()
 
 
 def _message(consumer: Consumer) -> Message | None:

@@ -15,7 +15,6 @@ import re
 import socket
 import subprocess
 import sys
-import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,7 +31,7 @@ from poimen.ids import keyed_run_id
 from poimen_tools.local.devserver import MAX_PAYLOAD_BYTES
 from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY
 from tests.conftest import count_runs
-from tests.integration.conftest import DevServer
+from tests.integration.conftest import DevServer, next_tenant
 
 REGION = "us-east-1"
 KEYS = [
@@ -68,7 +67,7 @@ CURL_SIGNS_RAW_QUERY = CURL_VERSION < (8, 3)
 @pytest.fixture(scope="module")
 def tenant_runs(dev: DevServer) -> tuple[str, dict[str, str]]:
     """A tenant of this module and the run each key admitted (created with botocore's signer)."""
-    tenant = f"sigv4-{uuid.uuid4().hex[:10]}"
+    tenant = next_tenant()
     runs = {}
     for key in KEYS:
         body = json.dumps({"workflow_ref": "wf/sigv4", "input": {}, "dispatch_key": key}).encode()
@@ -216,7 +215,7 @@ def test_curl_typing_sub_delimiters_raw_is_refused_before_8_3_as_aws_refuses_it(
 
 def test_curl_signing_a_utf8_idempotency_key_gets_the_documented_400_and_nothing_is_written(dev: DevServer) -> None:
     # Given a spawn whose Idempotency-Key is UTF-8, signed by curl (it signs the header's bytes as it sends them)
-    tenant = f"sigv4-{uuid.uuid4().hex[:10]}"
+    tenant = next_tenant()
     body = json.dumps({"workflow_ref": "wf/curl", "input": {}})
     command = ["curl", "-s", "-w", "\n%{http_code}", "-X", "POST", f"{dev.url}/v1/runs", "-d", body]
     command += ["-H", "Content-Type: application/json", "-H", f"X-Poimen-Tenant: {tenant}"]
@@ -238,7 +237,7 @@ def test_curl_signing_a_utf8_idempotency_key_gets_the_documented_400_and_nothing
 
 
 def test_a_body_or_signed_header_changed_after_botocore_signed_is_refused(dev: DevServer) -> None:
-    tenant = f"sigv4-{uuid.uuid4().hex[:10]}"
+    tenant = next_tenant()
     body = json.dumps({"workflow_ref": "wf/sigv4", "input": {}}).encode()
     request = AWSRequest(
         method="POST",
@@ -261,7 +260,7 @@ def test_a_body_or_signed_header_changed_after_botocore_signed_is_refused(dev: D
 
 
 def test_a_request_changed_after_requests_aws4auth_signed_is_refused(dev: DevServer) -> None:
-    tenant = f"sigv4-{uuid.uuid4().hex[:10]}"
+    tenant = next_tenant()
     # requests-aws4auth signs host, content-type and x-amz-* unless told more: the tenant header too
     auth = AWS4Auth(
         DEV_ACCESS_KEY,
@@ -302,7 +301,7 @@ def _verbose_request_headers(stderr: str) -> dict[str, str]:
 
 def test_a_captured_curl_request_replayed_with_another_body_is_refused(dev: DevServer) -> None:
     # Given a POST signed by curl, captured from its verbose output
-    tenant = f"sigv4-{uuid.uuid4().hex[:10]}"
+    tenant = next_tenant()
     body = json.dumps({"workflow_ref": "wf/curl", "input": {}, "dispatch_key": "captured"})
     command = ["curl", "-sv", "-o", "/dev/null", "-X", "POST", f"{dev.url}/v1/runs", "-d", body]
     command += ["-H", "Content-Type: application/json", "-H", f"X-Poimen-Tenant: {tenant}"]

@@ -22,6 +22,8 @@ from poimen_tools.local.template import Template
 from tests.conftest import load_event
 
 PRINCIPAL = "arn:aws:iam::123456789012:role/poimen-orchestrator"
+# The tenants every handler test's stack serves besides the test's own (`tenant`), as its Tenants would.
+SERVED = ("acme", "globex")
 
 
 @dataclass
@@ -41,14 +43,16 @@ def handler(template: Template) -> Callable[[dict[str, Any], Any], dict[str, Any
 
 
 @pytest.fixture
-def dynamodb(template: Template, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A fresh table created from template.yaml; the handler's settings point at it."""
+def dynamodb(template: Template, monkeypatch: pytest.MonkeyPatch, tenant: str) -> Iterator[Any]:
+    """A fresh table created from template.yaml; the handler's settings point at it, serving the test's tenant,
+    its second one (`<tenant>-b`) and those of SERVED."""
     serialise_dynamodb_writes()
     with mock_aws():
         client = boto3.client("dynamodb")
         table_name = f"admission-{uuid.uuid4().hex[:8]}"
         client.create_table(**template.create_table_request("AdmissionTable", table_name))
         monkeypatch.setenv("TABLE_NAME", table_name)
+        monkeypatch.setenv("TENANTS", ",".join([tenant, f"{tenant}-b", *SERVED]))
         monkeypatch.setenv("GRANTS_CACHE_SECONDS", "0")
         admission_service.cache_clear()
         yield client

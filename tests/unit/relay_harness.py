@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import json
+import os
 import threading
 import time
 import uuid
@@ -42,6 +43,7 @@ class InProcessApi(urllib3.PoolManager):
         # One execution environment: Powertools keeps the current event on the resolver.
         self._lock = threading.Lock()
         self.received: list[dict[str, str]] = []
+        self.principals = {RELAY_KEY.access_key: RELAY_KEY}  # whose signatures it accepts
 
     # PoolManager's own signature, which narrows RequestMethods' as urllib3 itself declares it.
     def urlopen(self, method: str, url: str, redirect: bool = True, **kw: Any) -> urllib3.BaseHTTPResponse:  # type: ignore[override]
@@ -52,7 +54,7 @@ class InProcessApi(urllib3.PoolManager):
         for name, value in headers:
             outgoing.putheader(name, value)
         body: bytes = kw.get("body") or b""
-        principal = verify({RELAY_KEY.access_key: RELAY_KEY}, method, target.path, headers, body)
+        principal = verify(self.principals, method, target.path, headers, body)
         event = http_api_event(
             method=method,
             target=target.path,
@@ -94,7 +96,8 @@ class RelayHarness:
         sqs: Any | None = None,
         run_retention_days: int | None = None,
     ) -> RelayHarness:
-        """Inside mock_aws: a fresh DLQ, the relay's role granted every tenant, a tenant of its own."""
+        """Inside mock_aws: a fresh DLQ, the relay's role granted every tenant, and the test's own tenant, the
+        first the `dynamodb` fixture has the stack serve (tests/unit/conftest.py)."""
         store.grant(RELAY_ROLE, "*")
         queue_client = boto3.client("sqs")
         request = template.create_queue_request("RelayDeadLetterQueue", f"dlq-{uuid.uuid4().hex[:8]}")
@@ -108,7 +111,7 @@ class RelayHarness:
         )
         credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
         relay = Relay(settings, sqs=sqs or queue_client, http=api, credentials=credentials)
-        return cls(relay, api, queue_client, queue_url, f"t-{uuid.uuid4().hex[:12]}")
+        return cls(relay, api, queue_client, queue_url, os.environ["TENANTS"].split(",")[0])
 
     def with_settings(self, **changes: Any) -> RelayHarness:
         """The same queue, API and tenant, relayed by a relay with these settings changed."""
@@ -163,7 +166,7 @@ class RelayHarness:
             "topic": f"poimen.{self.tenant}.dispatch",
             "partition": 0,
             "offset": offset,
-            "timestamp_ms": 0,
+            "timestamp_ms": -1,  # Kafka's NO_TIMESTAMP: no age, under any run retention
             "value": encoded,
             "key": key,
             **changes,

@@ -56,7 +56,7 @@ def test_twenty_concurrent_duplicates_make_one_run(store: Store, dynamodb: Any, 
     # Threads call the admission logic the handler calls: a Lambda execution environment runs one
     # invocation at a time, so the handler itself is exercised concurrently through `poimen dev`'s
     # worker processes (tests/integration); here twenty threads race on the conditional write.
-    admission = Admission(store, grants_cache_seconds=60)
+    admission = Admission(store, grants_cache_seconds=60, tenants={granted})
     request = RunRequest.model_validate(SPAWN)
 
     with ThreadPoolExecutor(max_workers=20) as pool:

@@ -42,7 +42,7 @@ def test_runs_are_distinct_keys_plus_unkeyed_requests(
     # Given tenants of this example only, granted to one principal
     prefix = uuid.uuid4().hex[:8]
     tenants = {name: f"p{prefix}-{name}" for name in ("a", "b")}
-    admission = Admission(store, grants_cache_seconds=600)
+    admission = Admission(store, grants_cache_seconds=600, tenants=tenants.values())
     store.grant(PRINCIPAL, "*")
     calls = [
         (tenants[tenant], RunRequest(workflow_ref=f"wf/{key}", input={"key": key}, dispatch_key=key))

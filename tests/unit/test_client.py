@@ -35,10 +35,9 @@ from poimen.client import (
     RegionalEndpoint,
     Unavailable,
     UnexpectedAnswer,
-    _retry_after_seconds,
 )
 from poimen.contract import parse_json
-from poimen.wire import DISPATCH_KEY_PATTERN
+from poimen.wire import DISPATCH_KEY_PATTERN, retry_after_seconds
 from poimen_tools import cli, runs
 from poimen_tools.local.sigv4 import Principal, verify
 
@@ -356,17 +355,17 @@ def test_retry_after_as_an_http_date_is_waited_until(peer: Peer) -> None:
 def test_retry_after_is_read_as_seconds_or_an_http_date() -> None:
     now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
-    assert _retry_after_seconds("120", now) == 120.0
-    assert _retry_after_seconds("Fri, 02 Jan 2026 03:04:35 GMT", now) == 30.0
-    assert _retry_after_seconds("Fri, 02 Jan 2026 03:00:00 GMT", now) == 0.0  # past: at once
-    assert [_retry_after_seconds(value, now) for value in (None, "", "soon", "-1", "1.5")] == [None] * 5
+    assert retry_after_seconds("120", now) == 120.0
+    assert retry_after_seconds("Fri, 02 Jan 2026 03:04:35 GMT", now) == 30.0
+    assert retry_after_seconds("Fri, 02 Jan 2026 03:00:00 GMT", now) == 0.0  # past: at once
+    assert [retry_after_seconds(value, now) for value in (None, "", "soon", "-1", "1.5")] == [None] * 5
 
 
 @pytest.mark.parametrize("value", ["\u00b2", "\u0661\u0662", "\uff13", "1_000", "+5", "0x10", "1e3", " 1 2 "])
 def test_retry_after_is_ascii_delay_seconds_or_nothing(value: str) -> None:
     # RFC 9110: delay-seconds = 1*DIGIT, ASCII digits; Unicode digits ("²".isdigit() is true) and other
     # number syntaxes are no Retry-After at all
-    assert _retry_after_seconds(value) is None
+    assert retry_after_seconds(value) is None
 
 
 def test_a_retry_after_of_unicode_digits_is_ignored_not_raised(peer: Peer) -> None:

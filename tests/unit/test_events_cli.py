@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from poimen_tools.cli import build_parser
+from poimen_tools.cli import build_parser, main
 from poimen_tools.events import NotAnEvent, _event_line, _runs_in_window, _timestamp
+from poimen_tools.local.kafka_broker import free_port
 from tests.conftest import load_event
 
 RUN = load_event("dynamodb_stream_insert.json")["Records"][0]["dynamodb"]["NewImage"]
@@ -95,3 +96,66 @@ def test_tail_prints_time_run_key_and_workflow_one_line_each() -> None:
 def test_a_record_that_is_no_event_says_why(value: bytes | None, why: str) -> None:
     with pytest.raises(NotAnEvent, match=re.escape(why)):
         _event_line([("ce_time", None), ("ce_id", b"\xff")], value)
+
+
+# --- backfill: the window as given, and what cannot be an event -------------------------------------------
+
+
+def _backfill(table_name: str, *arguments: str) -> list[str]:
+    return [
+        "events", "backfill", "--tenant", "acme", "--table-name", table_name,
+        "--bootstrap-servers", f"127.0.0.1:{free_port()}", "--timeout", "2", *arguments,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("since", "until", "counted"),
+    [
+        # created_at has milliseconds: a bound between two is the next one, never the one before it
+        ("2026-11-27T12:00:00.0005Z", "2026-11-27T12:00:01Z", 1),
+        ("2026-11-27T12:00:00Z", "2026-11-27T12:00:00.0015Z", 2),
+        ("2026-11-27T12:00:00.000000001Z", "2026-11-27T12:00:01Z", 1),
+    ],
+)
+def test_a_window_bound_finer_than_a_millisecond_takes_the_next_millisecond_and_says_so(
+    dynamodb: Any, table_name: str, since: str, until: str, counted: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given runs created at 12:00:00.000 and .001
+    for run_id, created_at in (("1", "2026-11-27T12:00:00.000Z"), ("2", "2026-11-27T12:00:00.001Z")):
+        dynamodb.put_item(
+            TableName=table_name, Item=_run("acme", f"00000000-0000-0000-0000-00000000000{run_id}", created_at)
+        )
+    # When a window whose bound falls between milliseconds is counted
+    assert main(_backfill(table_name, "--since", since, "--until", until, "--dry-run")) == 0
+    # Then only what the window holds is counted, and the bound as used is said
+    out, err = capsys.readouterr()
+    assert f"{counted} run(s) of tenant acme" in out
+    assert "millisecond" in err
+
+
+@pytest.mark.parametrize("until", ["2026-11-27T11:59:59Z", "2026-11-27T12:00:00Z"])
+def test_an_empty_or_reversed_window_is_refused_in_one_line(
+    dynamodb: Any, table_name: str, until: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = main(_backfill(table_name, "--since", "2026-11-27T12:00:00Z", "--until", until, "--dry-run"))
+
+    assert status == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("poimen events backfill: --since 2026-11-27T12:00:00.000Z is not before --until ")
+
+
+def test_a_malformed_run_item_is_reported_as_what_it_is_not_as_the_broker(
+    dynamodb: Any, table_name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a run item of the window that lacks what an event needs (its input)
+    item = _run("acme", "00000000-0000-0000-0000-000000000001", "2026-11-27T12:00:00.000Z")
+    del item["input"]
+    dynamodb.put_item(TableName=table_name, Item=item)
+    # When the window is backfilled (no broker listens: nothing can be sent)
+    status = main(_backfill(table_name, "--since", "2026-11-27T12:00:00Z", "--until", "2026-11-27T13:00:00Z"))
+    # Then the item is named as malformed, and the command exits 1 (refused), not 3 (the broker unavailable)
+    err = capsys.readouterr().err
+    assert status == 1, err
+    assert "RUN#acme#00000000-0000-0000-0000-000000000001" in err
+    assert "lacks string attributes ['input']" in err
+    assert "did not acknowledge" not in err

@@ -5,19 +5,28 @@ answer is a 503 store-unavailable with nothing written."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
+from aws_lambda_powertools.utilities.data_classes import KafkaEvent
 
 from poimen.api import admission_service
+from poimen.relay import BatchOutcome, Relay
+from poimen.store import Store
+from poimen_tools.local.msk import msk_event
+from poimen_tools.local.sigv4 import Principal
+from poimen_tools.local.template import Template
 from tests.conftest import count_runs, serve_on_loopback
 from tests.unit.conftest import Invoke
+from tests.unit.relay_harness import RELAY_ROLE, RelayHarness
 
 TOKEN = "container-authorization-token"
 
@@ -29,6 +38,9 @@ class CredentialsEndpoint:
 
     url: str = ""
     stalled: bool = False
+    access_key: str = "ASIAROLE"
+    secret_key: str = "secret"
+    lifetime: timedelta = timedelta(hours=6)  # how long the credentials it answers are valid
     requests: list[str | None] = field(default_factory=list)  # the Authorization header of each
     released: threading.Event = field(default_factory=threading.Event)
 
@@ -37,7 +49,15 @@ class CredentialsEndpoint:
 def container_credentials(granted: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[CredentialsEndpoint]:
     """After the test's grant is written: no credentials in the environment nor in files, only the
     container endpoint, as a SnapStart function's environment has them."""
-    endpoint = CredentialsEndpoint()
+    with _container_credentials(CredentialsEndpoint(), monkeypatch) as endpoint:
+        admission_service.cache_clear()  # the environment a restore starts with: no store built yet
+        yield endpoint
+
+
+@contextlib.contextmanager
+def _container_credentials(
+    endpoint: CredentialsEndpoint, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[CredentialsEndpoint]:
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -45,10 +65,9 @@ def container_credentials(granted: str, monkeypatch: pytest.MonkeyPatch) -> Iter
             if endpoint.stalled:
                 endpoint.released.wait(30)
                 return
-            expiration = (datetime.now(UTC) + timedelta(hours=6)).strftime("%Y-%m-%dT%H:%M:%SZ")
-            body = json.dumps(
-                {"AccessKeyId": "ASIAROLE", "SecretAccessKey": "secret", "Token": "token", "Expiration": expiration}
-            ).encode()
+            expiration = (datetime.now(UTC) + endpoint.lifetime).strftime("%Y-%m-%dT%H:%M:%SZ")
+            keys = {"AccessKeyId": endpoint.access_key, "SecretAccessKey": endpoint.secret_key, "Token": "token"}
+            body = json.dumps({**keys, "Expiration": expiration}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -67,9 +86,10 @@ def container_credentials(granted: str, monkeypatch: pytest.MonkeyPatch) -> Iter
         monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
         monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", f"{url}/2018-06-01/credentials")
         monkeypatch.setenv("AWS_CONTAINER_AUTHORIZATION_TOKEN", TOKEN)
-        admission_service.cache_clear()  # the environment a restore starts with: no store built yet
-        yield endpoint
-        endpoint.released.set()
+        try:
+            yield endpoint
+        finally:
+            endpoint.released.set()
 
 
 SPAWN = {"workflow_ref": "wf/first", "input": {}, "dispatch_key": "k-first"}
@@ -104,3 +124,41 @@ def test_a_credentials_endpoint_that_does_not_answer_is_503_store_unavailable(
     assert len(container_credentials.requests) == 2
     container_credentials.stalled = False
     assert count_runs(dynamodb, table_name, tenant) == []
+
+
+@pytest.fixture
+def harness(template: Template, handler: Callable[[dict[str, Any], Any], dict[str, Any]], store: Store) -> RelayHarness:
+    return RelayHarness.start(template, handler, store)
+
+
+def test_the_relays_credentials_refresh_never_outlives_its_batchs_deadline(
+    harness: RelayHarness, monkeypatch: pytest.MonkeyPatch, dynamodb: Any, table_name: str
+) -> None:
+    # Given a relay restored from a snapshot: its credentials from the container endpoint, valid 12 minutes
+    # more (botocore refreshes them from 15 minutes before they expire), and the admission API it calls
+    harness.run([harness.record({"workflow_ref": "wf/warm", "input": {}, "dispatch_key": "warm"}, 0)])
+    role = Principal("ASIARELAY", "relay-role-secret", RELAY_ROLE, ("*",), session_token="token")
+    harness.api.principals[role.access_key] = role
+    endpoint = CredentialsEndpoint(
+        access_key=role.access_key, secret_key=role.secret_key, lifetime=timedelta(minutes=12)
+    )
+    with _container_credentials(endpoint, monkeypatch):
+        relay = Relay(harness.relay._settings, sqs=harness.sqs, http=harness.api)
+        assert len(endpoint.requests) == 1
+        # When the endpoint stops answering, and a batch with 6 s left (4 s to its deadline) signs a call
+        endpoint.stalled = True
+        started = time.monotonic()
+        outcome = BatchOutcome()
+        deadline = started + 6
+        spawn = {"workflow_ref": "wf/first", "input": {}, "dispatch_key": "k-relay"}
+        relay.relay_batch(
+            KafkaEvent(msk_event([harness.record(spawn, 1)])),
+            lambda: int((deadline - time.monotonic()) * 1000),
+            outcome,
+        )
+        took = time.monotonic() - started
+    # Then the refresh gave up within its bound (botocore's own fetch waits 3 attempts of 2 s, 1 s apart), the
+    # call was signed with the credentials still valid, and the record is a run, well within the invocation
+    assert took < 6, f"the batch took {took:.1f} s of an invocation's 6"
+    assert len(endpoint.requests) > 1  # the refresh was tried
+    assert (outcome.relayed, len(count_runs(dynamodb, table_name, harness.tenant))) == (1, 2)

@@ -171,7 +171,7 @@ class TestTableInAnotherRegion:
     """The function in us-east-1, its table in us-west-2 (as `poimen dev --table-region` sets it)."""
 
     @pytest.fixture
-    def dynamodb(self, template: Template, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    def dynamodb(self, template: Template, monkeypatch: pytest.MonkeyPatch, tenant: str) -> Iterator[Any]:
         """The table in TABLE_REGION, not in the function's Region; the handler points at it."""
         serialise_dynamodb_writes()
         with mock_aws():
@@ -180,6 +180,7 @@ class TestTableInAnotherRegion:
             client.create_table(**template.create_table_request("AdmissionTable", table_name))
             monkeypatch.setenv("TABLE_NAME", table_name)
             monkeypatch.setenv("TABLE_REGION", TABLE_REGION)
+            monkeypatch.setenv("TENANTS", tenant)
             monkeypatch.setenv("GRANTS_CACHE_SECONDS", "0")
             admission_service.cache_clear()
             yield client

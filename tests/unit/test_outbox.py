@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -13,15 +14,18 @@ from typing import Any, cast
 
 import boto3
 import pytest
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
+from moto import mock_aws
 
 from poimen.config import ConfigurationError, OutboxSettings
 from poimen.contract import run_json
+from poimen.ids import admission_id
 from poimen.kafka import partition_key
 from poimen.outbox import (
     NOT_A_RUN_MARKER,
     OPTIONAL_ATTRIBUTES,
     REQUIRED_ATTRIBUTES,
+    UNDELIVERABLE,
     BatchOutcome,
     MalformedRun,
     OutboxBatchFailed,
@@ -37,6 +41,8 @@ from tests.conftest import REPO, load_event
 from tests.unit.conftest import Invoke
 
 SETTINGS = OutboxSettings(bootstrap_servers="127.0.0.1:9", region="us-east-1", stack_name="test")
+PARKED_BUCKET = "outbox-failed-batches"
+OUTBOX_ENV = {"KAFKA_BOOTSTRAP_SERVERS": "b:9098", "POIMEN_STACK_NAME": "s", "OUTBOX_FAILED_BATCHES_BUCKET": "b"}
 
 
 @dataclass
@@ -45,12 +51,21 @@ class FakeProducer:
     the broker is 'down' (nothing acknowledged) or a record's delivery fails."""
 
     down: bool = False
-    fail_values: set[bytes] = field(default_factory=set)
+    # value -> the error its delivery report carries (librdkafka's code), or that produce() raises for it
+    fail_values: dict[bytes, int] = field(default_factory=dict)
+    refuse_values: dict[bytes, int] = field(default_factory=dict)
+    # Raised by produce() from its n-th call on (queue full, a fatal idempotent-producer state).
+    refuse_from: int | None = None
+    refusal: Exception = field(default_factory=lambda: BufferError("Local: Queue full"))
     queued: list[dict[str, Any]] = field(default_factory=list)
     acknowledged: list[dict[str, Any]] = field(default_factory=list)
     purged: int = 0
 
     def produce(self, topic: str, value: bytes, key: bytes, headers: list[tuple[str, bytes]], on_delivery: Any) -> None:
+        if self.refuse_from is not None and len(self.queued) + 1 >= self.refuse_from:
+            raise self.refusal
+        if value in self.refuse_values:
+            raise KafkaException(KafkaError(self.refuse_values[value]))
         self.queued.append({"topic": topic, "value": value, "key": key, "headers": headers, "cb": on_delivery})
 
     def poll(self, timeout: float) -> int:
@@ -61,7 +76,7 @@ class FakeProducer:
             return len(self.queued)
         for record in self.queued:
             if record["value"] in self.fail_values:
-                record["cb"](KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "Broker: Message size too large"), None)
+                record["cb"](KafkaError(self.fail_values[record["value"]]), None)
             else:
                 record["cb"](None, None)
                 self.acknowledged.append(record)
@@ -81,6 +96,30 @@ def _publish(producer: FakeProducer, event: dict[str, Any]) -> BatchOutcome:
     outcome = BatchOutcome()
     _relay(producer).publish_batch(event, lambda: 10_000, outcome)
     return outcome
+
+
+def _handler_with(
+    template: Template, monkeypatch: pytest.MonkeyPatch, *producers: FakeProducer
+) -> Callable[[dict[str, Any], Any], Any]:
+    """The function's handler (template.yaml), whose producers are `producers`, one per producer it builds."""
+    from poimen import outbox
+
+    queue = list(producers)
+    monkeypatch.setattr(outbox, "_kafka_producer", lambda settings: queue.pop(0))
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")
+    monkeypatch.setenv("POIMEN_STACK_NAME", "test")
+    monkeypatch.setenv("OUTBOX_FAILED_BATCHES_BUCKET", PARKED_BUCKET)
+    outbox.outbox_service.cache_clear()
+    return template.load_handler("OutboxRelayFunction")
+
+
+def _two_run_batch() -> dict[str, Any]:
+    """The canonical insert, and a second run's copy of it."""
+    event = load_event("dynamodb_stream_insert.json")
+    second = json.loads(json.dumps(event["Records"][0]))
+    second["dynamodb"]["NewImage"]["run_id"] = {"S": "0190a0c4-0000-7000-8000-000000000002"}
+    event["Records"].append(second)
+    return event
 
 
 def _stream_event(dynamodb: Any, table_name: str) -> dict[str, Any]:
@@ -123,9 +162,11 @@ def test_the_canonical_insert_becomes_one_event_with_cloudevents_headers() -> No
         created_at="2026-11-27T12:00:00.000Z",
     )
     assert b'"amount":1.10,"big":12345678901234567890' in published.value  # numbers as admitted
+    # ce_id names this admission of the run: derived from the run id and the stored write's attempt id
+    assert published.event_id == admission_id(run_id, image["attempt_id"]["S"]) != run_id
     assert dict(published.headers) == {
         "ce_specversion": b"1.0",
-        "ce_id": run_id.encode(),
+        "ce_id": published.event_id.encode(),
         "ce_source": b"urn:poimen:prod:acme",
         "ce_type": b"poimen.run.admitted",
         "ce_subject": run_id.encode(),
@@ -268,13 +309,47 @@ def test_a_batch_succeeds_only_when_every_event_is_acknowledged() -> None:
         _publish(FakeProducer(down=True), event)
 
 
-def test_a_delivery_error_fails_the_batch() -> None:
+@pytest.mark.parametrize(
+    "code", [KafkaError._MSG_TIMED_OUT, KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.CLUSTER_AUTHORIZATION_FAILED]
+)
+def test_a_delivery_error_that_a_retry_can_heal_fails_the_batch(code: int) -> None:
     event = load_event("dynamodb_stream_insert.json")
     (published,) = events_of_batch(event, SETTINGS.stack_name)
-    producer = FakeProducer(fail_values={published.value})
+    producer = FakeProducer(fail_values={published.value: code})
 
-    with pytest.raises(OutboxBatchFailed, match="Message size too large"):
+    with pytest.raises(OutboxBatchFailed, match=re.escape(KafkaError(code).str())):
         _publish(producer, event)
+
+
+@pytest.mark.parametrize("code", sorted(UNDELIVERABLE))
+@pytest.mark.parametrize("where", ["delivery report", "produce"])
+def test_an_event_no_retry_can_deliver_is_undeliverable_and_the_batch_goes_on(code: int, where: str) -> None:
+    # Given a batch of two runs, the second of which the broker (or the client) can never take
+    event = _two_run_batch()
+    good, bad = events_of_batch(event, SETTINGS.stack_name)
+    failing = {bad.value: code}
+    producer = FakeProducer(fail_values=failing) if where == "delivery report" else FakeProducer(refuse_values=failing)
+    # When it is published
+    outcome = _publish(producer, event)
+    # Then the batch went through: the first event acknowledged, the second undeliverable, with its reason
+    assert [record["value"] for record in producer.acknowledged] == [good.value]
+    (undeliverable,) = outcome.undeliverable
+    assert (undeliverable.event, undeliverable.error.code()) == (bad, code)
+    assert undeliverable.event.stream_record == event["Records"][-1]
+    assert outcome.failures == []
+
+
+def test_an_undeliverable_event_in_a_failing_batch_waits_for_the_retry() -> None:
+    # Given a batch of two runs: one the broker can never take, the other not acknowledged (the broker away)
+    event = _two_run_batch()
+    first, second = events_of_batch(event, SETTINGS.stack_name)
+    codes = {first.value: KafkaError._MSG_TIMED_OUT, second.value: KafkaError.UNKNOWN_TOPIC_OR_PART}
+    # When it is handled, it fails (the event source retries it), and nothing is set aside by this attempt
+    outcome = BatchOutcome()
+    with pytest.raises(OutboxBatchFailed):
+        _relay(FakeProducer(fail_values=codes)).publish_batch(event, lambda: 10_000, outcome)
+    assert len(outcome.undeliverable) == 1
+    assert outcome.parked == {}
 
 
 def test_unacknowledged_events_are_purged_so_only_the_retry_sends_them() -> None:
@@ -293,11 +368,7 @@ def test_the_handler_publishes_metrics_per_tenant(
     # Given the function's handler (template.yaml) with a producer that acknowledges
     from poimen import outbox
 
-    monkeypatch.setattr(outbox, "_kafka_producer", lambda settings: FakeProducer())
-    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")
-    monkeypatch.setenv("POIMEN_STACK_NAME", "test")
-    outbox.outbox_service.cache_clear()
-    handler = template.load_handler("OutboxRelayFunction")
+    handler = _handler_with(template, monkeypatch, FakeProducer())
     event = load_event("dynamodb_stream_insert.json")
     second = json.loads(json.dumps(event["Records"][0]))
     second["dynamodb"]["NewImage"]["tenant_id"] = {"S": "beta"}
@@ -314,6 +385,73 @@ def test_the_handler_publishes_metrics_per_tenant(
         (directive,) = doc["_aws"]["CloudWatchMetrics"]
         assert sorted(directive["Dimensions"][0]) == ["service", "tenant"]
     outbox.outbox_service.cache_clear()
+
+
+def test_the_handler_sets_aside_what_cannot_be_delivered_per_tenant_and_counts_it(
+    template: Template, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given the handler, with the bucket where it sets events aside, and a batch of three runs of two
+    # tenants, of which the broker can take only the first (the other tenant has no topic)
+    with mock_aws():
+        s3 = boto3.client("s3")
+        s3.create_bucket(Bucket=PARKED_BUCKET)
+        event = _two_run_batch()
+        third = json.loads(json.dumps(event["Records"][-1]))
+        third["dynamodb"]["NewImage"].update({"tenant_id": {"S": "beta"}, "run_id": {"S": "r-3"}})
+        event["Records"].append(third)
+        _, second, beta = events_of_batch(event, "test")
+        unknown = {second.value: KafkaError.UNKNOWN_TOPIC_OR_PART, beta.value: KafkaError.TOPIC_AUTHORIZATION_FAILED}
+        handler = _handler_with(template, monkeypatch, FakeProducer(fail_values=unknown))
+        # When it is handled
+        try:
+            handler(event, LocalLambdaContext("OutboxRelayFunction", 60))
+        finally:
+            from poimen import outbox
+
+            outbox.outbox_service.cache_clear()
+        # Then it succeeded, and each tenant's undeliverable events are one on-failure record under its prefix
+        keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=PARKED_BUCKET)["Contents"])
+        parked = {
+            key.split("/")[1]: json.loads(s3.get_object(Bucket=PARKED_BUCKET, Key=key)["Body"].read()) for key in keys
+        }
+    assert all(key.startswith("undeliverable/") for key in keys)
+    assert set(parked) == {"acme", "beta"}
+    assert json.loads(parked["acme"]["payload"]) == {"Records": [event["Records"][2]]}
+    assert json.loads(parked["beta"]["payload"]) == {"Records": [event["Records"][3]]}
+    assert [why["error"] for why in parked["beta"]["undeliverable"]] == ["TOPIC_AUTHORIZATION_FAILED"]
+    assert parked["acme"]["requestContext"]["functionArn"].endswith(":function:OutboxRelayFunction")
+    assert parked["acme"]["DDBStreamBatchInfo"]["shardId"] is None  # the function is not told its shard
+    # And each tenant's metrics count what was published and what was set aside
+    documents = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')]
+    counted = {doc["tenant"]: (doc.get("EventsPublished"), doc.get("EventsParked")) for doc in documents}
+    assert counted == {"acme": ([1.0], [1.0]), "beta": (None, [1.0])}
+
+
+@pytest.mark.parametrize(
+    ("bucket", "timeout", "refusal"),
+    [(False, 60, "could not set aside 1 event"), (True, 5, "too little to set aside 1 event")],
+    ids=["no-bucket", "no-time-left"],
+)
+def test_an_event_that_cannot_surely_be_set_aside_fails_the_batch(
+    template: Template, monkeypatch: pytest.MonkeyPatch, bucket: bool, timeout: float, refusal: str
+) -> None:
+    # Given the handler, whose bucket is missing or whose invocation has a few seconds left, and a batch whose
+    # one run the broker can never take
+    with mock_aws():
+        if bucket:
+            boto3.client("s3").create_bucket(Bucket=PARKED_BUCKET)
+        event = load_event("dynamodb_stream_insert.json")
+        (published,) = events_of_batch(event, "test")
+        producer = FakeProducer(fail_values={published.value: KafkaError._UNKNOWN_TOPIC})
+        handler = _handler_with(template, monkeypatch, producer)
+        # When it is handled, the batch fails: the event source retries it rather than lose the event
+        try:
+            with pytest.raises(OutboxBatchFailed, match=refusal):
+                handler(event, LocalLambdaContext("OutboxRelayFunction", timeout))
+        finally:
+            from poimen import outbox
+
+            outbox.outbox_service.cache_clear()
 
 
 def test_the_outbox_reads_the_attributes_run_records_have() -> None:
@@ -344,11 +482,9 @@ def test_the_outbox_imports_neither_admission_nor_the_store() -> None:
     [
         ({"POIMEN_STACK_NAME": "s"}, "KAFKA_BOOTSTRAP_SERVERS"),
         ({"KAFKA_BOOTSTRAP_SERVERS": "b:9098"}, "POIMEN_STACK_NAME"),
-        ({"KAFKA_BOOTSTRAP_SERVERS": "b:9098", "POIMEN_STACK_NAME": "s", "KAFKA_AUTH": "scram"}, "KAFKA_AUTH"),
-        (
-            {"KAFKA_BOOTSTRAP_SERVERS": "b:9098", "POIMEN_STACK_NAME": "s", "OUTBOX_DELIVERY_TIMEOUT_SECONDS": "0"},
-            "positive",
-        ),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "b:9098", "POIMEN_STACK_NAME": "s"}, "OUTBOX_FAILED_BATCHES_BUCKET"),
+        ({**OUTBOX_ENV, "KAFKA_AUTH": "scram"}, "KAFKA_AUTH"),
+        ({**OUTBOX_ENV, "OUTBOX_DELIVERY_TIMEOUT_SECONDS": "0"}, "positive"),
     ],
 )
 def test_outbox_settings_refuse_what_cannot_work(environ: dict[str, str], message: str) -> None:
@@ -357,30 +493,39 @@ def test_outbox_settings_refuse_what_cannot_work(environ: dict[str, str], messag
 
 
 def test_outbox_settings_from_the_template_environment(template: Template) -> None:
-    environment = template.function_environment("OutboxRelayFunction", {"KafkaBootstrapServers": "b-1:9098"})
+    environment = template.function_environment(
+        "OutboxRelayFunction", {"KafkaBootstrapServers": "b-1:9098", "OutboxFailedBatchesBucket": "parked"}
+    )
 
     settings = OutboxSettings.from_env({**environment, "AWS_REGION": "eu-west-1", "POIMEN_STACK_NAME": "prod"})
 
     assert settings.iam_auth
+    assert settings.failed_batches_bucket == "parked"
     assert (
         settings.delivery_timeout_seconds + settings.time_margin_seconds
         <= template.properties("OutboxRelayFunction")["Timeout"]
     )
 
 
+@pytest.mark.parametrize(
+    ("failing", "purged"),
+    [
+        (FakeProducer(down=True), 2),  # the broker away: nothing acknowledged
+        (FakeProducer(refuse_from=2, refusal=BufferError("Local: Queue full")), 1),  # produce() raises
+        (FakeProducer(refuse_from=2, refusal=KafkaException(KafkaError(KafkaError._FATAL, "fatal"))), 1),
+    ],
+    ids=["unacknowledged", "queue-full", "fatal-producer"],
+)
 def test_after_a_failed_batch_the_next_one_gets_a_new_producer(
-    template: Template, monkeypatch: pytest.MonkeyPatch
+    template: Template, monkeypatch: pytest.MonkeyPatch, failing: FakeProducer, purged: int
 ) -> None:
-    # Given the handler, whose first producer cannot reach the broker and whose next one can
+    # Given the handler, whose first producer fails the batch (the broker away, or produce() refusing its
+    # second event: a full queue, a fatal idempotent-producer state), and whose next one works
     from poimen import outbox
 
-    producers = [FakeProducer(down=True), FakeProducer()]
-    monkeypatch.setattr(outbox, "_kafka_producer", lambda settings: producers.pop(0))
-    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")
-    monkeypatch.setenv("POIMEN_STACK_NAME", "test")
-    outbox.outbox_service.cache_clear()
-    handler = template.load_handler("OutboxRelayFunction")
-    event = load_event("dynamodb_stream_insert.json")
+    working = FakeProducer()
+    handler = _handler_with(template, monkeypatch, failing, working)
+    event = _two_run_batch()
     try:
         # When a batch fails, and the event source retries it
         with pytest.raises(OutboxBatchFailed):
@@ -388,8 +533,10 @@ def test_after_a_failed_batch_the_next_one_gets_a_new_producer(
         handler(event, LocalLambdaContext("OutboxRelayFunction"))
     finally:
         outbox.outbox_service.cache_clear()
-    # Then the retry went through a producer of its own
-    assert producers == []
+    # Then what the failed attempt had queued was purged (only the retry sends it), and the retry went
+    # through a producer of its own
+    assert (failing.purged, failing.queued, failing.acknowledged) == (purged, [], [])
+    assert len(working.acknowledged) == 2
 
 
 @pytest.mark.parametrize("iam", [True, False])
@@ -414,9 +561,29 @@ def test_the_producer_is_idempotent_acks_all_murmur2_and_msk_iam_when_deployed(
     (config,) = configs
     assert (config["enable.idempotence"], config["acks"], config["partitioner"]) == (True, "all", "murmur2_random")
     assert config["message.timeout.ms"] == 55_000
+    # an unknown topic is said (UNDELIVERABLE) before the record times out
+    assert config["topic.metadata.propagation.max.ms"] == 10_000
     assert config["bootstrap.servers"] == "b-1:9098"
     if iam:
         assert (config["security.protocol"], config["sasl.mechanism"]) == ("SASL_SSL", "OAUTHBEARER")
         assert callable(config["oauth_cb"])
     else:
         assert "security.protocol" not in config
+
+
+@pytest.mark.parametrize(
+    ("environ", "service"),
+    [
+        ({"POWERTOOLS_SERVICE_NAME": "poimen-outbox-relay"}, "poimen-outbox-relay"),  # Lambda: its own variable
+        (
+            {"POWERTOOLS_SERVICE_NAME": "poimen-admission", "OUTBOX_SERVICE_NAME": "poimen-outbox-relay"},
+            "poimen-outbox-relay",
+        ),
+    ],
+    ids=["lambda", "poimen-dev"],
+)
+def test_the_outbox_publishes_its_metrics_under_its_own_service(environ: dict[str, str], service: str) -> None:
+    settings = OutboxSettings.from_env({"AWS_REGION": "us-east-1", **OUTBOX_ENV, **environ})
+
+    assert settings.service_name == service
+    assert OutboxRelay(settings, cast(Producer, FakeProducer())).metrics.provider.service == service

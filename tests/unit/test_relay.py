@@ -4,6 +4,7 @@ in-process (tests/unit/relay_harness.py) where no record may stall the batch."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from typing import Any
 
 import pytest
@@ -44,7 +46,7 @@ from poimen.wire import rfc3339
 from poimen_tools.local.msk import KafkaRecord, msk_event
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs, load_event
-from tests.unit.relay_harness import RelayHarness, sqs_message_size
+from tests.unit.relay_harness import RELAY_KEY, RelayHarness, sqs_message_size
 
 SETTINGS = RelaySettings(admission_api_url="https://api.example", dlq_url="https://sqs/dlq", region="us-east-1")
 SPAWN = {"workflow_ref": "wf/hello", "input": {"greeting": "hi"}, "goal_id": None}
@@ -348,9 +350,11 @@ def test_the_relay_never_imports_the_store_or_admission() -> None:
     )
 
     # Only the HTTP contract's names, Kafka naming, its settings, the run retention rule, the record rule and
-    # the dead letter it shares with poimen dlq, and observability: never the store, admission or the API
+    # the dead letter it shares with poimen dlq, its bounded AWS session, and observability: never the store,
+    # admission or the API
     allowed = {"poimen", "poimen.relay", "poimen.wire", "poimen.kafka", "poimen.config", "poimen.principals"}
     allowed |= {"poimen.retention", "poimen.inbox_rule", "poimen.dead_letter", "poimen.observability"}
+    allowed.add("poimen.aws_session")
     assert "poimen.relay" in loaded
     assert set(loaded) <= allowed
     assert not {"poimen.store", "poimen.admission", "poimen.api"} & set(loaded)
@@ -573,6 +577,23 @@ def test_a_record_without_a_timestamp_is_admitted_whatever_the_run_retention(
     assert outcome.relayed == 1
 
 
+def test_a_record_of_timestamp_0_is_from_1970_not_one_without_a_timestamp(
+    retaining_harness: RelayHarness, dynamodb: Any, table_name: str
+) -> None:
+    # Given, with runs kept 3 days, a record whose producer set its CreateTime to 0 (a clock never set; Kafka's
+    # "no timestamp" is -1 alone), and one without a timestamp
+    zero = retaining_harness.record({**SPAWN, "dispatch_key": "zero"}, 0, key=b"a", timestamp_ms=0)
+    none = retaining_harness.record({**SPAWN, "dispatch_key": "none"}, 1, key=b"b", timestamp_ms=-1)
+    # When they are relayed
+    retaining_harness.run([zero, none])
+    # Then the record of 1970 is older than the retention, a dead letter `expired`, not a run admitted whatever
+    # its age; the one without a timestamp is admitted, as always
+    runs = count_runs(dynamodb, table_name, retaining_harness.tenant)
+    assert [run["dispatch_key"]["S"] for run in runs] == ["none"]
+    ((_, letter),) = retaining_harness.dead_letters()
+    assert (letter["record"]["timestamp"], letter["reason"]["kind"]) == (0, "expired")
+
+
 def test_a_record_from_the_future_is_dead_lettered_not_trusted_under_a_run_retention(
     retaining_harness: RelayHarness, harness: RelayHarness, dynamodb: Any, table_name: str
 ) -> None:
@@ -592,7 +613,8 @@ def test_a_record_from_the_future_is_dead_lettered_not_trusted_under_a_run_reten
     assert "50 min ahead of the relay's clock" in letter["reason"]["detail"]
     # And without a run retention no age is told, so the future record is admitted
     harness.run([harness.record({**SPAWN, "dispatch_key": "fast"}, 0, timestamp_ms=now_ms + 50 * 60_000)])
-    assert len(count_runs(dynamodb, table_name, harness.tenant)) == 1
+    runs = count_runs(dynamodb, table_name, harness.tenant)  # the two harnesses serve the one tenant
+    assert sorted(run["dispatch_key"]["S"] for run in runs) == ["fast", "skew"]
 
 
 def test_without_a_run_retention_an_old_record_is_admitted(
@@ -663,3 +685,63 @@ def test_the_relay_reads_its_run_retention_from_the_environment(monkeypatch: pyt
 )
 def test_ages_are_told_in_their_largest_units(ms: int, text: str) -> None:
     assert age_text(ms) == text
+
+
+class RetryAfterFirst(urllib3.PoolManager):
+    """The admission API behind a first answer of 429 with this Retry-After; the POSTs' times are noted."""
+
+    def __init__(self, api: urllib3.PoolManager, retry_after: str) -> None:
+        super().__init__()
+        self._api = api
+        self._retry_after = retry_after
+        self.sent_at: list[float] = []
+
+    def urlopen(self, method: str, url: str, redirect: bool = True, **kw: Any) -> urllib3.BaseHTTPResponse:  # type: ignore[override]
+        self.sent_at.append(time.time())
+        if len(self.sent_at) == 1:
+            return urllib3.HTTPResponse(body=b"{}", status=429, headers={"Retry-After": self._retry_after})
+        return self._api.urlopen(method, url, redirect, **kw)
+
+
+def _first_answer_retry_after(harness: RelayHarness, value: str) -> tuple[RelayHarness, RetryAfterFirst]:
+    api = RetryAfterFirst(harness.api, value)
+    credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
+    relay = Relay(harness.relay._settings, sqs=harness.sqs, http=api, credentials=credentials)
+    return dataclasses.replace(harness, relay=relay), api
+
+
+@pytest.mark.parametrize("value", ["1e9", "inf", "+3", "\u0663", "3.0", "0x10", "-5"])
+def test_a_retry_after_that_is_not_delay_seconds_is_ignored(
+    harness: RelayHarness, value: str, dynamodb: Any, table_name: str
+) -> None:
+    # Given an API whose first answer is 429 with a Retry-After that is neither delay-seconds (ASCII digits)
+    # nor an HTTP-date (RFC 9110 10.2.3): an exponent, infinity, a sign, an Arabic-Indic 3, a fraction, hex
+    retried, api = _first_answer_retry_after(harness, value)
+    # When a record is relayed with 4 s left (2 s to the batch's deadline)
+    retried.run([harness.record({**SPAWN, "dispatch_key": "k"}, 0)], seconds=4)
+    # Then the Retry-After was ignored, as a client does with a field it cannot read: the record was sent
+    # again after its backoff and is one run (read as a number, 1e9 s, inf or 3 s would fail the batch)
+    assert len(api.sent_at) == 2
+    assert len(count_runs(dynamodb, table_name, harness.tenant)) == 1
+
+
+def test_a_retry_after_http_date_is_honoured(harness: RelayHarness, dynamodb: Any, table_name: str) -> None:
+    # Given an API whose first answer is 429 with Retry-After as an HTTP-date 30 s from now
+    retried, api = _first_answer_retry_after(harness, format_datetime(datetime.now(UTC) + timedelta(seconds=30), True))
+    # When a record is relayed with 10 s left
+    # Then the batch fails at once (the date is past its deadline), as it does for `Retry-After: 30`, not
+    # sending the record again before the time the API asked for
+    with pytest.raises(AdmissionApiUnavailable, match="after 1 attempts: HTTP 429"):
+        retried.run([harness.record({**SPAWN, "dispatch_key": "k"}, 0)], seconds=10)
+    assert len(api.sent_at) == 1
+    assert count_runs(dynamodb, table_name, harness.tenant) == []
+
+
+def test_a_retry_after_http_date_in_the_past_is_no_wait(harness: RelayHarness, dynamodb: Any, table_name: str) -> None:
+    # Given an API whose first answer is 429 with Retry-After as an HTTP-date a minute ago
+    retried, api = _first_answer_retry_after(harness, format_datetime(datetime.now(UTC) - timedelta(minutes=1), True))
+    # When a record is relayed, then it is sent again after its backoff only, and is one run
+    retried.run([harness.record({**SPAWN, "dispatch_key": "k"}, 0)], seconds=4)
+    assert len(api.sent_at) == 2
+    assert api.sent_at[1] - api.sent_at[0] < 1
+    assert len(count_runs(dynamodb, table_name, harness.tenant)) == 1

@@ -45,6 +45,7 @@ from poimen_tools.local.template import Template
 from tests.conftest import count_runs, load_event
 from tests.unit.conftest import Invoke
 from tests.unit.relay_harness import RelayHarness
+from tests.unit.test_outbox import _stream_event
 
 DAY = 86_400
 RELAY_ENV = {"ADMISSION_API_URL": "https://api.example", "DLQ_URL": "https://sqs.example/q", "AWS_REGION": "x"}
@@ -261,6 +262,33 @@ def test_a_modify_of_an_admitted_run_is_let_through_and_published(template: Temp
     assert b"expires_at" not in published.value
 
 
+def test_an_admission_is_one_event_id_and_a_readmission_of_its_key_another(
+    retention: int, invoke: Invoke, dynamodb: Any, table_name: str, granted: str
+) -> None:
+    # Given a keyed run admitted, expired, and its key admitted again: one run id, two admissions
+    spawn = {"workflow_ref": "wf", "input": {"n": 1}, "dispatch_key": "k-1"}
+    first = invoke(body=spawn)
+    _expire(dynamodb, table_name, granted, first.body["run_id"])
+    time.sleep(0.002)  # a later created_at than the first run's millisecond, not synchronisation
+    again = invoke(body={**spawn, "input": {"n": 2}})
+    assert (first.status, again.status) == (201, 201)
+    # When the table's stream is read as the outbox's event source delivers it, and delivered again
+    event = _stream_event(dynamodb, table_name)
+    admitted, expiry, readmitted = events_of_batch(event, "prod")
+    redelivered = events_of_batch(event, "prod")
+    # Then each admission's event has one CloudEvents id, the same in every copy (the test's expiry, which
+    # rewrote the first item, and a redelivery are identical duplicates), and the re-admission another
+    ids = [dict(published.headers)["ce_id"] for published in (admitted, expiry, readmitted)]
+    assert ids[0] == ids[1] != ids[2]
+    assert expiry == admitted
+    assert redelivered == [admitted, expiry, readmitted]
+    # And both are the run's (its subject, key and value), the id being the admission's, not the run's
+    assert {dict(published.headers)["ce_subject"] for published in (admitted, readmitted)} == {
+        first.body["run_id"].encode()
+    }
+    assert first.body["run_id"].encode() not in ids
+
+
 def test_a_ttl_deletion_is_neither_let_through_nor_published(template: Template) -> None:
     event = load_event("dynamodb_stream_modify.json")
     event["Records"][0]["eventName"] = "REMOVE"
@@ -365,7 +393,7 @@ def test_poimen_dev_sets_the_tables_ttl_as_the_template_with_its_retention(
 def test_poimen_dev_takes_the_retention_argument() -> None:
     args = build_parser().parse_args(["dev", "--run-retention-days", "3"])
 
-    assert _dev_options(args).template_parameters == {"RunRetentionDays": "3"}
+    assert _dev_options(args).template_parameters["RunRetentionDays"] == "3"
     assert _dev_options(build_parser().parse_args(["dev"])).run_retention_days is None
 
 

@@ -78,6 +78,7 @@ def test_admission_handler_warms_validation_and_drops_its_store_after_restore(
     from poimen.api import admission_service
 
     monkeypatch.setenv("TABLE_NAME", "snapstart-test")
+    monkeypatch.setenv("TENANTS", "acme")
     monkeypatch.setenv("AWS_REGION", "us-east-1")
     admission_service.cache_clear()
 

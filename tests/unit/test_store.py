@@ -26,7 +26,7 @@ def _count_calls(store: Store) -> list[str]:
 def test_admission_is_one_dynamodb_call_fresh_and_replayed(store: Store) -> None:
     # Given a granted principal whose grant is already cached
     store.grant("arn:aws:iam::1:user/a", "t1")
-    admission = Admission(store, grants_cache_seconds=60)
+    admission = Admission(store, grants_cache_seconds=60, tenants={"t1"})
     admission.authorize("arn:aws:iam::1:user/a", "t1")
     calls = _count_calls(store)
     request = RunRequest(workflow_ref="wf", input={"x": 1}, dispatch_key="k")
@@ -121,7 +121,7 @@ def test_a_conflict_answered_without_the_item_reads_it_once_consistently(store: 
     # Given a store that leaves the item out of ConditionalCheckFailed, and a granted principal
     _without_the_item_on_conflict(store)
     store.grant("arn:aws:iam::1:user/a", "t1")
-    admission = Admission(store, grants_cache_seconds=60)
+    admission = Admission(store, grants_cache_seconds=60, tenants={"t1"})
     admission.authorize("arn:aws:iam::1:user/a", "t1")
     calls = _count_calls(store)
     reads: list[bool] = []

@@ -205,7 +205,7 @@ def test_the_relay_is_authorized_by_the_deploy_for_the_stacks_tenants(template: 
     invoke = template.properties("RelayInvokeAdmissionApi")
 
     assert admission_env["RELAY_PRINCIPAL"] == {"Fn::GetAtt": ["InboxRelayFunctionRole", "Arn"]}
-    assert admission_env["RELAY_TENANTS"] == {"Fn::Join": [",", {"Ref": "Tenants"}]}
+    assert admission_env["TENANTS"] == {"Fn::Join": [",", {"Ref": "Tenants"}]}
     assert invoke["Roles"] == [{"Ref": "InboxRelayFunctionRole"}]
     (statement,) = invoke["PolicyDocument"]["Statement"]
     assert statement["Action"] == "execute-api:Invoke"

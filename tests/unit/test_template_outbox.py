@@ -178,3 +178,32 @@ def test_the_outbox_alarms_notify(template: Template, metric: str, dimension: di
 
 def test_the_stream_event_counts_are_published(template: Template) -> None:
     assert template.properties("OutboxRelaySource")["MetricsConfig"] == {"Metrics": ["EventCount"]}
+
+
+def test_the_function_sets_events_aside_in_its_bucket_with_write_only_access(template: Template) -> None:
+    variables = template.properties("OutboxRelayFunction")["Environment"]["Variables"]
+    statements = _role_statements(template.expanded_resources({"Tenants": TENANTS}))
+    s3 = {action: s["Resource"] for s in statements for action in _as_list(s["Action"]) if action.startswith("s3:")}
+
+    assert variables["OUTBOX_FAILED_BATCHES_BUCKET"] == {"Ref": "OutboxFailedBatchesBucket"}
+    # PutObject for the mapping's parked batches and the function's undeliverable events; ListBucket, which
+    # Lambda requires of an S3 destination's role; nothing that reads or deletes an object.
+    assert s3 == {
+        "s3:PutObject": {"Fn::Sub": "${OutboxFailedBatchesBucket.Arn}/*"},
+        "s3:ListBucket": {"Fn::GetAtt": ["OutboxFailedBatchesBucket", "Arn"]},
+    }
+
+
+def test_one_alarm_watches_every_tenants_undeliverable_events(template: Template) -> None:
+    # Given the namespace and service the outbox's metrics are published under
+    namespace = template.document["Globals"]["Function"]["Environment"]["Variables"]["POWERTOOLS_METRICS_NAMESPACE"]
+    service = template.function_environment("OutboxRelayFunction", {})["POWERTOOLS_SERVICE_NAME"]
+    alarm = template.properties("OutboxUndeliverableEventsAlarm")
+    # Then its one query sums EventsParked over every tenant (the code's own dimensions: service, tenant)
+    (query,) = alarm["Metrics"]
+    assert query["Expression"] == (
+        f"SELECT SUM(EventsParked) FROM SCHEMA(\"{namespace}\", service, tenant) WHERE service = '{service}'"
+    )
+    assert query["ReturnData"] is True
+    assert (alarm["Threshold"], alarm["ComparisonOperator"]) == (0, "GreaterThanThreshold")
+    assert alarm["AlarmActions"] == [{"Ref": "AlarmTopic"}]

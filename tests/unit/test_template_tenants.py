@@ -1,5 +1,5 @@
 """A tenant added to `Tenants` is served from its first record: its MSK event source starts polling only
-once the admission alias serves the version whose RELAY_TENANTS names it (else the relay's first batches
+once the admission alias serves the version whose TENANTS names it (else the relay's first batches
 meet the previous version, which refuses the relay for that tenant)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ def test_a_new_tenant_publishes_a_new_admission_version() -> None:
     before = _transformed(Tenants="acme,beta-2")["Resources"]
     after = _transformed(Tenants="acme,beta-2,gamma")["Resources"]
 
-    # RELAY_TENANTS is resolved before SAM hashes the function: another version, and the alias moves to it.
-    assert after["AdmissionFunction"]["Properties"]["Environment"]["Variables"]["RELAY_TENANTS"] == "acme,beta-2,gamma"
+    # TENANTS is resolved before SAM hashes the function: another version, and the alias moves to it.
+    assert after["AdmissionFunction"]["Properties"]["Environment"]["Variables"]["TENANTS"] == "acme,beta-2,gamma"
     assert (
         _only(before, "AWS::Lambda::Version", "AdmissionFunction")[0]
         != (_only(after, "AWS::Lambda::Version", "AdmissionFunction")[0])

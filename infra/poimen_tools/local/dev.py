@@ -1,5 +1,6 @@
 """`poimen dev`: the admission API of template.yaml on loopback, against an embedded moto server, and
-a local Kafka broker whose dispatch topics feed the relay handler through a local MSK event source."""
+a local Kafka broker whose dispatch topics feed the relay handler through a local MSK event source; it
+serves the tenants it is given (the template's Tenants), as a deployed stack does."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import boto3
 import yaml
 
 from poimen.config import Settings
+from poimen.kafka import dispatch_topics_pattern
 from poimen.store import Store
 from poimen_tools.local.devserver import ExecutionEnvironments, LineWriter, LocalApiServer, Route
 from poimen_tools.local.event_source import LocalMskEventSource, failed_batch_key
@@ -36,6 +38,7 @@ from poimen_tools.local.sigv4 import (
 )
 from poimen_tools.local.stream_source import start_local_outbox
 from poimen_tools.local.template import Template, default_template_path
+from poimen_tools.topics import dispatch_retention_ms, ensure_topics
 
 DEFAULT_PRINCIPAL = "arn:aws:iam::000000000000:user/poimen-dev"
 ADMISSION_FUNCTION = "AdmissionFunction"
@@ -43,6 +46,9 @@ ADMISSION_TABLE = "AdmissionTable"
 RELAY_DLQ = "RelayDeadLetterQueue"
 RELAY_FUNCTION = "InboxRelayFunction"
 RUN_RETENTION_PARAMETER = "RunRetentionDays"
+TENANTS_PARAMETER = "Tenants"
+# The tenants `poimen dev` serves unless told otherwise: the README's session uses acme.
+DEFAULT_TENANTS = ("acme",)
 # What `poimen dev` serves from a template: these resources, of these types.
 SERVED_RESOURCES = (
     (ADMISSION_FUNCTION, "AWS::Serverless::Function"),
@@ -87,12 +93,15 @@ class DevOptions:
     # The template's RunRetentionDays: the table's TTL, the functions' RUN_RETENTION_DAYS, the DLQ's
     # retention. None keeps runs forever (the template's default).
     run_retention_days: int | None = None
+    # The template's Tenants: the tenants admission serves (any other is refused, as the deployed stack
+    # refuses it), whose topics are created at start and whose dispatch topics the relay consumes.
+    tenants: tuple[str, ...] = DEFAULT_TENANTS
 
     @property
     def template_parameters(self) -> dict[str, str]:
         """The template parameters these options stand for, as a deploy would pass them."""
         days = self.run_retention_days
-        return {RUN_RETENTION_PARAMETER: "" if days is None else str(days)}
+        return {RUN_RETENTION_PARAMETER: "" if days is None else str(days), TENANTS_PARAMETER: ",".join(self.tenants)}
 
     @property
     def table_home(self) -> str:
@@ -175,11 +184,17 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
             if options.kafka:
                 bucket = _failed_batches_bucket(options.failed_batches_bucket)
                 bootstrap = options.kafka_bootstrap or _start_broker(options.kafka_port, cleanup)
+            if bootstrap is not None:
+                # What a deploy needs first (docs/operations.md, adding a tenant): each tenant's topics, the
+                # .dispatch one keeping records no longer than the runs (what topics ensure accepts).
+                days = options.run_retention_days
+                for tenant in options.tenants:
+                    ensure_topics(bootstrap, tenant, retention_ms=dispatch_retention_ms(days), run_retention_days=days)
             environments.wait_ready()
             server.listen()
             outbox_bucket = None
             if bootstrap is not None and bucket is not None:
-                _start_event_source(template, bootstrap, server.url, dlq_url, bucket, cleanup)
+                _start_event_source(template, bootstrap, server.url, dlq_url, bucket, cleanup, options.tenants)
                 outbox_bucket = _failed_batches_bucket(options.outbox_failed_batches_bucket)
                 start_local_outbox(
                     template,
@@ -191,7 +206,6 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
                     table_region=table_region,
                     region=options.region,
                     keep_positions=options.dynamodb_endpoint is not None,  # the table outlives poimen dev
-                    run_retention_days=options.run_retention_days,  # its topics keep records no longer
                 )
             yield DevStack(
                 server, endpoints, options.table_name, table_region, dlq_url, bootstrap, bucket, outbox_bucket
@@ -235,14 +249,20 @@ def _stop_on_signals() -> None:
 
 def _announce(stack: DevStack, options: DevOptions) -> None:
     url = stack.server.url
+    tenant = options.tenants[0]  # the one the examples below name
     print(f"Admission API: {url}", flush=True)
     table = stack.table_name if stack.table_region == options.region else f"{stack.table_name} ({stack.table_region})"
     print(f"{stack.endpoints.describe()}  table: {table}", flush=True)
     print(f"Relay dead-letter queue: {stack.dlq_url}", flush=True)
+    print(
+        f"Tenants: {','.join(options.tenants)}  (the template's Tenants, --tenants; any other is refused: 403 "
+        "tenant-not-served)",
+        flush=True,
+    )
     if stack.kafka_bootstrap:
         print(f"Kafka bootstrap: {stack.kafka_bootstrap}  (relay consuming poimen.<tenant>.dispatch)", flush=True)
         print(
-            f"Publish: poimen dispatch publish --bootstrap-servers {stack.kafka_bootstrap} --tenant acme "
+            f"Publish: poimen dispatch publish --bootstrap-servers {stack.kafka_bootstrap} --tenant {tenant} "
             "--workflow-ref wf/hello --input '{}' --dispatch-key k-2",
             flush=True,
         )
@@ -250,7 +270,7 @@ def _announce(stack: DevStack, options: DevOptions) -> None:
         print(
             f"Outbox relay: table stream -> poimen.<tenant>.events  (failed batches, S3: "
             f"{stack.outbox_failed_batches_bucket}; watch: poimen events tail --bootstrap-servers "
-            f"{stack.kafka_bootstrap} --tenant acme)",
+            f"{stack.kafka_bootstrap} --tenant {tenant})",
             flush=True,
         )
     if stack.failed_batches_bucket:
@@ -270,7 +290,7 @@ def _announce(stack: DevStack, options: DevOptions) -> None:
     print(f"Credentials (SigV4, execute-api): {DEV_ACCESS_KEY}:{DEV_SECRET_KEY}", flush=True)
     print(
         f"Try: curl -si --aws-sigv4 aws:amz:{options.region}:execute-api --user {DEV_ACCESS_KEY}:{DEV_SECRET_KEY} "
-        f"-X POST {url}/v1/runs -H 'Content-Type: application/json' -H 'X-Poimen-Tenant: acme' "
+        f"-X POST {url}/v1/runs -H 'Content-Type: application/json' -H 'X-Poimen-Tenant: {tenant}' "
         '-d \'{"workflow_ref": "wf/hello", "input": {}, "dispatch_key": "k-1"}\'',
         flush=True,
     )
@@ -314,8 +334,10 @@ def _start_event_source(
     dlq_url: str,
     bucket: str,
     cleanup: contextlib.ExitStack,
+    tenants: tuple[str, ...],
 ) -> None:
-    """The local MSK event source feeding the relay handler, which posts to the (listening) API."""
+    """The local MSK event source feeding the relay handler, which posts to the (listening) API: from the
+    dispatch topics of `tenants` only, local or replicated, as the template's one mapping per tenant topic."""
     # The relay's two variables. Its other ones (service name) are left out: this process's environment
     # is also what the admission execution environments inherit (they started already).
     os.environ.update({"ADMISSION_API_URL": api_url, "DLQ_URL": dlq_url})
@@ -325,6 +347,7 @@ def _start_event_source(
         bootstrap,
         template.load_handler(RELAY_FUNCTION),
         park_in_s3(s3, bucket, lambda record: failed_batch_key(record, mapping_id)),
+        topics=[dispatch_topics_pattern(tenants)],
     )
     source.start()
     cleanup.callback(source.stop)

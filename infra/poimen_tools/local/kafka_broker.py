@@ -165,6 +165,9 @@ class KafkaBroker:
             "share.coordinator.state.topic.min.isr": "1",
             "offsets.topic.num.partitions": "1",  # 50 by default: slow to create on a 2-core machine
             "group.initial.rebalance.delay.ms": "0",
+            # As MSK's default configuration (Amazon MSK Developer Guide, "Default Amazon MSK configuration"):
+            # a topic exists only once created (poimen topics ensure), never because a client named it.
+            "auto.create.topics.enable": "false",
         }
         config.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
         return config

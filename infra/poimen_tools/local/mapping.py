@@ -10,12 +10,10 @@ import abc
 import json
 import logging
 import threading
-import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
-from poimen.wire import rfc3339
+from poimen import on_failure
 from poimen_tools.local.devserver import LambdaHandler, LocalLambdaContext
 
 log = logging.getLogger(__name__)
@@ -78,25 +76,14 @@ class LocalMapping(abc.ABC):
 
 
 def invocation_record(function_name: str, attempts: int) -> dict[str, Any]:
-    """The part every on-failure invocation record has, whatever the source: the failed invocation's context.
-    The source's batch information and `payload` follow it."""
-    return {
-        "requestContext": {
-            "requestId": str(uuid.uuid4()),
-            "functionArn": f"arn:aws:lambda:local:000000000000:function:{function_name}",
-            "condition": "RetryAttemptsExhausted",
-            "approximateInvokeCount": attempts,
-        },
-        "responseContext": {"statusCode": 200, "executedVersion": "$LATEST", "functionError": "Unhandled"},
-        "version": "1.0",
-        "timestamp": rfc3339(),
-    }
+    """The part every on-failure invocation record has, whatever the source: the failed invocation's context
+    (poimen.on_failure), for a local function. The source's batch information and `payload` follow it."""
+    return on_failure.invocation_record(f"arn:aws:lambda:local:000000000000:function:{function_name}", attempts)
 
 
 def parked_batch_key(mapping_id: str, source: str) -> str:
     """An S3 key for a parked batch, after Lambda's `aws/lambda/<mapping>/<source>/YYYY/MM/DD/<time>-<id>`."""
-    now = datetime.now(UTC)
-    return f"aws/lambda/{mapping_id}/{source}/{now:%Y/%m/%d}/{now:%Y-%m-%dT%H.%M.%S}-{uuid.uuid4()}"
+    return on_failure.object_key(f"aws/lambda/{mapping_id}/{source}")
 
 
 def park_in_s3(s3: Any, bucket: str, key: Callable[[dict[str, Any]], str]) -> OnFailure:

@@ -8,7 +8,10 @@ failures, once it went to the on-failure destination in the record Lambda writes
 (batch metadata plus the whole event); only then does the shard's position move past it, and, with a
 `positions` file, is kept there as the mapping keeps its checkpoint. Stopping or being killed while a
 batch is not yet handled keeps it: a restart reads from the last checkpoint (or the trim horizon), so the
-batch comes again (identical duplicates, never a gap).
+batch comes again (identical duplicates, never a gap). As the mapping, it reads every page of
+DescribeStream, reads a shard only once its parent is drained, and replaces an iterator that expired
+(15 minutes) or met trimmed records (24 hours) by one from the last checkpoint, the trim horizon if that
+is trimmed too.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ import os
 import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import boto3
 
+from poimen.on_failure import stream_batch_info
 from poimen_tools.local.mapping import (
     Handler,
     LocalMapping,
@@ -37,7 +41,6 @@ from poimen_tools.local.mapping import (
     parked_batch_key,
 )
 from poimen_tools.local.template import Template
-from poimen_tools.topics import dispatch_retention_ms, ensure_topics
 
 log = logging.getLogger(__name__)
 # The stack name of `poimen dev`, in its events' CloudEvents source: urn:poimen:local:<tenant>.
@@ -90,19 +93,9 @@ def passes(filters: Sequence[Mapping[str, Any]], record: Mapping[str, Any]) -> b
 def on_failure_record(event: dict[str, Any], attempts: int, shard_id: str, function_name: str) -> dict[str, Any]:
     """What Lambda writes to a DynamoDB stream mapping's S3 OnFailure destination for the batch `event`: its
     metadata (DDBStreamBatchInfo) and, as an S3 destination gets it, the whole event in `payload`."""
-    records = event["Records"]
-    arrivals = [record["dynamodb"].get("ApproximateCreationDateTime", 0) for record in records]
     return {
         **invocation_record(function_name, attempts),
-        "DDBStreamBatchInfo": {
-            "shardId": shard_id,
-            "startSequenceNumber": records[0]["dynamodb"]["SequenceNumber"],
-            "endSequenceNumber": records[-1]["dynamodb"]["SequenceNumber"],
-            "approximateArrivalOfFirstRecord": _iso(min(arrivals)),
-            "approximateArrivalOfLastRecord": _iso(max(arrivals)),
-            "batchSize": len(records),
-            "streamArn": records[0]["eventSourceARN"],
-        },
+        "DDBStreamBatchInfo": stream_batch_info(event["Records"], shard_id),
         "payload": json.dumps(event),
     }
 
@@ -110,10 +103,6 @@ def on_failure_record(event: dict[str, Any], attempts: int, shard_id: str, funct
 def failed_batch_key(record: dict[str, Any], mapping_id: str) -> str:
     """An S3 key for a parked stream batch, named for its shard (poimen_tools.local.mapping)."""
     return parked_batch_key(mapping_id, record["DDBStreamBatchInfo"]["shardId"])
-
-
-def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 class LocalStreamEventSource(LocalMapping):
@@ -153,6 +142,9 @@ class LocalStreamEventSource(LocalMapping):
         self._poll = poll_seconds
         # Shard id -> the iterator of its next unread records (None: the shard is closed and drained).
         self._iterators: dict[str, str | None] = {}
+        # Shard id -> the sequence number of its last handled record: where a new iterator starts after one
+        # expired or met trimmed data (kept in `positions` too, if given).
+        self._handled: dict[str, str] = {}
         # Where each shard's position past its last handled batch is kept across restarts; None: in memory
         # only, and a new source starts at the trim horizon.
         self._positions = positions
@@ -183,17 +175,33 @@ class LocalStreamEventSource(LocalMapping):
         return arn
 
     def _poll_once(self, stream_arn: str) -> bool:
-        """Read one batch from each shard; whether any shard had records."""
-        shards = self._streams.describe_stream(StreamArn=stream_arn)["StreamDescription"]["Shards"]
+        """Read one batch from each shard whose parent is drained; whether any shard had records."""
+        shards = self._shards(stream_arn)
+        listed = {shard["ShardId"] for shard in shards}
         busy = False
         for shard in shards:
             shard_id = shard["ShardId"]
+            parent = shard.get("ParentShardId")
+            if parent is not None and parent in listed and self._iterators.get(parent, "unread") is not None:
+                # As the mapping does: a shard's records come after its parent's (one item's writes stay in
+                # order across a split), so a child waits until its parent is drained (or trimmed away).
+                continue
             if shard_id not in self._iterators:
                 self._iterators[shard_id] = self._first_iterator(stream_arn, shard_id)
             iterator = self._iterators[shard_id]
             if iterator is None:
                 continue
-            page = self._streams.get_records(ShardIterator=iterator, Limit=self._batch_size)
+            try:
+                page = self._streams.get_records(ShardIterator=iterator, Limit=self._batch_size)
+            except (
+                self._streams.exceptions.ExpiredIteratorException,
+                self._streams.exceptions.TrimmedDataAccessException,
+            ) as error:
+                # An iterator lives 15 minutes, and records 24 hours: read on from the last handled record.
+                log.warning("local stream event source: shard %s: %s; reading on from its checkpoint", shard_id, error)
+                self._iterators[shard_id] = self._first_iterator(stream_arn, shard_id)
+                busy = True
+                continue
             records = [lambda_stream_record(record, stream_arn) for record in page["Records"]]
             kept = [record for record in records if passes(self._filters, record)]
             event = {"Records": kept}
@@ -206,14 +214,39 @@ class LocalStreamEventSource(LocalMapping):
             busy = busy or bool(records)
         return busy
 
+    def _shards(self, stream_arn: str) -> list[dict[str, Any]]:
+        """Every shard of the stream: DescribeStream, page after page (LastEvaluatedShardId)."""
+        shards: list[dict[str, Any]] = []
+        page: dict[str, Any] = {}
+        while True:
+            described = self._streams.describe_stream(StreamArn=stream_arn, **page)["StreamDescription"]
+            shards += described["Shards"]
+            if not described.get("LastEvaluatedShardId"):
+                return shards
+            page = {"ExclusiveStartShardId": described["LastEvaluatedShardId"]}
+
     def _first_iterator(self, stream_arn: str, shard_id: str) -> str:
-        """After the shard's checkpoint if one is kept for this stream, else from the trim horizon."""
-        after = self._checkpoints(stream_arn).get(shard_id)
-        position: dict[str, str] = (
-            {"ShardIteratorType": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": after}
-            if after
-            else {"ShardIteratorType": "TRIM_HORIZON"}
-        )
+        """After the shard's last handled record (in memory, else its checkpoint kept for this stream), else
+        from the trim horizon; from the trim horizon too if that record is trimmed already. Lambda's mapping
+        does the same: records the stream trimmed (24 h) before they were handled are lost to it, and it
+        reads on from the oldest one left (the template parks records older than OutboxMaxRecordAgeSeconds
+        before that happens)."""
+        after = self._handled.get(shard_id) or self._checkpoints(stream_arn).get(shard_id)
+        if after:
+            try:
+                return self._iterator(
+                    stream_arn, shard_id, ShardIteratorType="AFTER_SEQUENCE_NUMBER", SequenceNumber=after
+                )
+            except self._streams.exceptions.TrimmedDataAccessException:
+                log.warning(
+                    "local stream event source: shard %s is trimmed past its checkpoint %s: records after it were "
+                    "lost; reading on from its trim horizon",
+                    shard_id,
+                    after,
+                )
+        return self._iterator(stream_arn, shard_id, ShardIteratorType="TRIM_HORIZON")
+
+    def _iterator(self, stream_arn: str, shard_id: str, **position: str) -> str:
         iterator: str = self._streams.get_shard_iterator(StreamArn=stream_arn, ShardId=shard_id, **position)[
             "ShardIterator"
         ]
@@ -232,8 +265,10 @@ class LocalStreamEventSource(LocalMapping):
         return {str(k): str(v) for k, v in shards.items()} if isinstance(shards, dict) else {}
 
     def _checkpoint(self, stream_arn: str, shard_id: str, sequence_number: str) -> None:
-        """Keep the shard's position past a handled batch, as the mapping keeps its checkpoint: written to a
-        temporary file and renamed over the old one, so a kill leaves one or the other whole."""
+        """Keep the shard's position past a handled batch, as the mapping keeps its checkpoint: in memory, and in
+        `positions` written to a temporary file and renamed over the old one, so a kill leaves one or the
+        other whole."""
+        self._handled[shard_id] = sequence_number
         if self._positions is None:
             return
         shards = {**self._checkpoints(stream_arn), shard_id: sequence_number}
@@ -245,6 +280,7 @@ class LocalStreamEventSource(LocalMapping):
 
 OUTBOX_FUNCTION = "OutboxRelayFunction"
 OUTBOX_SOURCE = "OutboxRelaySource"
+OUTBOX_BUCKET = "OutboxFailedBatchesBucket"
 
 
 def positions_file(
@@ -270,49 +306,33 @@ def start_local_outbox(
     table_region: str,
     region: str,
     keep_positions: bool = False,
-    run_retention_days: int | None = None,
 ) -> LocalStreamEventSource:
     """`poimen dev`'s outbox relay in `region`: the stream of the table (in `table_region`) feeding the outbox
     handler of template.yaml, which produces to the local broker; failed batches parked in `bucket` (S3, an
-    existing bucket) as Lambda parks them.
+    existing bucket) as Lambda parks them, and the events the handler sets aside written there by it.
 
-    The handler is wrapped in what a deploy does beforehand: `poimen topics ensure` for each tenant whose
-    runs reach it (once per tenant), as no tenant is known before its first run, with `.dispatch` keeping
-    records 7 days or `run_retention_days` when shorter (what `topics ensure --run-retention-days`
-    accepts). With `keep_positions` (a
-    table that outlives `poimen dev`) the shards' checkpoints are kept in a file of the temporary
-    directory named for the endpoint, the table and the Regions (positions_file), so a restart resumes after
-    the last handled batch.
+    It creates no topic: `poimen dev` creates its tenants' at start, as a deploy needs them created first,
+    and an event of a topic that does not exist is set aside, as on MSK. With `keep_positions` (a table
+    that outlives `poimen dev`) the shards' checkpoints are kept in a file of the temporary directory
+    named for the endpoint, the table and the Regions (positions_file), so a restart resumes after the
+    last handled batch.
     """
-    function = template.function_environment(OUTBOX_FUNCTION, {})
-    # The outbox's variables, for the local broker: plaintext, and a stack named "local". Its service name
-    # is left out, as for the inbox relay: this process's environment is also the API environments'.
+    function = template.function_environment(OUTBOX_FUNCTION, {OUTBOX_BUCKET: bucket})
+    # The outbox's variables, for the local broker: plaintext, and a stack named "local". Not its
+    # POWERTOOLS_SERVICE_NAME, as this process's environment is also the API environments': its service is
+    # given as OUTBOX_SERVICE_NAME, so its metrics are the outbox's, as the dashboard reads them.
     os.environ.update(
         {name: value for name, value in function.items() if name.startswith("OUTBOX_")}
         | {"KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers, "KAFKA_AUTH": "none", "POIMEN_STACK_NAME": LOCAL_STACK}
+        | {"OUTBOX_SERVICE_NAME": function["POWERTOOLS_SERVICE_NAME"]}
     )
     handler = template.load_handler(OUTBOX_FUNCTION)
-    ensured: set[str] = set()
-
-    def ensure_then_handle(event: dict[str, Any], context: Any) -> Any:
-        for record in event["Records"]:
-            tenant = record["dynamodb"].get("NewImage", {}).get("tenant_id", {}).get("S")
-            if tenant and tenant not in ensured:
-                ensure_topics(
-                    bootstrap_servers,
-                    tenant,
-                    retention_ms=dispatch_retention_ms(run_retention_days),
-                    run_retention_days=run_retention_days,
-                )
-                ensured.add(tenant)
-        return handler(event, context)
-
     s3 = boto3.client("s3")
     mapping_id = str(uuid.uuid4())
     source = LocalStreamEventSource(
         dynamodb_endpoint,
         table_name,
-        ensure_then_handle,
+        handler,
         park_in_s3(s3, bucket, lambda record: failed_batch_key(record, mapping_id)),
         filters=template.properties(OUTBOX_SOURCE).get("FilterCriteria", {}).get("Filters", []),
         function_timeout_seconds=float(template.properties(OUTBOX_FUNCTION).get("Timeout", 60)),

@@ -78,10 +78,17 @@ class Template:
         return self.resources[logical_id].get("Properties", {})  # type: ignore[no-any-return]
 
     def resolve(self, value: Any, refs: Mapping[str, str]) -> str | None:
-        """A plain string for literals, `Ref`s named in `refs` and parameter defaults, and the branch of an
-        Fn::If its condition chooses (parameters from `refs`, else their defaults); else None."""
+        """A plain string for literals, `Ref`s named in `refs` and parameter defaults (a CommaDelimitedList's
+        as its comma-separated text), the branch of an Fn::If its condition chooses (parameters from `refs`,
+        else their defaults), and an Fn::Join of those or of a list parameter; else None."""
         if isinstance(value, str | int | float):
             return str(value)
+        if isinstance(value, dict) and set(value) == {"Fn::Join"}:
+            delimiter, items = value["Fn::Join"]
+            # A list parameter's Ref stands for its items; any other list holds one value per item.
+            listed = self.resolve(items, refs) if isinstance(items, dict) else None
+            parts = listed.split(",") if listed is not None else [self.resolve(item, refs) for item in items]
+            return None if any(part is None for part in parts) else str(delimiter).join(map(str, parts))
         if isinstance(value, dict) and set(value) == {"Fn::If"}:
             condition, when_true, when_false = value["Fn::If"]
             return self.resolve(when_true if self.condition(condition, refs) else when_false, refs)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from poimen.errors import (
     RunNotFound,
     StoreUnavailable,
     TenantNotGranted,
+    TenantNotServed,
 )
 from poimen.ids import keyed_run_id, request_fingerprint, unkeyed_run_id
 from poimen.store import RunRecord, Store, run_pk
@@ -75,10 +76,13 @@ class Admission:
         grants_cache_seconds: float,
         clock: Callable[[], float] = time.monotonic,
         *,
+        tenants: Collection[str],
         refusal_cache_seconds: float = 5.0,
         trusted: Mapping[str, frozenset[str]] | None = None,
     ) -> None:
         self._store = store
+        # The tenants the stack serves: any other is refused before its grants are read.
+        self._tenants = frozenset(tenants)
         self._grants_ttl = grants_cache_seconds
         self._refusal_ttl = min(refusal_cache_seconds, grants_cache_seconds)
         self._clock = clock
@@ -160,8 +164,12 @@ class Admission:
         return self.get_run(principal, tenant_id, keyed_run_id(tenant_id, dispatch_key))
 
     def authorize(self, principal: str | None, tenant_id: str) -> None:
+        """Whether `principal` may act for `tenant_id`: IdentityMissing, TenantNotServed (whatever its grants:
+        the stack cannot serve that tenant), TenantNotGranted; else it may."""
         if not principal:
             raise IdentityMissing("the request carries no authenticated principal")
+        if tenant_id not in self._tenants:
+            raise TenantNotServed(tenant_id)
         normalised = normalise_principal(principal)
         if tenant_id in self._trusted.get(normalised, frozenset()):
             return

@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 from pydantic.json_schema import SkipJsonSchema
 
 from poimen.admission import Admission, Admitted, RunView
-from poimen.config import Settings
+from poimen.config import ConfigurationError, Settings
 from poimen.contract import (
     IDEMPOTENCY_KEY_HEADER_PATTERN,
     DispatchKey,
@@ -50,6 +50,7 @@ from poimen.errors import (
     RunTooLarge,
     StoreUnavailable,
     TenantNotGranted,
+    TenantNotServed,
 )
 from poimen.observability import logger, metrics
 from poimen.store import Store
@@ -121,10 +122,14 @@ app = AdmissionResolver()
 def admission_service() -> Admission:
     """Admission built once per process from the validated environment, on first use."""
     settings = Settings.from_env()
-    trusted = {settings.relay_principal: settings.relay_tenants} if settings.relay_principal else {}
+    if not settings.tenants:
+        raise ConfigurationError("TENANTS must name the tenants this stack serves (template.yaml: its Tenants)")
+    # The stack's relay is trusted for exactly the tenants the stack serves.
+    trusted = {settings.relay_principal: settings.tenants} if settings.relay_principal else {}
     return Admission(
         Store(settings),
         settings.grants_cache_seconds,
+        tenants=settings.tenants,
         refusal_cache_seconds=settings.refusal_cache_seconds,
         trusted=trusted,
     )
@@ -165,7 +170,11 @@ _GATEWAY_ANSWERS = {
     HTTPStatus.REQUEST_ENTITY_TOO_LARGE: 'Over API Gateway\'s 10 MB payload quota, its own `{"message"}`.',
 }
 _PROBLEM_DESCRIPTIONS = {
-    HTTPStatus.FORBIDDEN: "`forbidden`: no authenticated principal, or the tenant is not granted to it.",
+    HTTPStatus.FORBIDDEN: (
+        "`forbidden`: no authenticated principal, or the tenant is not granted to it. `tenant-not-served`: this "
+        "stack does not serve the tenant (it is not in the stack's Tenants), whatever the caller's grants; "
+        "nothing was read or written, and only a deploy serving the tenant changes the answer."
+    ),
     HTTPStatus.NOT_FOUND: "`run-not-found`: no such run for this tenant.",
     HTTPStatus.REQUEST_ENTITY_TOO_LARGE: (
         f"`payload-too-large`: the body is over {MAX_BODY_BYTES} bytes, or the run would be over DynamoDB's item limit."
@@ -209,7 +218,7 @@ def _problems(*statuses: HTTPStatus) -> dict[int, OpenAPIResponse]:
     return answers
 
 
-# What every route answers. (A refusal of a tenant the stack does not serve joins these.)
+# What every route answers.
 _COMMON_PROBLEMS = (
     HTTPStatus.BAD_REQUEST,
     HTTPStatus.FORBIDDEN,
@@ -513,6 +522,20 @@ def _no_identity(_: IdentityMissing) -> Response[str]:
 def _not_granted(error: TenantNotGranted) -> Response[str]:
     logger.warning("tenant not granted", principal=error.principal, tenant_id=error.tenant_id)
     return problem(HTTPStatus.FORBIDDEN, "forbidden", "The caller is not granted this tenant.")
+
+
+@app.exception_handler(TenantNotServed)
+def _not_served(error: TenantNotServed) -> Response[str]:
+    # 403 and not a 400/422: the request is not at fault, this stack is not the one to ask (the relay, which
+    # dead-letters what blames the record, fails the batch instead and retries it until a deploy serves the
+    # tenant), and no grant changes the answer.
+    logger.warning("tenant not served", tenant_id=error.tenant_id)
+    return problem(
+        HTTPStatus.FORBIDDEN,
+        "tenant-not-served",
+        f"This stack does not serve tenant {error.tenant_id}: it admits runs only for the tenants it is "
+        "deployed with (its Tenants), whatever the caller's grants.",
+    )
 
 
 @app.exception_handler(RunNotFound)

@@ -24,8 +24,6 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -40,7 +38,7 @@ from pydantic import ValidationError
 from poimen.cells import CELLS_DOCUMENT_VARIABLE, CELLS_FILE_VARIABLE, CellMap
 from poimen.contract import Problem, Run, json_text, parse_json
 from poimen.endpoints import RegionalEndpoint, Rotation, regional_endpoint
-from poimen.wire import REPLAYED_HEADER, TENANT_HEADER, TENANT_PATTERN
+from poimen.wire import REPLAYED_HEADER, TENANT_HEADER, TENANT_PATTERN, retry_after_seconds
 
 __all__ = [
     "GENERATED_KEY_PREFIX",
@@ -75,7 +73,6 @@ STORE_UNAVAILABLE: Final = "urn:poimen:problem:store-unavailable"
 DEFAULT_TIMEOUT_SECONDS: Final = 15.0
 DEFAULT_MAX_ATTEMPTS: Final = 5
 _TENANT = re.compile(TENANT_PATTERN)
-_DELAY_SECONDS = re.compile(r"[0-9]+")  # RFC 9110 delay-seconds: 1*DIGIT, and DIGIT is ASCII (RFC 5234)
 
 
 class AdmissionError(Exception):
@@ -478,7 +475,7 @@ class AdmissionClient:
                     return answer
                 last = answer
                 failure = f"HTTP {response.status}"
-                retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
+                retry_after = retry_after_seconds(response.headers.get("Retry-After"))
                 reached = reached or not _nothing_written(answer)
             # A Retry-After speaks for the endpoint that sent it, not for another Region's: it holds back that
             # endpoint only, however the rotation comes back to it.
@@ -624,21 +621,3 @@ def _json_or_text(data: bytes) -> Any:
         return json.loads(data)
     except ValueError:
         return data.decode("utf-8", "replace")
-
-
-def _retry_after_seconds(value: str | None, now: datetime | None = None) -> float | None:
-    """Retry-After as delay-seconds or an HTTP-date (RFC 9110 10.2.3), in seconds from now; None if
-    absent or unreadable. delay-seconds is ASCII digits only: `str.isdigit` would take "²" (which float
-    refuses) or Arabic-Indic digits."""
-    if not value:
-        return None
-    text = value.strip()
-    if _DELAY_SECONDS.fullmatch(text):
-        return float(text)
-    try:
-        when = parsedate_to_datetime(text)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:  # "-0000": UTC, as HTTP-dates always are
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())

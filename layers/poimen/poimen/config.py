@@ -8,8 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from poimen.kafka import is_tenant_id
 from poimen.principals import InvalidPrincipal, grant_principal
 from poimen.retention import InvalidRetention, RunRetention, run_retention, run_retention_days
+from poimen.wire import TENANT_PATTERN
 
 N = TypeVar("N", int, float)
 
@@ -34,10 +36,13 @@ class Settings:
     grants_cache_seconds: float = 60.0
     # A refusal is cached for less: a grant just written takes effect within this many seconds.
     refusal_cache_seconds: float = 5.0
+    # The tenants this stack serves (TENANTS: the template's Tenants, which have topics, event sources and the
+    # outbox's permission): admission refuses any other, whatever the caller's grants. Empty (unset) only
+    # for the tools that use the store alone; admission refuses to start without it.
+    tenants: frozenset[str] = frozenset()
     # The relay of this stack, trusted for the stack's tenants by the deploy itself (template.yaml:
-    # RELAY_PRINCIPAL, RELAY_TENANTS), so it needs no grant and is never refused after a deploy.
+    # RELAY_PRINCIPAL), so it needs no grant and is never refused after a deploy.
     relay_principal: str | None = None
-    relay_tenants: frozenset[str] = frozenset()
     # Total attempts (first try included) for one DynamoDB call before the API answers 503, and the
     # connect and read timeout of each. An admission makes up to two calls (the grant on a cache miss,
     # then the write), and after a write of unknown outcome one more of a single attempt (the fence or
@@ -66,8 +71,8 @@ class Settings:
             region=_region(env),
             grants_cache_seconds=_number(env, "GRANTS_CACHE_SECONDS", cls.grants_cache_seconds, float),
             refusal_cache_seconds=_number(env, "REFUSAL_CACHE_SECONDS", cls.refusal_cache_seconds, float),
+            tenants=_tenants(env),
             relay_principal=_relay_principal(env),
-            relay_tenants=frozenset(t.strip() for t in env.get("RELAY_TENANTS", "").split(",") if t.strip()),
             dynamodb_max_attempts=_number(env, "DYNAMODB_MAX_ATTEMPTS", cls.dynamodb_max_attempts, int),
             dynamodb_timeout_seconds=_number(env, "DYNAMODB_TIMEOUT_SECONDS", cls.dynamodb_timeout_seconds, float),
             dynamodb_max_connections=_number(env, "DYNAMODB_MAX_CONNECTIONS", cls.dynamodb_max_connections, int),
@@ -76,13 +81,41 @@ class Settings:
         )
         if settings.grants_cache_seconds < 0 or settings.refusal_cache_seconds < 0:
             raise ConfigurationError("GRANTS_CACHE_SECONDS and REFUSAL_CACHE_SECONDS must not be negative")
-        if settings.relay_tenants and settings.relay_principal is None:
-            raise ConfigurationError("RELAY_TENANTS needs RELAY_PRINCIPAL, the relay role they are trusted to")
         if settings.dynamodb_max_attempts < 1:
             raise ConfigurationError("DYNAMODB_MAX_ATTEMPTS must be at least 1")
         if settings.dynamodb_timeout_seconds <= 0 or settings.dynamodb_max_connections < 1:
             raise ConfigurationError("DynamoDB timeout and pool size must be positive")
         return settings
+
+
+def _tenants(env: Mapping[str, str]) -> frozenset[str]:
+    raw = env.get("TENANTS", "").strip()
+    try:
+        return frozenset(parse_tenants(raw)) if raw else frozenset()
+    except ValueError as error:
+        raise ConfigurationError(f"TENANTS: {error}") from error
+
+
+def parse_tenants(text: str) -> tuple[str, ...]:
+    """Tenant ids, comma-separated, as the template's Tenants parameter takes them (TENANTS, `poimen dev
+    --tenants`): each a tenant id, named once, and no two equal but for hyphens (`a-b`, `ab`: their event
+    sources would share one logical id, which SAM CLI and CloudFormation refuse). ValueError otherwise."""
+    tenants = tuple(tenant.strip() for tenant in text.split(","))
+    for tenant in tenants:
+        if not tenant:
+            raise ValueError(f"an empty tenant in {text!r}")
+        if not is_tenant_id(tenant):
+            raise ValueError(f"{tenant!r} is not a tenant id ({TENANT_PATTERN})")
+    repeated = sorted({tenant for tenant in tenants if tenants.count(tenant) > 1})
+    if repeated:
+        raise ValueError(f"{', '.join(repeated)} named twice")
+    by_logical_id: dict[str, list[str]] = {}
+    for tenant in tenants:
+        by_logical_id.setdefault(tenant.replace("-", ""), []).append(tenant)
+    clashing = [" and ".join(names) for names in by_logical_id.values() if len(names) > 1]
+    if clashing:
+        raise ValueError(f"{'; '.join(clashing)} are equal but for hyphens (one logical id for their event sources)")
+    return tenants
 
 
 def _relay_principal(env: Mapping[str, str]) -> str | None:
@@ -161,7 +194,8 @@ class RelaySettings:
     dlq_timeout_seconds: float = 1.0
     retry_base_seconds: float = 0.05
     retry_cap_seconds: float = 5.0
-    # Give up retrying this long before the function's deadline, so the raise reaches the event source.
+    # Give up retrying this long before the function's deadline, so the raise reaches the event source; at
+    # least poimen.aws_session.CREDENTIALS_FETCH_SECONDS, a credentials refresh begun just before it.
     time_margin_seconds: float = 2.0
     # RUN_RETENTION_DAYS, as admission reads it (days None: runs kept forever), and its last change
     # (PREVIOUS_RUN_RETENTION_DAYS, RUN_RETENTION_CHANGED_AT), as make deploy records it.
@@ -213,6 +247,13 @@ class OutboxSettings:
     region: str
     # The stack's name, in each event's CloudEvents source (`urn:poimen:<stack>:<tenant>`).
     stack_name: str
+    # Where events no retry can deliver are set aside (OUTBOX_FAILED_BATCHES_BUCKET, OutboxFailedBatchesBucket);
+    # None only for tools that publish otherwise (backfill reports them instead).
+    failed_batches_bucket: str | None = None
+    # The service its EMF metrics are published under (the dashboard's `service`): OUTBOX_SERVICE_NAME, else
+    # POWERTOOLS_SERVICE_NAME, which Lambda gives each function alone; `poimen dev`, whose process runs the
+    # relays beside admission's variables, sets the former from the template. None: Powertools' own default.
+    service_name: str | None = None
     # SASL_SSL/OAUTHBEARER with MSK IAM tokens; plaintext otherwise (the local broker).
     iam_auth: bool = False
     # How long a record may wait for the broker (librdkafka's message.timeout.ms); each batch also waits at
@@ -229,6 +270,11 @@ class OutboxSettings:
         stack_name = env.get("POIMEN_STACK_NAME", "").strip()
         if not stack_name:
             raise ConfigurationError("POIMEN_STACK_NAME must name the stack (the events' CloudEvents source)")
+        bucket = env.get("OUTBOX_FAILED_BATCHES_BUCKET", "").strip()
+        if not bucket:
+            raise ConfigurationError(
+                "OUTBOX_FAILED_BATCHES_BUCKET must name the bucket where undeliverable events are set aside"
+            )
         auth = env.get("KAFKA_AUTH", "none").strip().lower()
         if auth not in ("iam", "none"):
             raise ConfigurationError(f"KAFKA_AUTH must be iam or none, got {auth!r}")
@@ -236,6 +282,8 @@ class OutboxSettings:
             bootstrap_servers=bootstrap,
             region=_region(env),
             stack_name=stack_name,
+            failed_batches_bucket=bucket,
+            service_name=(env.get("OUTBOX_SERVICE_NAME") or env.get("POWERTOOLS_SERVICE_NAME") or "").strip() or None,
             iam_auth=auth == "iam",
             delivery_timeout_seconds=_number(
                 env, "OUTBOX_DELIVERY_TIMEOUT_SECONDS", cls.delivery_timeout_seconds, float

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from poimen.contract import JSONTooDeep, RunRequest, json_text, parse_json
 from poimen.ids import keyed_run_id, unkeyed_run_id
 from poimen.kafka import InvalidTenant, dispatch_topic, partition_key
-from poimen.kafka_client import broker_error_reason, client_config, quiet_client_settings
+from poimen.kafka_client import broker_error_reason, client_config, delivery_settings, quiet_client_settings
 from poimen.wire import MAX_BODY_BYTES
 
 # librdkafka's own default for `message.timeout.ms`: a record waits five minutes for a broker.
@@ -88,7 +88,7 @@ class DispatchPublisher:
             "enable.idempotence": True,
             "acks": "all",
             "partitioner": "murmur2_random",
-            "message.timeout.ms": int(delivery_timeout_seconds * 1000),
+            **delivery_settings(delivery_timeout_seconds),
             "error_cb": self._client_error,
             **quiet_client_settings(quick),
             **extra,

@@ -18,6 +18,15 @@ class TenantNotGranted(AdmissionError):
         self.tenant_id = tenant_id
 
 
+class TenantNotServed(AdmissionError):
+    """The stack does not serve this tenant (it is not in its Tenants): its runs could have no events, and
+    no grant changes that; only a deploy with the tenant does."""
+
+    def __init__(self, tenant_id: str) -> None:
+        super().__init__(f"this stack does not serve tenant {tenant_id}")
+        self.tenant_id = tenant_id
+
+
 class RunNotFound(AdmissionError):
     """No such run for this tenant; said the same way whether or not another tenant has it."""
 

@@ -1,4 +1,5 @@
-"""Run identifiers: derived from (tenant, dispatch_key) for keyed spawns, time-ordered for the rest."""
+"""Run identifiers: derived from (tenant, dispatch_key) for keyed spawns, time-ordered for the rest; and the
+identifier of one admission of a run, its event's CloudEvents id."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from json.encoder import encode_basestring
 from typing import Any
 
 _KEYED_RUN_ID_DOMAIN = b"poimen/run-id/v1\x00"
+_ADMISSION_ID_DOMAIN = b"poimen/admission-id/v1\x00"
 
 
 def keyed_run_id(tenant_id: str, dispatch_key: str) -> str:
@@ -20,10 +22,24 @@ def keyed_run_id(tenant_id: str, dispatch_key: str) -> str:
     conditional put on this id *is* the unique index on (tenant, dispatch_key). The NUL separator
     cannot occur in a tenant id, so no two (tenant, key) pairs hash the same input.
     """
-    digest = hashlib.sha256(
-        _KEYED_RUN_ID_DOMAIN + tenant_id.encode() + b"\x00" + dispatch_key.encode("utf-8", "surrogatepass")
-    ).digest()
-    raw = bytearray(digest[:16])
+    return _uuid8(_KEYED_RUN_ID_DOMAIN + tenant_id.encode() + b"\x00" + dispatch_key.encode("utf-8", "surrogatepass"))
+
+
+def admission_id(run_id: str, attempt_id: str) -> str:
+    """The id of one admission of a run (its event's CloudEvents `id`): a UUIDv8 from SHA-256 over (run id,
+    the attempt id of the write that admitted it), both stored in the run's item.
+
+    So every copy of an admission's event has it (a redelivery of the stream batch, a backfill, the outbox
+    of every Region reading its replica of the item), and a re-admission, the same run id written again by
+    another request once the first expired (run retention), has another: each write has its own attempt id
+    (a uuid4; a retried PutItem of one request keeps it, and writes the same admission).
+    """
+    return _uuid8(_ADMISSION_ID_DOMAIN + run_id.encode() + b"\x00" + attempt_id.encode())
+
+
+def _uuid8(data: bytes) -> str:
+    """A UUIDv8 of the first 16 bytes of SHA-256(data)."""
+    raw = bytearray(hashlib.sha256(data).digest()[:16])
     raw[6] = (raw[6] & 0x0F) | 0x80  # version 8: custom, RFC 9562
     raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 9562 variant
     return str(uuid.UUID(bytes=bytes(raw)))

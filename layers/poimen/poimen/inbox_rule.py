@@ -143,9 +143,11 @@ def rejected(status: int, answer: Any) -> DeadLetterReason:
 
 
 def record_timestamp_ms(record: Mapping[str, Any]) -> int | None:
-    """The record's Kafka timestamp in milliseconds; None for a record without one (-1): no lag, no age."""
+    """The record's Kafka timestamp in milliseconds; None for a record without one (-1, Kafka's NO_TIMESTAMP):
+    no lag, no age. 0 is a time (1970, a producer's clock never set), not the absence of one: under a run
+    retention such a record is expired, not admitted whatever its age."""
     value = record.get("timestamp")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def traceparent(record: Mapping[str, Any]) -> str | None:

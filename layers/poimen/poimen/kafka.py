@@ -12,6 +12,7 @@ prefixes (a topic replicated back and forth) is no dispatch topic.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from poimen.wire import TENANT_PATTERN
 
@@ -25,6 +26,13 @@ _DISPATCH_TOPIC = re.compile(rf"(?:(?P<alias>{_ALIAS})\.)?poimen\.(?P<tenant>{_T
 # Every tenant's dispatch topic, local or replicated, as a librdkafka subscription pattern (a leading ^
 # marks a regex). A plain group, no `(?:`: librdkafka may compile it as a POSIX extended regex.
 DISPATCH_TOPIC_PATTERN = rf"^({_ALIAS}\.)?poimen\.{_TENANT}\.dispatch$"
+
+
+def dispatch_topics_pattern(tenants: Iterable[str]) -> str:
+    """The dispatch topics of `tenants` only, local or replicated, as a librdkafka subscription pattern:
+    what one event source mapping per tenant topic consumes (InvalidTenant for what is not a tenant id)."""
+    names = "|".join(_checked(tenant) for tenant in sorted(tenants))
+    return rf"^({_ALIAS}\.)?poimen\.({names})\.dispatch$"
 
 
 class InvalidTenant(ValueError):

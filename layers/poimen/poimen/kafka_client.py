@@ -66,6 +66,17 @@ def quiet_client_settings(timeout_seconds: float | None = None) -> dict[str, Any
     return settings
 
 
+def delivery_settings(delivery_timeout_seconds: float) -> dict[str, Any]:
+    """A producer's record timeout (`message.timeout.ms`), and how long a topic the broker's metadata says
+    does not exist may still be on its way (`topic.metadata.propagation.max.ms`, 30 s by default): at most
+    10 s and half the delivery timeout, so a record of a topic that does not exist (MSK creates none on
+    demand) fails as `Unknown topic` rather than as a time-out, which would read as the broker away."""
+    return {
+        "message.timeout.ms": int(delivery_timeout_seconds * 1000),
+        "topic.metadata.propagation.max.ms": int(min(10.0, delivery_timeout_seconds / 2) * 1000),
+    }
+
+
 def broker_error_reason(text: str) -> str:
     """The short reason in a librdkafka transport error: 'connection refused' out of
     '127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused (after 0ms ...)'."""

@@ -5,27 +5,41 @@ it) and its role cannot write the table. An event is the run as GET /v1/runs/{id
 run's partition key, with CloudEvents 1.0 attributes as Kafka headers (binary content mode). Delivery is at
 least once: a batch succeeds only once the broker acknowledged every event of it (idempotent producer,
 acks=all); otherwise the invocation fails and the event source retries the batch, so a duplicate only
-follows a failure, and is identical (same key, `ce_id`, value).
+follows a failure, and is identical (same key, `ce_id`, value). `ce_id` names the admission, not the run
+(poimen.ids.admission_id): a run id admitted again once its first admission expired is another event.
+
+An event no retry can deliver (UNDELIVERABLE: its topic does not exist or may not be written, the record is
+refused as it is) would block its shard, every tenant's later runs with it, until the retries ran out: it
+is set aside instead, in OutboxFailedBatchesBucket as Lambda's on-failure record of its stream record
+(poimen.on_failure), counted per tenant (EventsParked), and the batch goes on. It is set aside only by an
+invocation whose other events were all acknowledged, so a retried batch sets it aside once.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
+import botocore.session
+from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from confluent_kafka import KafkaError, Message, Producer
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from poimen import on_failure
 from poimen.config import OutboxSettings
 from poimen.contract import run_json
+from poimen.ids import admission_id
 from poimen.kafka import events_topic, partition_key
-from poimen.kafka_client import client_config, quiet_client_settings
+from poimen.kafka_client import client_config, delivery_settings, quiet_client_settings
 from poimen.observability import logger, metrics
 
 RUN_PREFIX = "RUN#"
@@ -44,10 +58,42 @@ REQUIRED_ATTRIBUTES = frozenset(
 OPTIONAL_ATTRIBUTES = frozenset({"goal_id", "dispatch_key", "traceparent"})
 # The attribute of an item at a run's key that is no run (store.ITEM_TYPE; a test holds them equal).
 NOT_A_RUN_MARKER = "item_type"
+# librdkafka's answers (as delivery reports, or raised by produce()) that are the same for this record on
+# this topic however often it is sent, until an operator acts: retrying the batch only blocks the shard.
+UNDELIVERABLE = frozenset(
+    {
+        # No such topic: MSK creates none on demand (auto.create.topics.enable false), so it exists only once
+        # `poimen topics ensure` made it. Broker side, or librdkafka's own once the metadata said so for
+        # `topic.metadata.propagation.max.ms` (set below the delivery timeout, so it is said, not timed out).
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_TOPIC,
+        # A partition the topic does not have (partitions are never removed: the topic was recreated smaller).
+        KafkaError._UNKNOWN_PARTITION,
+        # The role may not write the topic (MSK IAM): a tenant outside the stack's Tenants; only a deploy
+        # changes the role's policies.
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        # The record is larger than the topic, the broker or the client takes (max.message.bytes,
+        # message.max.bytes); the event is a function of the stored run, so it is as large every time.
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        # The broker refused this record on validation, or the topic's name: the same answer every time.
+        KafkaError.INVALID_RECORD,
+        KafkaError.TOPIC_EXCEPTION,
+    }
+)
+# Not among them, as every tenant's events meet them alike and the batch must wait (it fails and is retried):
+# time-outs and transport errors (the broker away), CLUSTER_AUTHORIZATION_FAILED and SASL failures (the role
+# or its credentials), _FATAL (the producer's state: the retry gets a new one), not-enough-replicas.
+PARKED_PREFIX = "undeliverable"
+# Lambda's on-failure records say why in requestContext.condition; the outbox's own say this.
+UNDELIVERABLE_CONDITION = "EventsUndeliverable"
+# The S3 client of the parking: a few seconds at most, so that a failure still reaches the event source.
+_S3_CONFIG = Config(connect_timeout=1, read_timeout=3, retries={"total_max_attempts": 2, "mode": "standard"})
+_S3_WORST_SECONDS = 2 * (1 + 3) + 1
 
 
 class OutboxBatchFailed(Exception):
-    """Some event of the batch was not acknowledged by the broker: the event source must retry the batch."""
+    """Some event of the batch was not acknowledged by the broker (or could not be set aside): the event
+    source must retry the batch."""
 
 
 class MalformedRun(OutboxBatchFailed):
@@ -64,11 +110,16 @@ class RunEvent:
 
     tenant_id: str
     run_id: str
+    # The admission's id (poimen.ids.admission_id), its CloudEvents id: one per admission, not per run.
+    event_id: str
     created_at: str
     topic: str
     key: bytes
     value: bytes
     headers: tuple[tuple[str, bytes], ...]
+    # The stream record it was built from (None when built from an item, as backfill does): what is set
+    # aside if it cannot be delivered.
+    stream_record: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
 
 def event_source_uri(stack_name: str, tenant_id: str) -> str:
@@ -107,9 +158,10 @@ def run_event(image: Mapping[str, Mapping[str, Any]], stack_name: str) -> RunEve
         dispatch_key=_string(image, "dispatch_key"),
         created_at=created_at,
     )
+    event_id = admission_id(run_id, text["attempt_id"])
     headers: list[tuple[str, bytes]] = [
         ("ce_specversion", b"1.0"),
-        ("ce_id", run_id.encode()),
+        ("ce_id", event_id.encode()),
         ("ce_source", event_source_uri(stack_name, tenant_id).encode()),
         ("ce_type", EVENT_TYPE.encode()),
         ("ce_subject", run_id.encode()),
@@ -122,6 +174,7 @@ def run_event(image: Mapping[str, Mapping[str, Any]], stack_name: str) -> RunEve
     return RunEvent(
         tenant_id=tenant_id,
         run_id=run_id,
+        event_id=event_id,
         created_at=created_at,
         topic=events_topic(tenant_id),
         key=partition_key(tenant_id, run_id),
@@ -148,11 +201,30 @@ def events_of_batch(event: Mapping[str, Any], stack_name: str) -> list[RunEvent]
         ):
             logger.debug("stream record is no admitted run; nothing to publish", event_id=record.get("eventID"))
             continue
-        events.append(run_event(image, stack_name))
+        events.append(replace(run_event(image, stack_name), stream_record=record))
     return events
 
 
 # --- publishing -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SetAside:
+    """An event no retry can deliver, and librdkafka's reason."""
+
+    event: RunEvent
+    error: KafkaError
+
+    def describe(self) -> dict[str, str]:
+        published = self.event
+        return {
+            "run_id": published.run_id,
+            "tenant_id": published.tenant_id,
+            "created_at": published.created_at,
+            "topic": published.topic,
+            "error": self.error.name(),
+            "reason": str(self.error.str()),
+        }
 
 
 @dataclass
@@ -163,6 +235,9 @@ class BatchOutcome:
     # ms from a run's created_at to the broker's acknowledgement of its event, the worst of the batch.
     max_lag_ms: dict[str, float] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    # Events no retry can deliver, in stream order; `parked` counts, per tenant, those written aside.
+    undeliverable: list[SetAside] = field(default_factory=list)
+    parked: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def acknowledged(self, published: RunEvent, acked_at: float) -> None:
@@ -172,16 +247,22 @@ class BatchOutcome:
             self.published[tenant] = self.published.get(tenant, 0) + 1
             self.max_lag_ms[tenant] = max(self.max_lag_ms.get(tenant, 0.0), lag_ms)
 
-    def failed(self, published: RunEvent, reason: str) -> None:
+    def failed(self, published: RunEvent, error: KafkaError) -> None:
         with self._lock:
-            self.failures.append(f"{published.run_id}: {reason}")
+            if error.code() in UNDELIVERABLE:
+                self.undeliverable.append(SetAside(published, error))
+            else:
+                self.failures.append(f"{published.run_id}: {error.str()}")
 
-    def publish(self) -> None:
+    def publish(self, metrics: Metrics) -> None:
         """One EMF document per tenant (a stream batch mixes tenants), each with its `tenant` dimension."""
-        for tenant, count in sorted(self.published.items()):
+        for tenant in sorted(self.published.keys() | self.parked.keys()):
             metrics.add_dimension(name="tenant", value=tenant)
-            metrics.add_metric(name="EventsPublished", unit=MetricUnit.Count, value=count)
-            metrics.add_metric(name="OutboxLag", unit=MetricUnit.Milliseconds, value=self.max_lag_ms[tenant])
+            if tenant in self.published:
+                metrics.add_metric(name="EventsPublished", unit=MetricUnit.Count, value=self.published[tenant])
+                metrics.add_metric(name="OutboxLag", unit=MetricUnit.Milliseconds, value=self.max_lag_ms[tenant])
+            if tenant in self.parked:
+                metrics.add_metric(name="EventsParked", unit=MetricUnit.Count, value=self.parked[tenant])
             metrics.flush_metrics()
 
 
@@ -192,35 +273,96 @@ def _epoch_ms(timestamp: str) -> float:
 class OutboxRelay:
     """Publishes stream batches to the tenants' events topics; built once per execution environment."""
 
-    def __init__(self, settings: OutboxSettings, producer: Producer | None = None) -> None:
+    def __init__(self, settings: OutboxSettings, producer: Producer | None = None, s3: Any = None) -> None:
         self._settings = settings
         self._producer: Producer = producer or _kafka_producer(settings)
         self._producer.poll(0)  # serves oauth_cb (MSK IAM) before the first request
+        self._s3 = s3  # built on the first event set aside: most environments never need it
+        # Its metrics under its own service (a process may hold other functions' handlers: poimen dev).
+        self.metrics = Metrics(service=settings.service_name)
 
     def publish_batch(self, event: Mapping[str, Any], remaining_ms: Callable[[], int], outcome: BatchOutcome) -> None:
         """Produce every event of the batch and wait for the broker's acknowledgement of each, until the
-        invocation's deadline; raise OutboxBatchFailed unless every one was acknowledged."""
+        invocation's deadline; raise OutboxBatchFailed unless every one was acknowledged or is undeliverable
+        (UNDELIVERABLE: then it is in `outcome.undeliverable`, for `set_aside`)."""
         events = events_of_batch(event, self._settings.stack_name)
         deadline = time.monotonic() + remaining_ms() / 1000 - self._settings.time_margin_seconds
         for published in events:
-            self._producer.produce(
-                published.topic,
-                value=published.value,
-                key=published.key,
-                headers=list(published.headers),
-                on_delivery=_on_delivery(published, outcome),
-            )
+            try:
+                self._producer.produce(
+                    published.topic,
+                    value=published.value,
+                    key=published.key,
+                    headers=list(published.headers),
+                    on_delivery=_on_delivery(published, outcome),
+                )
+            except KafkaException as error:
+                kafka_error: KafkaError = error.args[0]
+                if kafka_error.code() in UNDELIVERABLE:  # e.g. a topic the metadata already said is unknown
+                    outcome.failed(published, kafka_error)
+                    continue
+                self._drop_queued()
+                raise OutboxBatchFailed(f"the producer refused event {published.run_id}: {error}") from error
+            except BufferError as error:  # its queue full
+                self._drop_queued()
+                raise OutboxBatchFailed(f"the producer refused event {published.run_id}: {error}") from error
             self._producer.poll(0)
         unacknowledged = self._producer.flush(max(0.0, deadline - time.monotonic())) if events else 0
         if unacknowledged or outcome.failures:
-            # What is still queued would go out after this invocation failed, beside the retry's copy: dropped.
-            self._producer.purge(in_queue=True, in_flight=False, blocking=True)
-            self._producer.poll(0)
+            self._drop_queued()
             raise OutboxBatchFailed(
                 f"{unacknowledged} event(s) unacknowledged at the deadline, {len(outcome.failures)} failed "
                 f"of {len(events)}: {outcome.failures[:3]}"
             )
-        logger.info("events published", events=len(events), records=len(event.get("Records", [])))
+        logger.info(
+            "events published",
+            events=len(events) - len(outcome.undeliverable),
+            undeliverable=len(outcome.undeliverable),
+            records=len(event.get("Records", [])),
+        )
+
+    def set_aside(self, outcome: BatchOutcome, context: LambdaContext) -> None:
+        """Write the batch's undeliverable events to OutboxFailedBatchesBucket, one on-failure record per
+        tenant (its stream records, and why each cannot be delivered), counting them in `outcome.parked`;
+        OutboxBatchFailed if one cannot be written, or not surely before the deadline."""
+        bucket = self._settings.failed_batches_bucket
+        if bucket is None:
+            raise OutboxBatchFailed(
+                f"{len(outcome.undeliverable)} undeliverable event(s), and no bucket to set them aside"
+            )
+        by_tenant: dict[str, list[SetAside]] = {}
+        for undeliverable in outcome.undeliverable:
+            by_tenant.setdefault(undeliverable.event.tenant_id, []).append(undeliverable)
+        for tenant, events in by_tenant.items():
+            left = context.get_remaining_time_in_millis() / 1000 - self._settings.time_margin_seconds
+            if left < _S3_WORST_SECONDS:
+                raise OutboxBatchFailed(f"{left:.1f} s left: too little to set aside {len(events)} event(s)")
+            key = on_failure.object_key(f"{PARKED_PREFIX}/{tenant}")
+            try:
+                self._s3_client().put_object(
+                    Bucket=bucket,
+                    Key=key,
+                    Body=json.dumps(_parked_record(events, context)).encode(),
+                    ContentType="application/json",
+                )
+            except (BotoCoreError, ClientError) as error:
+                raise OutboxBatchFailed(f"could not set aside {len(events)} event(s) of {tenant}: {error}") from error
+            outcome.parked[tenant] = len(events)
+            for undeliverable in events:
+                logger.warning(
+                    "event set aside: it cannot be delivered", extra={"key": key, **undeliverable.describe()}
+                )
+
+    def _s3_client(self) -> Any:
+        if self._s3 is None:
+            session = botocore.session.get_session()
+            self._s3 = session.create_client("s3", region_name=self._settings.region, config=_S3_CONFIG)
+        return self._s3
+
+    def _drop_queued(self) -> None:
+        """What is still queued would go out after this invocation failed, beside the retry's copy: dropped."""
+        self._producer.purge(in_queue=True, in_flight=False, blocking=True)
+        self._producer.poll(0)
 
 
 def _on_delivery(published: RunEvent, outcome: BatchOutcome) -> Callable[[KafkaError | None, Message], None]:
@@ -228,9 +370,28 @@ def _on_delivery(published: RunEvent, outcome: BatchOutcome) -> Callable[[KafkaE
         if error is None:
             outcome.acknowledged(published, time.time())
         else:
-            outcome.failed(published, str(error.str()))
+            outcome.failed(published, error)
 
     return delivered
+
+
+def _parked_record(events: list[SetAside], context: LambdaContext) -> dict[str, Any]:
+    """Lambda's on-failure record (poimen.on_failure) of the stream records of `events`, as the event
+    source would park them, with `undeliverable` saying why each could not be delivered."""
+    records = [undeliverable.event.stream_record or {} for undeliverable in events]
+    return {
+        **on_failure.invocation_record(
+            context.invoked_function_arn,
+            1,
+            condition=UNDELIVERABLE_CONDITION,
+            request_id=context.aws_request_id,
+            executed_version=context.function_version,
+            function_error=None,
+        ),
+        "DDBStreamBatchInfo": on_failure.stream_batch_info(records, shard_id=None),
+        "payload": json.dumps({"Records": records}),
+        "undeliverable": [undeliverable.describe() for undeliverable in events],
+    }
 
 
 def _kafka_producer(settings: OutboxSettings) -> Producer:
@@ -243,7 +404,8 @@ def _kafka_producer(settings: OutboxSettings) -> Producer:
             "enable.idempotence": True,
             "acks": "all",
             "partitioner": "murmur2_random",
-            "message.timeout.ms": int(settings.delivery_timeout_seconds * 1000),
+            # An unknown topic is reported as one (UNDELIVERABLE), not as a time-out that would fail the batch.
+            **delivery_settings(settings.delivery_timeout_seconds),
             "linger.ms": 5,
             **quiet_client_settings(settings.delivery_timeout_seconds),
         },
@@ -259,14 +421,19 @@ def outbox_service() -> OutboxRelay:
 
 
 def handle_batch(event: Mapping[str, Any], context: LambdaContext) -> None:
-    """The whole invocation: publish the batch, then its metrics whether or not it succeeded."""
+    """The whole invocation: publish the batch, set aside what cannot be delivered, then its metrics whether
+    or not it succeeded."""
     outcome = BatchOutcome()
+    relay: OutboxRelay | None = None
     try:
-        outbox_service().publish_batch(event, context.get_remaining_time_in_millis, outcome)
-    except OutboxBatchFailed:
-        # The retry gets a new producer: an idempotent one may have met a fatal error (its sequence state
-        # lost to the outage), after which it would refuse every record of every later batch.
+        relay = outbox_service()
+        relay.publish_batch(event, context.get_remaining_time_in_millis, outcome)
+        if outcome.undeliverable:
+            relay.set_aside(outcome, context)
+    except Exception:
+        # Whatever failed the batch, the retry gets a new producer: an idempotent one may have met a fatal
+        # error (its sequence state lost to the outage), after which it would refuse every later record.
         outbox_service.cache_clear()
         raise
     finally:
-        outcome.publish()
+        outcome.publish(relay.metrics if relay is not None else metrics)

@@ -25,7 +25,6 @@ from typing import Any, TypeVar
 
 import botocore.config
 import botocore.exceptions
-import botocore.session
 import urllib3
 import urllib3.connection
 from aws_lambda_powertools.metrics import MetricUnit
@@ -35,12 +34,13 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSPreparedRequest, AWSRequest, AWSResponse
 from botocore.compat import HTTPHeaders
 
+from poimen.aws_session import bounded_session
 from poimen.config import RelaySettings
 from poimen.dead_letter import MAX_DETAIL_CHARS, DeadLetterReason, dead_letter_attributes, dead_letter_body
 from poimen.inbox_rule import RECORD_FAULT_STATUSES, RETRYABLE_STATUSES, HeldBack, header, judge, rejected
 from poimen.kafka import tenant_of_dispatch_topic
 from poimen.observability import logger, metrics
-from poimen.wire import TENANT_HEADER
+from poimen.wire import TENANT_HEADER, retry_after_seconds
 
 # The 503 the API answers when a run may have been admitted: retried for a keyed record (it can only admit
 # that run), dead-lettered naming the run for a keyless one.
@@ -154,7 +154,10 @@ class Relay:
         self._runs_url = f"{settings.admission_api_url}/v1/runs"
         self._http = http or _deadline_bound_pool_manager(settings.max_concurrency)
         # botocore, not boto3: boto3 would import s3transfer and multiprocessing on the cold path for nothing.
-        session = botocore.session.get_session()
+        # A SnapStart function fetches its credentials from Lambda's container endpoint, after a restore and
+        # again as they near expiry, inside a batch: bounded to CREDENTIALS_FETCH_SECONDS (poimen.aws_session),
+        # not botocore's 8-15 s, so that a refresh begun before the deadline ends within the time margin.
+        session = bounded_session()
         # AWS endpoints come from the standard SDK configuration (AWS_ENDPOINT_URL_SQS, ...). One attempt
         # per call, bounded by its timeouts: the relay retries itself, and only while an attempt still
         # fits before the deadline.
@@ -268,6 +271,9 @@ class Relay:
             headers["traceparent"] = traceparent
         attempt = 0
         while True:
+            if batch.deadline <= time.monotonic():
+                raise AdmissionApiUnavailable("no time left to call the admission API")
+            signed = self._signed(headers, body)  # a credentials refresh counts against the deadline too
             timeout = min(self._settings.http_timeout_seconds, batch.deadline - time.monotonic())
             if timeout <= 0:
                 raise AdmissionApiUnavailable("no time left to call the admission API")
@@ -280,7 +286,7 @@ class Relay:
                     "POST",
                     self._runs_url,
                     body=body,
-                    headers=self._signed(headers, body),
+                    headers=signed,
                     timeout=urllib3.Timeout(total=timeout, connect=self._settings.http_connect_timeout_seconds),
                 )
             except urllib3.exceptions.HTTPError as error:
@@ -289,7 +295,7 @@ class Relay:
                 if response.status not in RETRYABLE_STATUSES or (not keyed and _outcome_unknown(response.data)):
                     return response.status, _json_or_text(response.data)
                 failure = f"HTTP {response.status}"
-                retry_after = _retry_after_seconds(response.headers.get("Retry-After"))
+                retry_after = retry_after_seconds(response.headers.get("Retry-After")) or 0.0
             finally:
                 _EXCHANGE_DEADLINE.reset(exchange)
             delay = max(retry_after, self._jitter(attempt))
@@ -430,13 +436,6 @@ def _json_or_text(data: bytes) -> Any:
 def _outcome_unknown(data: bytes) -> bool:
     answer = _json_or_text(data)
     return isinstance(answer, dict) and answer.get("type") == OUTCOME_UNKNOWN
-
-
-def _retry_after_seconds(value: str | None) -> float:
-    try:
-        return max(0.0, float(value)) if value else 0.0
-    except ValueError:
-        return 0.0
 
 
 def _botocore_error(error: urllib3.exceptions.HTTPError, url: str) -> botocore.exceptions.BotoCoreError:

@@ -5,7 +5,9 @@ the relay's cold start.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 
 TENANT_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 # 1-255 characters, none of them a C0/C1 control character or DEL.
@@ -24,8 +26,27 @@ TENANT_HEADER = "X-Poimen-Tenant"
 REPLAYED_HEADER = "Idempotent-Replayed"
 # The dispatch_key as a header (RFC 8941 string, or the key itself unquoted): poimen.contract.idempotency_key.
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+_DELAY_SECONDS = re.compile(r"[0-9]+")  # RFC 9110 delay-seconds: 1*DIGIT, and DIGIT is ASCII (RFC 5234)
 
 
 def rfc3339(moment: datetime | None = None) -> str:
     """`moment` (now if None) as the API writes times (`created_at`): RFC 3339, UTC, milliseconds, `Z`."""
     return (moment or datetime.now(UTC)).astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def retry_after_seconds(value: str | None, now: datetime | None = None) -> float | None:
+    """Retry-After as delay-seconds or an HTTP-date (RFC 9110 10.2.3), in seconds from `now`; None if absent or
+    unreadable, which a client ignores. delay-seconds is ASCII digits only: float() would take "1e9", "inf",
+    "+3", "3.0" or Arabic-Indic digits, and `str.isdigit` "²" (which float refuses)."""
+    if not value:
+        return None
+    text = value.strip()
+    if _DELAY_SECONDS.fullmatch(text):
+        return float(text)
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # "-0000": UTC, as HTTP-dates always are
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())

@@ -36,6 +36,7 @@ from poimen.client import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_TIMEOUT_SECONDS,
     RUN_NOT_FOUND,
+    TENANT_NOT_SERVED,
     AdmissionClient,
     AdmissionError,
     CellRoutingError,
@@ -68,7 +69,8 @@ exactly as the API keeps them.
 exit codes: 0 done; 1 no such run (get, find); 2 usage: bad arguments, a cell map that is not one or a
 tenant it lists in no cell or in several (nothing sent), or a request the API refused (400, 413, 415; 422
 dispatch_key reused, the line names the existing run); 3 unavailable: no answer, or only
-408/429/5xx, after every retry; no credentials; the caller refused (403: signature or tenant not granted);
+408/429/5xx, after every retry; no credentials; the caller refused (403: signature or tenant not granted,
+or a stack that does not serve the tenant: call its cell's API);
 a --base-url that is not the admission API.
 
 a spawn without --dispatch-key whose outcome is unknown (every answer lost, or a failure on a retry) may
@@ -231,6 +233,13 @@ def _explain(error: Exception, args: argparse.Namespace) -> tuple[str, int]:
         return str(error), EXIT_NOT_FOUND
     if isinstance(error, InvalidRequest):
         return str(error), EXIT_USAGE
+    if isinstance(error, Forbidden) and error.problem is not None and error.problem.type == TENANT_NOT_SERVED:
+        where = error.endpoint.url if error.endpoint is not None else "--base-url"
+        return (
+            f"{error}: the API at {where} does not serve tenant {args.tenant} (nothing was written): call its own "
+            "stack's AdmissionApiUrl, or its cell's endpoints with --cells (docs/client.md#cells)",
+            EXIT_UNAVAILABLE,
+        )
     if isinstance(error, Forbidden):
         fix = "check your credentials (--dev-key for poimen dev) and the tenant's grants (poimen grants list)"
         return f"{error}: {fix}", EXIT_UNAVAILABLE

@@ -437,3 +437,19 @@ def test_poimen_runs_safe_retry_line_names_the_cells_file(
     assert code == runs.EXIT_UNAVAILABLE
     assert f"poimen runs find --cells {path} --tenant {ACME} {key}," in line
     assert f"poimen runs spawn --cells {path} --tenant {ACME} --workflow-ref" in line
+
+
+def test_poimen_runs_says_which_stack_to_call_when_the_api_does_not_serve_the_tenant(
+    cell_b: Peer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given acme sent to a stack that does not serve it (another cell's)
+    cell_b.script.append(problem(403, "tenant-not-served"))
+
+    code = cli.main(spawn_argv("--base-url", cell_b.url, "--dispatch-key", "k-1"))
+
+    # Then the line says so, and how to reach its own cell, rather than to check credentials and grants
+    (line,) = capsys.readouterr().err.splitlines()
+    assert code == runs.EXIT_UNAVAILABLE
+    assert f"the API at {cell_b.url} does not serve tenant acme (nothing was written)" in line
+    assert "call its own stack's AdmissionApiUrl, or its cell's endpoints with --cells (docs/client.md#cells)" in line
+    assert "grants" not in line

@@ -68,6 +68,8 @@ RUN_NOT_FOUND: Final = "urn:poimen:problem:run-not-found"
 DISPATCH_KEY_REUSED: Final = "urn:poimen:problem:dispatch-key-reused"
 OUTCOME_UNKNOWN: Final = "urn:poimen:problem:outcome-unknown"
 STORE_UNAVAILABLE: Final = "urn:poimen:problem:store-unavailable"
+# 403: the stack does not serve the tenant (not in its Tenants), whatever the grants: another cell's API, say.
+TENANT_NOT_SERVED: Final = "urn:poimen:problem:tenant-not-served"
 # Longer than the admission function's own 13 s timeout (template.yaml): a slow invocation ends in the
 # gateway's answer rather than in the client giving up first.
 DEFAULT_TIMEOUT_SECONDS: Final = 15.0
@@ -78,7 +80,8 @@ _TENANT = re.compile(TENANT_PATTERN)
 class AdmissionError(Exception):
     """Any failure of a call. `status` is the HTTP status (None: no answer, or refused before sending);
     `problem` the RFC 9457 problem the API answered (None for API Gateway's own `{"message": ...}`
-    refusals and for failures without an answer); `body` the answer's body as parsed JSON (or text).
+    refusals and for failures without an answer); `body` the answer's body as parsed JSON (or text);
+    `endpoint` the endpoint whose answer it is, for a refusal (None otherwise).
 
     `attempts`: the attempts the call made, the failing one included (0: refused before any). `dispatch_key`:
     for a spawn, its key, yours or the one generated for the call (None for get and find).
@@ -106,6 +109,7 @@ class AdmissionError(Exception):
         self.attempts = attempts
         self.outcome_unknown = outcome_unknown
         self.dispatch_key: str | None = None
+        self.endpoint: RegionalEndpoint | None = None  # the endpoint that answered a refusal
 
 
 class InvalidRequest(AdmissionError):
@@ -522,7 +526,13 @@ def _run(answer: _Answer) -> Run:
 
 
 def _refusal(answer: _Answer) -> AdmissionError:
-    """The typed error for a non-success answer."""
+    """The typed error for a non-success answer, naming the endpoint that gave it."""
+    error = _typed_refusal(answer)
+    error.endpoint = answer.endpoint
+    return error
+
+
+def _typed_refusal(answer: _Answer) -> AdmissionError:
     body = _json_or_text(answer.data)
     problem = _problem(body)
     message = f"HTTP {answer.status}: {_summary(problem, body)}"

@@ -10,6 +10,12 @@ A multi-Region stack: give --base-url once per Region, in order of preference, a
 Region its calls are signed for) or a bare URL (Region as for a single one). A connection failure, a
 timeout, 408, 429 or 5xx moves the call to the next one, within --max-attempts; the same dispatch_key
 goes with it, so the move never admits a run twice.
+
+Cells: --cells FILE (default: the file POIMEN_CELLS_FILE names, or the map POIMEN_CELLS holds, when no
+--base-url is given) is a cell map, {"cells": {"<cell>": {"endpoints": [URL or {"url": URL, "region": REGION},
+...], "tenants": [...]}}}: the call goes to the endpoints of the one cell that lists --tenant, failing over
+between them only, never to another cell's. A tenant in no cell, or in several, is refused before anything
+is sent (exit 2).
 """
 
 from __future__ import annotations
@@ -19,16 +25,21 @@ import re
 import shlex
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import TextIO
 
 from botocore.credentials import Credentials
 
+from poimen.cells import CellMap, InvalidCellMap
 from poimen.client import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_TIMEOUT_SECONDS,
     RUN_NOT_FOUND,
+    TENANT_NOT_SERVED,
     AdmissionClient,
     AdmissionError,
+    CellRoutingError,
     DispatchKeyReused,
     Forbidden,
     InvalidRequest,
@@ -48,16 +59,18 @@ LOCAL_REGION = "us-east-1"
 # The codes every `poimen` command uses (poimen_tools/cli.py), as they apply to an API call.
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1  # get, find: no such run for this tenant
-EXIT_USAGE = 2  # bad arguments, or a request the API refused as such (400, 413, 415, 422 dispatch_key reused)
+EXIT_USAGE = 2  # bad arguments or cell map, a tenant it does not route, or a request refused as such (400, ...)
 EXIT_UNAVAILABLE = 3  # no answer (or only 408/429/5xx) after every retry, no credentials, the caller refused (403)
 
 EPILOG = """\
 output: spawn prints {"replayed": true|false, "run": {...}}; get and find print the run; numbers in input
 exactly as the API keeps them.
 
-exit codes: 0 done; 1 no such run (get, find); 2 usage: bad arguments, or a request the API refused (400,
-413, 415; 422 dispatch_key reused, the line names the existing run); 3 unavailable: no answer, or only
-408/429/5xx, after every retry; no credentials; the caller refused (403: signature or tenant not granted);
+exit codes: 0 done; 1 no such run (get, find); 2 usage: bad arguments, a cell map that is not one or a
+tenant it lists in no cell or in several (nothing sent), or a request the API refused (400, 413, 415; 422
+dispatch_key reused, the line names the existing run); 3 unavailable: no answer, or only
+408/429/5xx, after every retry; no credentials; the caller refused (403: signature or tenant not granted,
+or a stack that does not serve the tenant: call its cell's API);
 a --base-url that is not the admission API.
 
 a spawn without --dispatch-key whose outcome is unknown (every answer lost, or a failure on a retry) may
@@ -78,7 +91,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """`poimen runs spawn|get|find` under `commands`; each leaf parser sets `run` (its handler, `run` here)
     and `prog`, as every `poimen` command does."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
+    addressed = common.add_mutually_exclusive_group()
+    addressed.add_argument(
         "--base-url",
         type=regional_base_url,
         action="append",
@@ -86,6 +100,14 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="admission API base URL, e.g. the stack output AdmissionApiUrl (default: "
         f"{DEFAULT_BASE_URL}, poimen dev); repeat it for each Region of a multi-Region stack, in order of "
         "preference, REGION= naming the Region its calls are signed for",
+    )
+    addressed.add_argument(
+        "--cells",
+        type=cells_file,
+        metavar="FILE",
+        help="a cell map (JSON): the call goes to the endpoints of --tenant's cell, and fails over between "
+        "them only (default without --base-url: the file POIMEN_CELLS_FILE names, or the map POIMEN_CELLS "
+        "holds)",
     )
     common.add_argument("--tenant", required=True, type=tenant, help="the tenant the call acts for (X-Poimen-Tenant)")
     common.add_argument(
@@ -199,6 +221,8 @@ def _explain(error: Exception, args: argparse.Namespace) -> tuple[str, int]:
     """(the cause and what to do about it, the exit code)."""
     if isinstance(error, _Failure):
         return str(error), error.exit_code
+    if isinstance(error, CellRoutingError):
+        return str(error), EXIT_USAGE
     if isinstance(error, DispatchKeyReused):
         return (
             f"{error}: dispatch_key {args.dispatch_key!r} already admitted run {error.run_id} with a different "
@@ -209,6 +233,13 @@ def _explain(error: Exception, args: argparse.Namespace) -> tuple[str, int]:
         return str(error), EXIT_NOT_FOUND
     if isinstance(error, InvalidRequest):
         return str(error), EXIT_USAGE
+    if isinstance(error, Forbidden) and error.problem is not None and error.problem.type == TENANT_NOT_SERVED:
+        where = error.endpoint.url if error.endpoint is not None else "--base-url"
+        return (
+            f"{error}: the API at {where} does not serve tenant {args.tenant} (nothing was written): call its own "
+            "stack's AdmissionApiUrl, or its cell's endpoints with --cells (docs/client.md#cells)",
+            EXIT_UNAVAILABLE,
+        )
     if isinstance(error, Forbidden):
         fix = "check your credentials (--dev-key for poimen dev) and the tenant's grants (poimen grants list)"
         return f"{error}: {fix}", EXIT_UNAVAILABLE
@@ -220,7 +251,8 @@ def _explain(error: Exception, args: argparse.Namespace) -> tuple[str, int]:
             again = (
                 " with the same --dispatch-key" if args.dispatch_key else " (no attempt reached it: nothing admitted)"
             )
-        return f"{error}: check --base-url and that the API is up, then try again{again}", EXIT_UNAVAILABLE
+        check = "the cell's endpoints in the cell map" if args.base_url is None else "--base-url"
+        return f"{error}: check {check} and that the API is up, then try again{again}", EXIT_UNAVAILABLE
     # A route the API lacks (404), 401, 405, a redirect, a success that is no run.
     return f"{error}: is --base-url the admission API (the stack output AdmissionApiUrl)?", EXIT_UNAVAILABLE
 
@@ -252,7 +284,7 @@ def _safe_retry(error: Exception, args: argparse.Namespace) -> str:
 
 def _where(args: argparse.Namespace) -> list[str]:
     """The options that address the API as this command did: --base-url(s), --tenant, --region, --dev-key."""
-    words: list[str] = []
+    words: list[str] = ["--cells", args.cells.source] if args.cells is not None else []
     for url, named in args.base_url or []:
         words += ["--base-url", url if named is None else f"{named}={url}"]
     words += ["--tenant", args.tenant]
@@ -283,25 +315,54 @@ def regional_base_url(value: str) -> tuple[str, str | None]:
         raise argparse.ArgumentTypeError(f"{value!r} is not REGION=URL: {error}") from error
 
 
+def cells_file(value: str) -> CellMap:
+    """`--cells`: a cell map file (poimen.cells)."""
+    try:
+        return CellMap.load(Path(text(value)))
+    except InvalidCellMap as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+
+
 def _client(args: argparse.Namespace) -> AdmissionClient:
-    given: list[tuple[str, str | None]] = args.base_url or [(DEFAULT_BASE_URL, None)]
-    urls = [url for url, _ in given]
+    cells: CellMap | None = args.cells
+    if cells is None and not args.base_url:
+        try:
+            cells = CellMap.from_environment()
+        except InvalidCellMap as error:
+            raise _Failure(f"{error}: fix it, or unset it to call --base-url", EXIT_USAGE) from error
+    given: list[str | RegionalEndpoint]
+    if cells is None:
+        given = [url if named is None else RegionalEndpoint(url, named) for url, named in args.base_url or []]
+        given = given or [DEFAULT_BASE_URL]
+    else:
+        given = [endpoint for cell in cells.cells for endpoint in cell.endpoints]
+    urls = [entry.url if isinstance(entry, RegionalEndpoint) else entry for entry in given]
     credentials = None
     if args.dev_key:
         credentials = Credentials(DEV_ACCESS_KEY, DEV_SECRET_KEY)
     elif all(is_loopback(url) for url in urls) and (dev_key := local_credentials(urls[0])) is not None:
         # Never with an endpoint elsewhere in the list: a real AWS call is signed only with real credentials.
         credentials = Credentials(*dev_key)
-    endpoints: list[str | RegionalEndpoint] = []
-    for url, named in given:
-        # poimen dev checks signatures for its own --region (us-east-1 unless told), whatever the SDK's says.
-        signed_for = named or args.region or (LOCAL_REGION if is_loopback(url) else None)
-        endpoints.append(url if signed_for is None else RegionalEndpoint(url, signed_for))
+    options = {"credentials": credentials, "timeout": args.timeout, "max_attempts": args.max_attempts}
     try:
-        return AdmissionClient(endpoints, credentials=credentials, timeout=args.timeout, max_attempts=args.max_attempts)
+        if cells is None:
+            return AdmissionClient([_signed_for(entry, args) for entry in given], **options)
+        routed = [
+            replace(cell, endpoints=tuple(_signed_for(each, args) for each in cell.endpoints)) for cell in cells.cells
+        ]
+        return AdmissionClient(cells=replace(cells, cells=tuple(routed)), **options)
     except ValueError as error:  # no credentials, or no region, found
         fix = "configure them (AWS_PROFILE, aws sso login), pass --region (or REGION=URL), or --dev-key for poimen dev"
         raise _Failure(f"{error}: {fix}", EXIT_UNAVAILABLE) from error
+
+
+def _signed_for(entry: str | RegionalEndpoint, args: argparse.Namespace) -> str | RegionalEndpoint:
+    """An endpoint with the Region its calls are signed for, where the command decides it: --region for a URL
+    without one, and poimen dev's own (us-east-1 unless told) for a loopback URL, whatever the SDK's says."""
+    if isinstance(entry, RegionalEndpoint):
+        return entry
+    signed_for = args.region or (LOCAL_REGION if is_loopback(entry) else None)
+    return entry if signed_for is None else RegionalEndpoint(entry, signed_for)
 
 
 def _attempts(value: str) -> int:

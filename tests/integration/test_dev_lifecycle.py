@@ -20,14 +20,15 @@ from confluent_kafka.admin import AdminClient
 
 from poimen.contract import RunRequest
 from poimen.dispatch import DispatchPublisher
-from poimen_tools.local.dev import _start_broker
+from poimen_tools.local.dev import DevOptions, _start_broker
 from poimen_tools.local.devserver import LocalApiServer, PortInUse
+from poimen_tools.local.event_source import local_relay_group
 from poimen_tools.local.kafka_broker import BrokerError, KafkaBroker
 from poimen_tools.topics import ensure_topics
 from tests.conftest import count_runs
 from tests.integration.conftest import POIMEN, free_port, signed_session, start_dev, wait_for
 
-RELAY_GROUP = "poimen-relay-local"  # LocalMskEventSource's group in `poimen dev`
+RELAY_GROUP = local_relay_group(DevOptions().table_name)  # the group of `poimen dev`'s relay on its default table
 ACCESS_LINE = re.compile(r'^127\.0\.0\.1 - - \[[^]]+\] "[A-Z]+ \S+ HTTP/1\.1" \d{3} -$')
 
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="reads the process table in /proc")

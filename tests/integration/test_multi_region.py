@@ -28,6 +28,7 @@ from poimen.contract import RunRequest
 from poimen.dispatch import DispatchPublisher
 from poimen.ids import keyed_run_id
 from poimen.kafka import dispatch_topic, events_topic, replicated_dispatch_topic
+from poimen_tools.local.event_source import local_relay_group
 from poimen_tools.local.kafka_broker import KafkaBroker
 from poimen_tools.local.mirror import MirrorMaker
 from poimen_tools.local.moto import EmbeddedMoto
@@ -40,8 +41,6 @@ from tests.integration.conftest import DevServer, start_dev, wait_for
 EAST, WEST = "us-east-1", "us-west-2"
 # MirrorMaker's cluster aliases: the prefixes of the replicated topics.
 ALIASES = {EAST: "east", WEST: "west"}
-# The consumer group of `poimen dev`'s local MSK event source (LocalMskEventSource's default).
-RELAY_GROUP = "poimen-relay-local"
 DEV_CREDENTIALS = botocore.credentials.Credentials(DEV_ACCESS_KEY, DEV_SECRET_KEY)
 
 
@@ -127,9 +126,11 @@ def event_ids(bootstrap: str, tenant: str, wanted: set[str], timeout: float) -> 
     return seen
 
 
-def positions(bootstrap: str, topic: str) -> tuple[dict[int, int], dict[int, int]]:
-    """Each partition's end offset (its records, as none expire) and the offset the relay's group committed."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": RELAY_GROUP, "enable.auto.commit": False})
+def positions(bootstrap: str, topic: str, table: str) -> tuple[dict[int, int], dict[int, int]]:
+    """Each partition's end offset (its records, as none expire) and the offset committed by the group of the
+    relay of `poimen dev` on `table`."""
+    group = local_relay_group(table)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
     try:
         partitions = [TopicPartition(topic, p) for p in consumer.list_topics(topic, timeout=5).topics[topic].partitions]
         committed = {tp.partition: tp.offset for tp in consumer.committed(partitions, timeout=5)}
@@ -209,10 +210,12 @@ def test_a_region_killed_mid_stream_loses_no_run_and_admits_none_twice(tmp_path:
         # And MirrorMaker has replicated each Region's records to the other (east's 40, west's 20)
         replica = replicated_dispatch_topic(ALIASES[EAST], tenant)
         west_bootstrap = brokers[WEST].bootstrap_servers
-        wait_for(lambda: sum(positions(west_bootstrap, replica)[0].values()) == 40, timeout=60, what=replica)
+        wait_for(lambda: sum(positions(west_bootstrap, replica, table)[0].values()) == 40, timeout=60, what=replica)
         west_replica = replicated_dispatch_topic(ALIASES[WEST], tenant)
         east_bootstrap = brokers[EAST].bootstrap_servers
-        wait_for(lambda: sum(positions(east_bootstrap, west_replica)[0].values()) == 20, timeout=60, what=west_replica)
+        wait_for(
+            lambda: sum(positions(east_bootstrap, west_replica, table)[0].values()) == 20, timeout=60, what=west_replica
+        )
         # And the east Region dies mid-stream (SIGKILL: its poimen dev, then its broker)
         wait_for(lambda: len(runs(aws, EAST, table, tenant)) >= 20, timeout=60, what="runs mid-stream")
         devs[EAST].process.send_signal(signal.SIGKILL)
@@ -245,7 +248,7 @@ def test_a_region_killed_mid_stream_loses_no_run_and_admits_none_twice(tmp_path:
 
         # And the west relay consumed the replica of east's dispatch topic to its end (its 40 records)
         def relayed_to_the_end() -> bool:
-            ends, committed = positions(west_bootstrap, replica)
+            ends, committed = positions(west_bootstrap, replica, table)
             return committed == ends
 
         wait_for(relayed_to_the_end, timeout=60, what=f"the west relay to commit {replica}")

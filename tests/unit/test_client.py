@@ -681,7 +681,8 @@ def test_the_client_never_imports_the_store_admission_api_or_relay() -> None:
     code = "import sys, poimen.client; print(sorted(m for m in sys.modules if m.startswith('poimen')))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
 
-    assert json.loads(loaded.replace("'", '"')) == ["poimen", "poimen.client", "poimen.contract", "poimen.wire"]
+    expected = ["poimen", "poimen.cells", "poimen.client", "poimen.contract", "poimen.endpoints", "poimen.wire"]
+    assert json.loads(loaded.replace("'", '"')) == expected
 
 
 # --- failover between regional endpoints --------------------------------------------------------------
@@ -807,7 +808,7 @@ def test_threads_failing_on_one_endpoint_move_the_client_once(peer: Peer, second
     api = regional(peer.url, second_peer.url)
 
     # two calls that both failed on the first endpoint: the second to report it must not skip past the second
-    assert (api._next_endpoint(0, 0.0, 0.0), api._next_endpoint(0, 0.0, 0.0)) == ((1, 0.0), (1, 0.0))
+    assert (api._rotation(TENANT).next(0, 0.0, 0.0), api._rotation(TENANT).next(0, 0.0, 0.0)) == ((1, 0.0), (1, 0.0))
     assert api.endpoint.url == second_peer.url
 
 

@@ -152,3 +152,24 @@ def test_no_stage_and_cell_name_what_another_pair_names(first: tuple[str, str], 
 def test_make_deploy_checks_the_cell_by_the_templates_pattern(template: Template) -> None:
     assert template.document["Parameters"]["Cell"]["AllowedPattern"] == f"^$|^{CELL_PATTERN.pattern}$"
     assert template.document["Parameters"]["Cell"]["Default"] == ""
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_each_cells_relay_can_call_only_its_own_cells_api(mode: str) -> None:
+    # Given each cell's template as CloudFormation gets it
+    for cell in CELLS:
+        resources = _cell(mode, cell)["Resources"]
+        relay = resources["InboxRelayFunction"]["Properties"]
+        (invoke,) = resources["RelayInvokeAdmissionApi"]["Properties"]["PolicyDocument"]["Statement"]
+        admission = resources["AdmissionFunction"]["Properties"]["Environment"]["Variables"]
+
+        # Then its relay posts to the API of its own stack, in its own Region (no variable, map or parameter can
+        # point it at another cell's), IAM lets it invoke that API's POST /v1/runs only, and that API's
+        # admission trusts this relay's role alone: another cell's API is out of its reach twice over.
+        assert relay["Environment"]["Variables"]["ADMISSION_API_URL"] == {
+            "Fn::Sub": "https://${AdmissionApi}.execute-api.${AWS::Region}.${AWS::URLSuffix}"
+        }
+        assert resources["AdmissionApi"]["Type"] == "AWS::ApiGatewayV2::Api"
+        own_api = "arn:${AWS::Partition}:execute-api:${AWS::Region}:${AWS::AccountId}:${AdmissionApi}"
+        assert invoke["Resource"] == {"Fn::Sub": f"{own_api}/*/POST/v1/runs"}
+        assert admission["RELAY_PRINCIPAL"] == {"Fn::GetAtt": ["InboxRelayFunctionRole", "Arn"]}

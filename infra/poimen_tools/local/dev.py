@@ -23,7 +23,7 @@ from poimen.config import Settings
 from poimen.kafka import dispatch_topics_pattern
 from poimen.store import Store
 from poimen_tools.local.devserver import ExecutionEnvironments, LineWriter, LocalApiServer, Route
-from poimen_tools.local.event_source import LocalMskEventSource, failed_batch_key
+from poimen_tools.local.event_source import LocalMskEventSource, failed_batch_key, local_relay_group
 from poimen_tools.local.kafka_broker import BrokerError, KafkaBroker
 from poimen_tools.local.mapping import park_in_s3
 from poimen_tools.local.moto import EmbeddedMoto
@@ -194,7 +194,9 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
             server.listen()
             outbox_bucket = None
             if bootstrap is not None and bucket is not None:
-                _start_event_source(template, bootstrap, server.url, dlq_url, bucket, cleanup, options.tenants)
+                _start_event_source(
+                    template, bootstrap, server.url, dlq_url, bucket, cleanup, options.tenants, options.table_name
+                )
                 outbox_bucket = _failed_batches_bucket(options.outbox_failed_batches_bucket)
                 start_local_outbox(
                     template,
@@ -335,6 +337,7 @@ def _start_event_source(
     bucket: str,
     cleanup: contextlib.ExitStack,
     tenants: tuple[str, ...],
+    table_name: str,
 ) -> None:
     """The local MSK event source feeding the relay handler, which posts to the (listening) API: from the
     dispatch topics of `tenants` only, local or replicated, as the template's one mapping per tenant topic."""
@@ -347,6 +350,7 @@ def _start_event_source(
         bootstrap,
         template.load_handler(RELAY_FUNCTION),
         park_in_s3(s3, bucket, lambda record: failed_batch_key(record, mapping_id)),
+        group_id=local_relay_group(table_name),
         topics=[dispatch_topics_pattern(tenants)],
     )
     source.start()

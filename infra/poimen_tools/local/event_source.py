@@ -30,6 +30,14 @@ SESSION_TIMEOUT_MS = 6000
 _NOT_YET = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 
 
+def local_relay_group(table_name: str) -> str:
+    """The consumer group of `poimen dev`'s relay: its table's. A cell's relays are its own, as its mappings'
+    groups are (`poimen-relay-<tenant>`): two `poimen dev`s serving two cells on one broker never share a group
+    (a shared one would split their topics' partitions in one rebalance, one cell's restart stalling the
+    other's relay), and a dev restarted on its table with other tenants resumes where its group left off."""
+    return f"poimen-relay-local.{table_name}"
+
+
 class LocalMskEventSource(LocalMapping):
     def __init__(
         self,

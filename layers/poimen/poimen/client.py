@@ -1,5 +1,6 @@
 """A typed Python client of the admission API: SigV4-signed HTTP, retries that never admit a run twice,
-and failover between the API's regional endpoints (a multi-Region stack).
+failover between the API's regional endpoints (a multi-Region stack), and each tenant's calls sent to its
+own cell's endpoints (a cell map, `poimen.cells`), failing over within that cell only.
 
 It knows only the HTTP contract (`poimen.contract`), as the relay does, and shares no path with it to
 the store: it never imports the store, admission or the API module (a test enforces it). Nothing in the
@@ -9,23 +10,22 @@ Every spawn carries a dispatch_key. A spawn without one gets a key generated for
 (`poimen-client/<uuid4>`), reused only by that call's own retries: a retry after a lost answer replays
 the run the first attempt admitted, and two calls are still two runs, as two keyless POSTs are. A retry
 may go to another Region's endpoint with the same key: the table is one global table (MRSC), whose
-conditional write is checked against every Region, so the move cannot admit the run twice either.
+conditional write is checked against every Region, so the move cannot admit the run twice either. A retry
+never goes to another cell: its table is another table, where the key would admit a second run.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import math
 import random
 import re
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import botocore.credentials
 import botocore.exceptions
@@ -35,13 +35,16 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from pydantic import ValidationError
 
+from poimen.cells import CELLS_DOCUMENT_VARIABLE, CELLS_FILE_VARIABLE, CellMap
 from poimen.contract import Problem, Run, json_text, parse_json
+from poimen.endpoints import RegionalEndpoint, Rotation, regional_endpoint
 from poimen.wire import REPLAYED_HEADER, TENANT_HEADER, TENANT_PATTERN, retry_after_seconds
 
 __all__ = [
     "GENERATED_KEY_PREFIX",
     "AdmissionClient",
     "AdmissionError",
+    "CellRoutingError",
     "DispatchKeyReused",
     "Forbidden",
     "InvalidRequest",
@@ -49,6 +52,8 @@ __all__ = [
     "OutcomeUnknown",
     "RegionalEndpoint",
     "Spawned",
+    "TenantInNoCell",
+    "TenantInSeveralCells",
     "Unavailable",
     "UnexpectedAnswer",
     "generated_dispatch_key",
@@ -63,18 +68,20 @@ RUN_NOT_FOUND: Final = "urn:poimen:problem:run-not-found"
 DISPATCH_KEY_REUSED: Final = "urn:poimen:problem:dispatch-key-reused"
 OUTCOME_UNKNOWN: Final = "urn:poimen:problem:outcome-unknown"
 STORE_UNAVAILABLE: Final = "urn:poimen:problem:store-unavailable"
+# 403: the stack does not serve the tenant (not in its Tenants), whatever the grants: another cell's API, say.
+TENANT_NOT_SERVED: Final = "urn:poimen:problem:tenant-not-served"
 # Longer than the admission function's own 13 s timeout (template.yaml): a slow invocation ends in the
 # gateway's answer rather than in the client giving up first.
 DEFAULT_TIMEOUT_SECONDS: Final = 15.0
 DEFAULT_MAX_ATTEMPTS: Final = 5
-_EXECUTE_API_HOST = re.compile(r"[a-z0-9]+\.execute-api\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(\.cn)?")
 _TENANT = re.compile(TENANT_PATTERN)
 
 
 class AdmissionError(Exception):
     """Any failure of a call. `status` is the HTTP status (None: no answer, or refused before sending);
     `problem` the RFC 9457 problem the API answered (None for API Gateway's own `{"message": ...}`
-    refusals and for failures without an answer); `body` the answer's body as parsed JSON (or text).
+    refusals and for failures without an answer); `body` the answer's body as parsed JSON (or text);
+    `endpoint` the endpoint whose answer it is, for a refusal (None otherwise).
 
     `attempts`: the attempts the call made, the failing one included (0: refused before any). `dispatch_key`:
     for a spawn, its key, yours or the one generated for the call (None for get and find).
@@ -102,6 +109,7 @@ class AdmissionError(Exception):
         self.attempts = attempts
         self.outcome_unknown = outcome_unknown
         self.dispatch_key: str | None = None
+        self.endpoint: RegionalEndpoint | None = None  # the endpoint that answered a refusal
 
 
 class InvalidRequest(AdmissionError):
@@ -167,16 +175,23 @@ class UnexpectedAnswer(AdmissionError):
     usually a base URL that is not the admission API."""
 
 
-@dataclass(frozen=True)
-class RegionalEndpoint:
-    """One Region's admission API: its base URL (the stack output AdmissionApiUrl of that Region's stack)
-    and the Region its calls are signed for (the SigV4 credential scope API Gateway checks)."""
+class CellRoutingError(AdmissionError):
+    """The client's cell map does not route `tenant` to one cell: nothing was sent (`status` None, `attempts`
+    0). `cells` names the cells that list it (none, or several)."""
 
-    url: str
-    region: str
+    def __init__(self, message: str, *, tenant: str, cells: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.tenant = tenant
+        self.cells = cells
 
-    def __str__(self) -> str:
-        return f"{self.url} ({self.region})"
+
+class TenantInNoCell(CellRoutingError):
+    """No cell of the map lists the tenant: add it to the cell that serves it."""
+
+
+class TenantInSeveralCells(CellRoutingError):
+    """Several cells of the map list the tenant: each would admit its keys in its own table, so a key could be
+    admitted twice. A cell map lists a tenant in one cell only (the one `make deploy` serves it in)."""
 
 
 @dataclass(frozen=True)
@@ -217,19 +232,25 @@ class _Answer:
 
 class AdmissionClient:
     """The admission API at `base_url` (the stack output AdmissionApiUrl, or `poimen dev`'s URL), or at
-    several regional endpoints of one multi-Region stack, in order of preference.
+    several regional endpoints of one multi-Region stack, in order of preference; or, with `cells`, at the
+    endpoints of each tenant's cell.
 
     `base_url` is a URL, a RegionalEndpoint, or a sequence of them. A URL's Region is `region` if given,
     else the one in an execute-api host name, else the SDK's configured region; a RegionalEndpoint names
-    its own. Calls are signed with SigV4 for execute-api and the Region of the endpoint they go to, as IAM
-    authorization requires: with `credentials`, else the standard botocore chain (environment, profile,
-    SSO, container or instance role), resolved once and refreshed by botocore as they expire.
+    its own. `cells` (a `poimen.cells.CellMap`) instead sends each call to the endpoints of the one cell
+    that lists its tenant, whose URLs get their Regions the same way; a tenant listed in no cell, or in
+    several, raises TenantInNoCell or TenantInSeveralCells before anything is sent. With neither, the map
+    is the environment's (`POIMEN_CELLS_FILE`, or `POIMEN_CELLS`). Calls are signed with SigV4 for
+    execute-api and the Region of the endpoint they go to, as IAM authorization requires: with
+    `credentials`, else the standard botocore chain (environment, profile, SSO, container or instance
+    role), resolved once and refreshed by botocore as they expire.
 
     Each attempt is re-signed and bounded by `timeout` seconds (connect, and each read). Connection
     errors, timeouts, 408, 429 and 5xx are retried up to `max_attempts` attempts in all, after a
     full-jitter exponential backoff (uniform in [0, min(backoff_cap, backoff_base * 2^n)]). Each of those
-    failures also moves the client to the next endpoint (round robin), where the next attempt goes, and
-    every later call: it stays there until that one fails in turn. A `Retry-After` holds back every
+    failures also moves the client to the next endpoint (round robin) of the same stack or cell, where the
+    next attempt goes, and every later call: it stays there until that one fails in turn. Each cell keeps
+    its own place, and a call never leaves its tenant's cell. A `Retry-After` holds back every
     attempt to the endpoint that sent it, of this call and of later ones, until it has passed: the move
     skips an endpoint held back longer than the backoff when another is ready by then, and waits for the
     first to accept when none is; one that would wait more than `max_retry_after` seconds ends the call
@@ -239,8 +260,9 @@ class AdmissionClient:
 
     def __init__(
         self,
-        base_url: str | RegionalEndpoint | Sequence[str | RegionalEndpoint],
+        base_url: str | RegionalEndpoint | Sequence[str | RegionalEndpoint] | None = None,
         *,
+        cells: CellMap | None = None,
         region: str | None = None,
         credentials: botocore.credentials.Credentials | None = None,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
@@ -253,18 +275,29 @@ class AdmissionClient:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
-        given = [base_url] if isinstance(base_url, str | RegionalEndpoint) else list(base_url)
-        if not given:
-            raise ValueError("base_url must name at least one endpoint")
+        if base_url is not None and cells is not None:
+            raise ValueError("give base_url or cells, not both")
+        if base_url is None and cells is None:
+            cells = CellMap.from_environment()
+            if cells is None:
+                variables = f"{CELLS_FILE_VARIABLE} (or {CELLS_DOCUMENT_VARIABLE})"
+                raise ValueError(f"no endpoint: give base_url or cells, or set {variables} to a cell map")
         if max_attempts < 1 or timeout <= 0:
             raise ValueError("max_attempts must be at least 1 and timeout positive")
         # The SDK's configuration is read only when something is left to it: a URL's region, the credentials.
         session = functools.cache(botocore.session.get_session)
-        self.endpoints: tuple[RegionalEndpoint, ...] = tuple(_endpoint(entry, region, session) for entry in given)
-        self._current = 0  # the index of the endpoint calls go to; moved by _fail_over
-        # Per endpoint, the `clock` time before which its last Retry-After asked not to be called.
-        self._not_before = [-math.inf] * len(self.endpoints)
-        self._moving = threading.Lock()
+
+        def rotation(entries: Sequence[str | RegionalEndpoint], label: str = "") -> Rotation:
+            return Rotation(tuple(regional_endpoint(entry, region, session) for entry in entries), label)
+
+        self._cells = cells
+        # One rotation per set of endpoints that share a table: the only one (key None), or one per cell.
+        self._rotations: dict[str | None, Rotation]
+        if cells is None:
+            given = [base_url] if isinstance(base_url, str | RegionalEndpoint) else list(base_url or [])
+            self._rotations = {None: rotation(given)}
+        else:
+            self._rotations = {cell.name: rotation(cell.endpoints, f"cell {cell.name}") for cell in cells.cells}
         if credentials is None:
             credentials = session().get_credentials()
             if credentials is None:
@@ -282,9 +315,17 @@ class AdmissionClient:
         self._rng = rng or random.Random()  # noqa: S311
 
     @property
+    def endpoints(self) -> tuple[RegionalEndpoint, ...]:
+        """Every endpoint, in order of preference (with cells: each cell's, in the map's order)."""
+        return tuple(endpoint for rotation in self._rotations.values() for endpoint in rotation.endpoints)
+
+    @property
     def endpoint(self) -> RegionalEndpoint:
-        """The endpoint the next call goes to: the first, until a failure moved the client on."""
-        return self.endpoints[self._current]
+        """The endpoint the next call goes to: the first, until a failure moved the client on. A client of
+        cells has one per cell: see endpoint_for."""
+        if self._cells is not None:
+            raise ValueError("a client of cells routes by tenant: endpoint_for(tenant) is where its calls go")
+        return self._rotations[None].endpoint
 
     @property
     def base_url(self) -> str:
@@ -293,6 +334,11 @@ class AdmissionClient:
     @property
     def region(self) -> str:
         return self.endpoint.region
+
+    def endpoint_for(self, tenant: str) -> RegionalEndpoint:
+        """The endpoint the next call for `tenant` goes to (its cell's, with cells); raises as a call would
+        for a tenant that is not one, or that the cell map does not route to one cell."""
+        return self._rotation(tenant).endpoint
 
     def __enter__(self) -> AdmissionClient:
         return self
@@ -360,9 +406,32 @@ class AdmissionClient:
 
     # --- one call: sign, send, retry, fail over ---------------------------------------------------------
 
-    def _call(self, method: str, path: str, tenant: str, *, body: bytes = b"", query: str = "") -> _Answer:
+    def _rotation(self, tenant: str) -> Rotation:
+        """The endpoints `tenant`'s calls go to: the client's, or those of the one cell that lists it."""
         if not _TENANT.fullmatch(tenant):
             raise InvalidRequest(f"tenant {tenant!r} does not match {TENANT_PATTERN}")
+        if self._cells is None:
+            return self._rotations[None]
+        found = self._cells.cells_of(tenant)
+        if len(found) == 1:
+            return self._rotations[found[0].name]
+        names = tuple(cell.name for cell in found)
+        source = self._cells.source
+        if not names:
+            message = (
+                f"tenant {tenant} is in no cell of {source} (cells {self._cells.names()}): nothing was sent; add it "
+                "to the tenants of the cell that serves it (the one make deploy serves it in)"
+            )
+            raise TenantInNoCell(message, tenant=tenant, cells=names)
+        listed = ", ".join(names[:-1]) + f" and {names[-1]}"
+        message = (
+            f"tenant {tenant} is in cells {listed} of {source}: nothing was sent, as each cell would admit its "
+            "dispatch keys in its own table (a key admitted twice); list it in the one cell that serves it"
+        )
+        raise TenantInSeveralCells(message, tenant=tenant, cells=names)
+
+    def _call(self, method: str, path: str, tenant: str, *, body: bytes = b"", query: str = "") -> _Answer:
+        rotation = self._rotation(tenant)
         # Encoded here as SigV4 canonicalises a query (unreserved characters bare, upper-case hex), so the
         # URL sent is the one signed: botocore signs a query as it finds it.
         target = path + (f"?{query}" if query else "")
@@ -373,14 +442,14 @@ class AdmissionClient:
         tried: list[RegionalEndpoint] = []
         reached = False  # whether an attempt so far may have reached the API and written (see AdmissionError)
         # An endpoint may still be holding back an earlier call's retries: the first attempt waits for it too.
-        index, hold = self._next_endpoint(None, self._clock(), 0.0)
+        index, hold = rotation.next(None, self._clock(), 0.0)
         if hold > self._max_retry_after:
-            raise _unavailable(self._held_back(index, hold), 0, (), hold, None)
+            raise _unavailable(rotation.held_back(index, hold), 0, (), hold, None)
         if hold > 0:
             self._sleep(hold)
         while True:
             attempt += 1
-            endpoint = self.endpoints[index]
+            endpoint = rotation.endpoints[index]
             if endpoint not in tried:
                 tried.append(endpoint)
             url = f"{endpoint.url}{target}"
@@ -416,42 +485,16 @@ class AdmissionClient:
             # endpoint only, however the rotation comes back to it.
             now = self._clock()
             backoff = self._backoff(attempt - 1)
-            index, hold = self._next_endpoint(index, now, backoff, retry_after)
+            index, hold = rotation.next(index, now, backoff, retry_after)
             held = hold if hold > 0 else None
             if hold > self._max_retry_after:
-                raise _unavailable(self._held_back(index, hold), attempt, tuple(tried), held, last, reached)
+                raise _unavailable(rotation.held_back(index, hold), attempt, tuple(tried), held, last, reached)
             if attempt >= self._max_attempts:
                 tries = f"{attempt} attempt" + ("s" if attempt > 1 else "")
-                where = ", ".join(str(each) for each in tried)
+                where = ", ".join(str(each) for each in tried) + (f" in {rotation.label}" if rotation.label else "")
                 message = f"unavailable after {tries} at {where}: {failure}"
                 raise _unavailable(message, attempt, tuple(tried), held, last, reached)
             self._sleep(max(hold, backoff))
-
-    def _next_endpoint(
-        self, failed: int | None, now: float, backoff: float, retry_after: float | None = None
-    ) -> tuple[int, float]:
-        """Where the next attempt goes, and how long from `now` its endpoint holds it back (0: not at all).
-
-        After a failure of the endpoint at `failed` (its `retry_after`, if any, noted first), the client moves
-        past it, unless another thread already has: to the next endpoint in round-robin order that is not held
-        back beyond `backoff`, else to the one held back the shortest (`failed` itself when it is the only
-        one). With `failed` None (a call's first attempt) the client stays, unless its endpoint is held back
-        and another is not."""
-        with self._moving:
-            if failed is not None and retry_after is not None:
-                self._not_before[failed] = now + retry_after
-            count = len(self.endpoints)
-            if failed is None or self._current == failed:
-                start = self._current if failed is None else failed + 1
-                rotation = [(start + step) % count for step in range(count)]
-                ready = [each for each in rotation if self._not_before[each] <= now + backoff]
-                self._current = ready[0] if ready else min(rotation, key=lambda each: self._not_before[each])
-            if self._current == failed and retry_after is not None:
-                return failed, max(0.0, retry_after)  # exactly as asked, not as the clock's floats give it back
-            return self._current, max(0.0, self._not_before[self._current] - now)
-
-    def _held_back(self, index: int, hold: float) -> str:
-        return f"the API at {self.endpoints[index]} asks to retry after {hold:.0f} s"
 
     def _backoff(self, retry: int) -> float:
         ceiling = min(self._backoff_cap, self._backoff_base * 2 ** min(retry, 30))
@@ -466,23 +509,6 @@ class AdmissionClient:
             raise Forbidden(f"cannot sign the call: no usable AWS credentials ({error})") from error
         SigV4Auth(credentials, SERVICE, region).add_auth(request)
         return dict(request.headers.items())
-
-
-def _endpoint(
-    entry: str | RegionalEndpoint, region: str | None, session: Callable[[], botocore.session.Session]
-) -> RegionalEndpoint:
-    """`entry` checked, its URL without a trailing slash, and with its Region (see AdmissionClient)."""
-    url, named = (entry.url, entry.region) if isinstance(entry, RegionalEndpoint) else (entry, region)
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-        raise ValueError(f"base_url must be an http(s) URL without query or fragment: {url!r}")
-    if named is None:
-        found = _EXECUTE_API_HOST.fullmatch(parts.hostname)
-        named = found["region"] if found else session().get_config_variable("region")
-    if not named:
-        fix = "pass region= (or a RegionalEndpoint), or configure one (AWS_DEFAULT_REGION, a profile)"
-        raise ValueError(f"no region for {url}: {fix}")
-    return RegionalEndpoint(url.rstrip("/"), named)
 
 
 def _run(answer: _Answer) -> Run:
@@ -500,7 +526,13 @@ def _run(answer: _Answer) -> Run:
 
 
 def _refusal(answer: _Answer) -> AdmissionError:
-    """The typed error for a non-success answer."""
+    """The typed error for a non-success answer, naming the endpoint that gave it."""
+    error = _typed_refusal(answer)
+    error.endpoint = answer.endpoint
+    return error
+
+
+def _typed_refusal(answer: _Answer) -> AdmissionError:
     body = _json_or_text(answer.data)
     problem = _problem(body)
     message = f"HTTP {answer.status}: {_summary(problem, body)}"

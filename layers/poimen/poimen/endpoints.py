@@ -1,0 +1,92 @@
+"""The endpoints a client of the admission API calls, and where its next attempt goes among them: one
+rotation per set of endpoints that share a table (a multi-Region stack's Regions, or one cell's), failing over
+round robin and holding back an endpoint its `Retry-After` asked to be left alone. `poimen.client` keeps one
+rotation per cell; nothing moves a call from one rotation to another."""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import botocore.session
+
+_EXECUTE_API_HOST = re.compile(r"[a-z0-9]+\.execute-api\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(\.cn)?")
+
+
+@dataclass(frozen=True)
+class RegionalEndpoint:
+    """One Region's admission API: its base URL (the stack output AdmissionApiUrl of that Region's stack)
+    and the Region its calls are signed for (the SigV4 credential scope API Gateway checks)."""
+
+    url: str
+    region: str
+
+    def __str__(self) -> str:
+        return f"{self.url} ({self.region})"
+
+
+def regional_endpoint(
+    entry: str | RegionalEndpoint, region: str | None, session: Callable[[], botocore.session.Session]
+) -> RegionalEndpoint:
+    """`entry` checked, its URL without a trailing slash, with its Region: a RegionalEndpoint's own, else
+    `region`, else the one in an execute-api host name, else the SDK's (`session`'s) configured one."""
+    url, named = (entry.url, entry.region) if isinstance(entry, RegionalEndpoint) else (entry, region)
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ValueError(f"base_url must be an http(s) URL without query or fragment: {url!r}")
+    if named is None:
+        found = _EXECUTE_API_HOST.fullmatch(parts.hostname)
+        named = found["region"] if found else session().get_config_variable("region")
+    if not named:
+        fix = "pass region= (or a RegionalEndpoint), or configure one (AWS_DEFAULT_REGION, a profile)"
+        raise ValueError(f"no region for {url}: {fix}")
+    return RegionalEndpoint(url.rstrip("/"), named)
+
+
+class Rotation:
+    """Endpoints of one table, in order of preference, and the one calls go to (`endpoint`): the first,
+    until a failure moves it on. Safe to share between threads."""
+
+    def __init__(self, endpoints: tuple[RegionalEndpoint, ...], label: str = "") -> None:
+        if not endpoints:
+            raise ValueError("base_url must name at least one endpoint")
+        self.endpoints = endpoints
+        self.label = label  # how messages name the rotation ("in cell a"); "" for a client's only one
+        self._current = 0  # the index of the endpoint calls go to; moved by `next`
+        # Per endpoint, the `clock` time before which its last Retry-After asked not to be called.
+        self._not_before = [-math.inf] * len(endpoints)
+        self._moving = threading.Lock()
+
+    @property
+    def endpoint(self) -> RegionalEndpoint:
+        return self.endpoints[self._current]
+
+    def next(
+        self, failed: int | None, now: float, backoff: float, retry_after: float | None = None
+    ) -> tuple[int, float]:
+        """Where the next attempt goes, and how long from `now` its endpoint holds it back (0: not at all).
+
+        After a failure of the endpoint at `failed` (its `retry_after`, if any, noted first), the rotation moves
+        past it, unless another thread already has: to the next endpoint in round-robin order that is not held
+        back beyond `backoff`, else to the one held back the shortest (`failed` itself when it is the only
+        one). With `failed` None (a call's first attempt) it stays, unless its endpoint is held back and
+        another is not."""
+        with self._moving:
+            if failed is not None and retry_after is not None:
+                self._not_before[failed] = now + retry_after
+            count = len(self.endpoints)
+            if failed is None or self._current == failed:
+                start = self._current if failed is None else failed + 1
+                rotation = [(start + step) % count for step in range(count)]
+                ready = [each for each in rotation if self._not_before[each] <= now + backoff]
+                self._current = ready[0] if ready else min(rotation, key=lambda each: self._not_before[each])
+            if self._current == failed and retry_after is not None:
+                return failed, max(0.0, retry_after)  # exactly as asked, not as the clock's floats give it back
+            return self._current, max(0.0, self._not_before[self._current] - now)
+
+    def held_back(self, index: int, hold: float) -> str:
+        return f"the API at {self.endpoints[index]} asks to retry after {hold:.0f} s"

@@ -258,10 +258,11 @@ bench: $(STAMP) $(SAM) rie kafka-jars
 	$(BIN)/python -m benchmarks.outbox_bench
 
 # 10,000 dispatch messages through a real broker and `poimen dev`, killed twice and the broker restarted
-# once; exits non-zero unless every key is one run and nothing was dead-lettered (several minutes). Then the
+# once, over 2 tenants and then over 100; exits non-zero unless every key is one run and nothing was
+# dead-lettered (several minutes each), and prints both soaks' throughput and relay lag side by side. Then the
 # long API history: 20,000 operations under DynamoDB faults and kills, checked by Porcupine (about 30 minutes).
 soak: $(STAMP) kafka-jars $(HISTORY_CHECK)
-	$(BIN)/python -m benchmarks.soak
+	$(BIN)/python -m benchmarks.soak --tenants 2,100
 	$(BIN)/python -m benchmarks.history
 
 openapi: $(STAMP)

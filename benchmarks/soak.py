@@ -1,16 +1,23 @@
 """Soak: dispatch messages through a real broker and `poimen dev` while both are knocked over.
 
-10,000 keyed dispatch messages over two tenants, 30 % of them published a second time later in the
-stream, go through a local KRaft broker and a `poimen dev` subprocess (its local MSK event source and
-relay) while `poimen dev` is killed with SIGKILL twice and the broker is restarted once. The table, the
-relay's DLQ and its failed-batches bucket live in a moto server of this script's own, so they outlive
-`poimen dev`. Every dispatch_key must end as exactly one run; nothing may be dead-lettered or parked.
-The outbox relay of `poimen dev` publishes each run to `poimen.<tenant>.events` meanwhile: every run must
-have its event, every event be a run's (its `ce_id` the id of a stored admission, poimen.ids.admission_id),
-and every duplicate (after a kill or the broker's restart) be identical to the first copy.
+10,000 keyed dispatch messages over two tenants (with `--tenants 2,100`, the same messages again over 100),
+30 % of them published a second time later in the stream, go through a local KRaft broker and a `poimen dev`
+subprocess (its local MSK event source and relay) while `poimen dev` is killed with SIGKILL twice and the
+broker is restarted once. The table, the relay's DLQ and its failed-batches bucket live in a moto server of
+this script's own, so they outlive `poimen dev`. Every dispatch_key must end as exactly one run; nothing may
+be dead-lettered or parked. The outbox relay of `poimen dev` publishes each run to `poimen.<tenant>.events`
+meanwhile: every run must have its event, every event be a run's (its `ce_id` the id of a stored admission,
+poimen.ids.admission_id, on its own tenant's topic), and every duplicate (after a kill or the broker's
+restart) be identical to the first copy.
+
+Each soak's tenants are generated ids the template accepts, as long as a stack's `Tenants` list allows (half
+of them at the longest: 29 characters at 100 tenants), each dispatch's tenant drawn at random, so the stream
+spreads over every tenant's `poimen.<tenant>.dispatch` topic; the keys, inputs, duplicates and their order
+are the same whatever the number of tenants.
 
 Run: `make soak`, or `.venv/bin/python -m benchmarks.soak --messages 500` for a quick check. Prints one
-table. Exit codes: 0 the soak held (one run per key, no dead letter, no parked batch, one event per run);
+table a soak, then, for several tenant counts, one table of their throughput and relay lag side by side.
+Exit codes: 0 the soak held (one run per key, no dead letter, no parked batch, one event per run);
 1 it did not;
 2 the local stack could not start (the one-line cause is printed); 130 interrupted (every process it
 started is stopped).
@@ -19,12 +26,12 @@ started is stopped).
 from __future__ import annotations
 
 import argparse
+import bisect
 import inspect
 import json
 import os
 import random
 import re
-import statistics
 import subprocess
 import sys
 import threading
@@ -45,6 +52,7 @@ from poimen.contract import RunRequest
 from poimen.dispatch import DispatchPublisher
 from poimen.ids import admission_id
 from poimen.kafka import dispatch_topic, events_topic
+from poimen_tools.deploy_check import MAX_TENANT_CHARACTERS, limit_refusal
 from poimen_tools.local.event_source import LocalMskEventSource
 from poimen_tools.local.kafka_broker import BrokerError, KafkaBroker, free_port
 from poimen_tools.local.processes import SessionProcess, kill_group
@@ -53,7 +61,8 @@ from poimen_tools.topics import ensure_topics
 
 REPO = Path(__file__).resolve().parent.parent
 POIMEN = Path(sys.executable).parent / "poimen"
-TENANTS = ("acme", "globex")
+# The longest tenant id the template's Tenants pattern takes.
+MAX_TENANT_ID = 63
 PARTITIONS = 6
 TABLE = "poimen-admission-local"  # `poimen dev`'s defaults, which this script leaves as they are
 DLQ = "poimen-relay-dlq-local"
@@ -71,6 +80,8 @@ MOTO_SERVER = (
     "with EmbeddedMoto(int(sys.argv[1])):\n"
     "    signal.pause()\n"
 )
+# The busiest stretch of a soak whose admissions a second it reports: the relay catching up after a disruption.
+PEAK_WINDOW_SECONDS = 10.0
 AWS = Config(connect_timeout=2, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"})
 
 
@@ -85,11 +96,24 @@ class Dispatch:
     duplicate: bool
 
 
-def build_stream(messages: int, duplicate_ratio: float, rng: random.Random) -> list[Dispatch]:
-    """`messages` distinct keys over the tenants; a share of them again, each copy after its original."""
+def tenant_ids(count: int) -> tuple[str, ...]:
+    """`count` tenant ids one stack serves: every other one as long as the template's `Tenants` list lets all
+    of them be (MAX_TENANT_CHARACTERS; 29 characters at 100 tenants), the others short ("t000")."""
+    longest = min(MAX_TENANT_ID, (MAX_TENANT_CHARACTERS + 1) // count - 1)
+    ids = tuple(f"t{i:03d}" if i % 2 == 0 else f"t{i:03d}-".ljust(longest, "x") for i in range(count))
+    refusal = limit_refusal(list(ids), peer_aliases=0)
+    if refusal is not None:
+        raise ValueError(refusal)
+    return ids
+
+
+def build_stream(messages: int, duplicate_ratio: float, rng: random.Random, tenants: tuple[str, ...]) -> list[Dispatch]:
+    """`messages` distinct keys over `tenants`; a share of them again, each copy after its original. The tenants
+    are drawn from a generator of their own, so the keys, duplicates and order are `rng`'s whatever `tenants`."""
+    draw = random.Random(rng.random())
     originals = [
         Dispatch(
-            rng.choice(TENANTS),
+            draw.choice(tenants),
             RunRequest(workflow_ref="wf/soak", input={"n": i}, dispatch_key=f"soak-{i:06d}"),
             duplicate=False,
         )
@@ -153,9 +177,10 @@ class MotoServer:
 class DevProcess(SessionProcess):
     """`poimen dev` as a subprocess in its own session, so its whole process group can be killed."""
 
-    def __init__(self, folder: Path, bootstrap: str, aws_endpoint: str) -> None:
+    def __init__(self, folder: Path, bootstrap: str, aws_endpoint: str, tenants: tuple[str, ...]) -> None:
         super().__init__()
         self._folder = folder
+        self._tenants = tenants
         self._port = free_port()
         self._bootstrap = bootstrap
         self._aws_endpoint = aws_endpoint
@@ -174,7 +199,7 @@ class DevProcess(SessionProcess):
         # must outlive `poimen dev` (its embedded moto would die with it).
         for service in ("dynamodb", "sqs", "s3"):
             command += [f"--{service}-endpoint", self._aws_endpoint]
-        command += ["--table-name", TABLE, "--dlq-name", DLQ, "--tenants", ",".join(TENANTS)]
+        command += ["--table-name", TABLE, "--dlq-name", DLQ, "--tenants", ",".join(self._tenants)]
         with log.open("ab") as out:  # append mode: the execution environments share this file
             self.process = subprocess.Popen(
                 command,
@@ -235,13 +260,13 @@ class Publisher(threading.Thread):
 class Relay:
     """How far the relay in `poimen dev` has got: the offsets its consumer group committed."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, tenants: tuple[str, ...]) -> None:
         self._bootstrap = bootstrap
         self._admin = self._client()
         self._abandoned: list[AdminClient] = []
         self.failed_lookups = 0
         self._partitions = [
-            TopicPartition(dispatch_topic(tenant), partition) for tenant in TENANTS for partition in range(PARTITIONS)
+            TopicPartition(dispatch_topic(tenant), partition) for tenant in tenants for partition in range(PARTITIONS)
         ]
 
     def _client(self) -> AdminClient:
@@ -369,7 +394,13 @@ def _admissions_stored(dynamodb: Any) -> dict[str, tuple[str, str]]:
     }
 
 
-def _events(bootstrap: str, admissions: dict[str, tuple[str, str]], outcome: Outcome, timeout: float) -> None:
+def _events(
+    bootstrap: str,
+    tenants: tuple[str, ...],
+    admissions: dict[str, tuple[str, str]],
+    outcome: Outcome,
+    timeout: float,
+) -> None:
     """Read every tenant's events topic from the start until each admission's event is in (or `timeout`),
     then for 5 s more (late duplicates); count what is missing, extra, duplicated and differing. An event is
     identified as its consumers do, by `ce_id`, which must be the id of a stored admission and name its
@@ -386,7 +417,7 @@ def _events(bootstrap: str, admissions: dict[str, tuple[str, str]], outcome: Out
     deadline = time.monotonic() + timeout
     quiet_until: float | None = None
     try:
-        consumer.subscribe([events_topic(tenant) for tenant in TENANTS])
+        consumer.subscribe([events_topic(tenant) for tenant in tenants])
         while time.monotonic() < (quiet_until or deadline):
             message = consumer.poll(0.5)
             if message is None or message.error() is not None:
@@ -458,10 +489,11 @@ def _percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
 
 
-def soak(args: argparse.Namespace, folder: Path) -> int:
+def soak(args: argparse.Namespace, folder: Path, tenants: tuple[str, ...]) -> tuple[int, Figures]:
+    """One soak over `tenants` in `folder`: its exit code and figures."""
     started = time.monotonic()
     rng = random.Random(args.seed)
-    stream = build_stream(args.messages, args.duplicate_ratio, rng)
+    stream = build_stream(args.messages, args.duplicate_ratio, rng, tenants)
     duplicates = sum(dispatch.duplicate for dispatch in stream)
     moto = MotoServer(folder / "moto.log")
     broker = KafkaBroker(folder / "kafka")
@@ -474,12 +506,11 @@ def soak(args: argparse.Namespace, folder: Path) -> int:
         moto.start()
         broker.start()
         _log(started, f"moto {moto.endpoint}, broker {broker.bootstrap_servers}")
-        for tenant in TENANTS:
-            ensure_topics(broker.bootstrap_servers, tenant, partitions=PARTITIONS, replication_factor=1)
-        dev = DevProcess(folder, broker.bootstrap_servers, moto.endpoint)
+        ensure_topics(broker.bootstrap_servers, tenants, partitions=PARTITIONS, replication_factor=1)
+        dev = DevProcess(folder, broker.bootstrap_servers, moto.endpoint, tenants)
         announced = dev.start()
         dlq_url, bucket = announced["Relay dead-letter queue"], announced["Failed batches (S3)"]
-        relay = Relay(broker.bootstrap_servers)
+        relay = Relay(broker.bootstrap_servers, tenants)
         _log(started, f"poimen dev up; publishing {len(stream)} messages ({duplicates} duplicates)")
         publisher = Publisher(broker.bootstrap_servers, stream, args.rate)
         publisher.start()
@@ -549,8 +580,8 @@ def soak(args: argparse.Namespace, folder: Path) -> int:
         _dead_letters(moto.sqs(), dlq_url, outcome)
         outcome.parked_batches = _parked_batches(moto.s3(), bucket)
         # Before `poimen dev` stops: its outbox relay publishes the last runs' events meanwhile.
-        _log(started, f"checking every run's event on {', '.join(events_topic(t) for t in TENANTS)}")
-        _events(broker.bootstrap_servers, _admissions_stored(dynamodb), outcome, args.timeout)
+        _log(started, f"checking every run's event on the {len(tenants)} tenants' {events_topic('<tenant>')} topics")
+        _events(broker.bootstrap_servers, tenants, _admissions_stored(dynamodb), outcome, args.timeout)
         outbox_bucket = OUTBOX_BUCKET.search(announced["Outbox relay"])
         if outbox_bucket is None:
             raise StackError(f"poimen dev announced no outbox bucket: {announced['Outbox relay']}")
@@ -565,23 +596,71 @@ def soak(args: argparse.Namespace, folder: Path) -> int:
         positions_file(moto.endpoint, TABLE).unlink(missing_ok=True)
         moto.stop()
 
-    return _report(args, duplicates, publisher, outcome, disruptions, admissions)
+    assert publisher is not None
+    figures = Figures.of(tenants, publisher.first_published, outcome.created)
+    return _report(args, tenants, duplicates, publisher, outcome, disruptions, admissions, figures), figures
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A soak's throughput and relay lag: runs admitted a second, over the soak and at its busiest
+    PEAK_WINDOW_SECONDS (the relay catching up after a disruption), and each key's first publish -> its run's
+    admission (created_at), in seconds."""
+
+    tenants: tuple[str, ...]
+    runs: int
+    wall: float
+    peak_rate: float
+    latencies: list[float]
+
+    @classmethod
+    def of(
+        cls, tenants: tuple[str, ...], published: dict[tuple[str, str], float], created: dict[tuple[str, str], float]
+    ) -> Figures:
+        first = min(published.values(), default=0.0)
+        last = max(created.values(), default=first)
+        stamps = sorted(created.values())
+        window = PEAK_WINDOW_SECONDS
+        busiest = max((bisect.bisect_right(stamps, at + window) - i for i, at in enumerate(stamps)), default=0)
+        latencies = [created[key] - at for key, at in published.items() if key in created]
+        return cls(tenants, len(created), max(last - first, 1e-9), busiest / window, latencies)
+
+    @property
+    def rate(self) -> float:
+        return self.runs / self.wall
+
+    def lag(self, share: float) -> str:
+        return f"{_percentile(self.latencies, share):.2f}" if self.latencies else "-"
+
+
+def _compare(runs: list[Figures]) -> None:
+    """The soaks' throughput and relay lag side by side, one column a tenant count."""
+    print(f"\nThroughput and relay lag by tenants (the same {runs[0].runs} keys' stream, one machine, one run)\n")
+    rows = [
+        ("tenants (topics poimen.<tenant>.dispatch)", [f"{len(run.tenants)}" for run in runs]),
+        ("longest tenant id (characters)", [f"{max(map(len, run.tenants))}" for run in runs]),
+        ("runs admitted", [f"{run.runs}" for run in runs]),
+        ("runs/s admitted (runs / wall time)", [f"{run.rate:.1f}" for run in runs]),
+        (f"runs/s admitted, busiest {PEAK_WINDOW_SECONDS:.0f} s", [f"{run.peak_rate:.1f}" for run in runs]),
+        ("relay lag p50 (s, publish -> admission)", [run.lag(0.5) for run in runs]),
+        ("relay lag p99 (s)", [run.lag(0.99) for run in runs]),
+        ("relay lag max (s)", [run.lag(1.0) for run in runs]),
+    ]
+    for name, values in rows:
+        print(f"{name:42} " + " ".join(f"{value:>10}" for value in values))
 
 
 def _report(
     args: argparse.Namespace,
+    tenants: tuple[str, ...],
     duplicates: int,
-    publisher: Publisher | None,
+    publisher: Publisher,
     outcome: Outcome,
     disruptions: list[Disruption],
     admissions: dict[str, int],
+    figures: Figures,
 ) -> int:
-    assert publisher is not None
-    published = publisher.first_published
-    latencies = [outcome.created[key] - at for key, at in published.items() if key in outcome.created]
-    first = min(published.values(), default=0.0)
-    last = max(outcome.created.values(), default=first)
-    wall = max(last - first, 1e-9)
+    wall = figures.wall
     dead_letters = max(outcome.dead_letters_approximate, outcome.dead_letters_received)
     held = (
         outcome.runs == args.messages
@@ -596,7 +675,8 @@ def _report(
     )
 
     print(
-        f"\nSoak: {args.messages} dispatch keys over {', '.join(TENANTS)}, {args.duplicate_ratio:.0%} published "
+        f"\nSoak: {args.messages} dispatch keys over {len(tenants)} tenants ({tenants[0]} ... {tenants[-1]}), "
+        f"{args.duplicate_ratio:.0%} published "
         f"twice, seed {args.seed}, publish rate {args.rate or 'unpaced'}/s\n"
     )
     rows = [
@@ -605,8 +685,9 @@ def _report(
         ("records handled by the relay (committed)", f"{outcome.handled}"),
         ("msgs/s (runs / wall time)", f"{outcome.runs / wall:.1f}"),
         ("wall time, first publish -> last run (s)", f"{wall:.1f}"),
-        ("p50 publish -> run latency (s)", f"{statistics.median(latencies):.2f}" if latencies else "-"),
-        ("p99 publish -> run latency (s)", f"{_percentile(latencies, 0.99):.2f}" if latencies else "-"),
+        ("p50 publish -> run latency (s)", figures.lag(0.5)),
+        ("p99 publish -> run latency (s)", figures.lag(0.99)),
+        ("max publish -> run latency (s)", figures.lag(1.0)),
         ("runs in the table", f"{outcome.runs}  [must be {args.messages}]"),
         (
             "dead letters in the relay DLQ",
@@ -650,6 +731,31 @@ def _report(
     return 0 if held and len(disruptions) == 3 else 1
 
 
+def tenant_counts(value: str) -> tuple[int, ...]:
+    """Numbers of tenants, comma-separated, each a list of tenant_ids one stack serves."""
+    try:
+        counts = tuple(int(count) for count in value.split(","))
+        for count in counts:
+            if count < 1:
+                raise ValueError(f"{count} tenants")
+            tenant_ids(count)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+    return counts
+
+
+def soak_each(args: argparse.Namespace, folder: Path) -> int:
+    """A soak over each of `args.tenants` tenant counts, each in a folder of its own; then, for more than one,
+    their figures side by side. The worst exit code."""
+    results = []
+    for count in args.tenants:
+        (folder / f"tenants-{count}").mkdir()
+        results.append(soak(args, folder / f"tenants-{count}", tenant_ids(count)))
+    if len(results) > 1:
+        _compare([figures for _, figures in results])
+    return max(code for code, _ in results)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=10_000, help="distinct dispatch keys (default: %(default)s)")
@@ -663,13 +769,20 @@ def main() -> int:
     parser.add_argument(
         "--timeout", type=float, default=900.0, help="bound of each wait, seconds (default: %(default)s)"
     )
+    parser.add_argument(
+        "--tenants",
+        type=tenant_counts,
+        default=(2,),
+        metavar="N[,N...]",
+        help="a soak over each number of tenants, one after the other, the same messages (default: 2)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, broker data) on success")
     args = parser.parse_args()
     if args.messages < 4 or not 0 <= args.duplicate_ratio <= 1:
         parser.error("--messages must be at least 4 and --duplicate-ratio within [0, 1]")
     return run_in_work_folder(
         "soak",
-        lambda folder: soak(args, folder),
+        lambda folder: soak_each(args, folder),
         cannot_run=(StackError, BrokerError),
         cause="the local stack did not start",
         kept="logs and broker data",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
@@ -63,7 +65,7 @@ class KafkaUnreachable(Exception):
 
 def ensure_topics(
     bootstrap_servers: str,
-    tenant_id: str,
+    tenants: str | Iterable[str],
     *,
     partitions: int = 6,
     replication_factor: int = -1,
@@ -72,8 +74,10 @@ def ensure_topics(
     iam_region: str | None = None,
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> dict[str, str]:
-    """Create `poimen.<tenant>.events` and `.dispatch` unless they exist; {topic: "created"|"exists"}. The
-    dispatch topic is declared with `message.timestamp.type=LogAppendTime` (DISPATCH_TOPIC_CONFIG).
+    """Create `poimen.<tenant>.events` and `.dispatch` of the tenant (or each of several) unless they exist, in one
+    CreateTopics request (a request a tenant, 100 tenants took 24 s of `poimen dev`'s start, one request 2 s);
+    {topic: "created"|"exists"}. The dispatch topic is declared with `message.timestamp.type=LogAppendTime`
+    (DISPATCH_TOPIC_CONFIG).
 
     A replication factor of -1 takes the broker's `default.replication.factor` (3 on MSK, 1 locally).
     An existing topic is reported as it is, not altered. KafkaUnreachable when no broker answers within
@@ -97,11 +101,13 @@ def ensure_topics(
         )
     )
     admin.poll(0)  # librdkafka serves oauth_cb (MSK IAM) only from poll()
-    topics = [dispatch_topic(tenant_id), events_topic(tenant_id)]
     retention = {"retention.ms": str(retention_ms)}
-    configs = {topics[0]: {**retention, **DISPATCH_TOPIC_CONFIG}, topics[1]: retention}
+    configs = {}
+    for tenant in [tenants] if isinstance(tenants, str) else tenants:
+        configs[dispatch_topic(tenant)] = {**retention, **DISPATCH_TOPIC_CONFIG}
+        configs[events_topic(tenant)] = retention
     futures = admin.create_topics(
-        [NewTopic(topic, partitions, replication_factor, config=configs[topic]) for topic in topics],
+        [NewTopic(topic, partitions, replication_factor, config=config) for topic, config in configs.items()],
         request_timeout=timeout_seconds,
     )
     outcome: dict[str, str] = {}

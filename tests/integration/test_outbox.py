@@ -10,7 +10,7 @@ import subprocess
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +60,10 @@ def events(
 
 
 def records_on(
-    bootstrap: str, topic: str, expected: int, timeout: float = 60, last: str | None = None
+    bootstrap: str, topic: str | Sequence[str], expected: int, timeout: float = 60, last: str | None = None
 ) -> list[dict[str, Any]]:
+    """Every record on `topic` (or each of several), as `events` reads them, with the topic of each."""
+    topics = [topic] if isinstance(topic, str) else list(topic)
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -70,7 +72,7 @@ def records_on(
             "enable.auto.commit": False,
         }
     )
-    consumer.subscribe([topic])
+    consumer.subscribe(topics)
     records: list[dict[str, Any]] = []
     idle_polls = 0
     try:
@@ -88,12 +90,13 @@ def records_on(
                         "value": message.value(),
                         "headers": dict(message.headers() or []),
                         "partition": message.partition(),
+                        "topic": message.topic(),
                     }
                 )
             seen_last = last is None or any(r["headers"].get("ce_subject") == last.encode() for r in records)
             return len(records) >= expected and seen_last and idle_polls >= 4
 
-        wait_for(enough, timeout=timeout, what=f"{expected} records on {topic}")
+        wait_for(enough, timeout=timeout, what=f"{expected} records on {', '.join(topics)}")
     finally:
         consumer.close()
     return records

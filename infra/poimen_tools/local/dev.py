@@ -185,11 +185,7 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
                 bucket = _failed_batches_bucket(options.failed_batches_bucket)
                 bootstrap = options.kafka_bootstrap or _start_broker(options.kafka_port, cleanup)
             if bootstrap is not None:
-                # What a deploy needs first (docs/operations.md, adding a tenant): each tenant's topics, the
-                # .dispatch one keeping records no longer than the runs (what topics ensure accepts).
-                days = options.run_retention_days
-                for tenant in options.tenants:
-                    ensure_topics(bootstrap, tenant, retention_ms=dispatch_retention_ms(days), run_retention_days=days)
+                create_tenant_topics(bootstrap, options.tenants, options.run_retention_days)
             environments.wait_ready()
             server.listen()
             outbox_bucket = None
@@ -327,6 +323,13 @@ def _start_broker(port: int, cleanup: contextlib.ExitStack) -> str:
     cleanup.callback(shutil.rmtree, data, ignore_errors=True)
     cleanup.callback(broker.stop)
     return broker.bootstrap_servers
+
+
+def create_tenant_topics(bootstrap: str, tenants: Iterable[str], run_retention_days: int | None) -> None:
+    """What a deploy needs first (docs/operations.md, adding a tenant): each tenant's topics, the .dispatch one
+    keeping records no longer than the runs (what topics ensure accepts)."""
+    days = run_retention_days
+    ensure_topics(bootstrap, tenants, retention_ms=dispatch_retention_ms(days), run_retention_days=days)
 
 
 def _start_event_source(

@@ -62,12 +62,18 @@ class Report:
                 f"{self.keyless_runs} keyless runs, checked in {self.checker_seconds:.2f} s"
             )
         lines = [f"history check FAILED: {len(self.failures)} violations, keys {', '.join(self.keys_at_fault())}"]
-        lines += [f"  {failure.check} {failure.key}: {failure.detail}" for failure in self.failures[:20]]
-        if len(self.failures) > 20:
-            lines.append(f"  ... and {len(self.failures) - 20} more")
+        lines += failure_lines(self.failures)
         if self.visualization:
             lines.append(f"  Porcupine's visualization: {self.visualization}")
         return "\n".join(lines)
+
+
+def failure_lines(failures: list[Failure], shown: int = 20) -> list[str]:
+    """The violations as a report lists them, one a line (check, key, detail), the first `shown` of them."""
+    lines = [f"  {failure.check} {failure.key}: {failure.detail}" for failure in failures[:shown]]
+    if len(failures) > shown:
+        lines.append(f"  ... and {len(failures) - shown} more")
+    return lines
 
 
 def checker() -> Path:

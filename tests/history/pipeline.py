@@ -1,0 +1,273 @@
+"""The pipeline's history check (dispatch → inbox relay → admission → outbox): what was dispatched, checked
+against what the pipeline left behind once nothing could change any more (the table's final consistent
+scan, every record of every `poimen.<tenant>.events` topic, the relay's dead letters and parked batches,
+the outbox's set-aside events and parked batches). tests/history/observe.py reads those from a stack;
+`make soak` (benchmarks/soak.py) and tests/integration/test_pipeline_history.py check them here.
+
+The rules (issue 29, part 2), each a `check` of the report:
+- `run-without-event`, `event-without-admission`, `distinct-events`, `event-on-another-tenants-topic`,
+  `event-misnamed`: runs and events form a bijection. Every stored admission (its `ce_id`,
+  poimen.ids.admission_id) has exactly one distinct event, on its own tenant's topic, naming its run
+  (`ce_subject`); copies of it only byte-identical (key, headers, value); no event without a stored admission.
+- `keyed-admitted-twice`: one run per (tenant, dispatch_key).
+- `keyless-admitted-twice`: a keyless dispatch (told by its unique marker) at most one run for each copy
+  published, unless the relay was given the record again with its outcome unknown to it (`redelivered`,
+  with why: a kill mid-batch); `resent-after-unknown-outcome`: a keyless record dead-lettered as
+  `outcome-unknown` names the run it may have admitted, and no other run of it exists (it is not sent again).
+- `lost`: every dispatch ends admitted or dead-lettered; `dead-lettered`: every dispatch of this workload is
+  a valid spawn, so the only dead letter it may end as is a keyless `outcome-unknown` (with its reason);
+  `parked`, `event-set-aside`: nothing is given up on (a relay's or the outbox's parked batch, an event set
+  aside as undeliverable); `run-of-no-dispatch`, `dead-letter-of-no-dispatch`: nothing comes from nowhere.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from poimen.ids import admission_id
+from tests.history.check import Failure, failure_lines
+
+Headers = tuple[tuple[str, bytes | None], ...]
+
+
+@dataclass(frozen=True)
+class Dispatched:
+    """One dispatch of the workload: a keyed one, or a keyless one carrying a unique `marker` in its input."""
+
+    tenant: str
+    key: str | None
+    marker: str | None = None
+    copies: int = 1  # records published with this body (a keyed duplicate is a replay)
+    redelivered: tuple[str, ...] = ()  # why the relay may have been given a record of it again, outcome unknown
+
+    @property
+    def name(self) -> str:
+        return f"{self.tenant}/{self.key}" if self.key is not None else f"{self.tenant}/marker:{self.marker}"
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """A run item of the table's final scan (fences left out)."""
+
+    tenant: str
+    run_id: str
+    attempt_id: str
+    dispatch_key: str | None
+    marker: str | None
+    created_at: str = ""
+
+    @property
+    def admission(self) -> str:
+        return admission_id(self.run_id, self.attempt_id)
+
+    @property
+    def name(self) -> str:
+        key = self.dispatch_key
+        return f"{self.tenant}/{key}" if key is not None else f"{self.tenant}/marker:{self.marker}"
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """A record read from a `poimen.<tenant>.events` topic, as it is on the topic."""
+
+    topic: str
+    key: bytes | None
+    headers: Headers
+    value: bytes | None
+
+    def header(self, name: str) -> str | None:
+        found = [value for header, value in self.headers if header == name and value is not None]
+        return found[-1].decode(errors="replace") if found else None
+
+    @property
+    def tenant(self) -> str:
+        return self.topic.split(".")[1] if self.topic.count(".") == 2 else self.topic
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A relay dead letter: the tenant of its record's topic, what its value names, and its reason."""
+
+    tenant: str | None
+    key: str | None
+    marker: str | None
+    kind: str | None
+    detail: str | None
+    run_id: str | None = None  # the run an outcome-unknown letter names
+
+    @property
+    def name(self) -> str:
+        return f"{self.tenant}/{self.key}" if self.key is not None else f"{self.tenant}/marker:{self.marker}"
+
+
+@dataclass(frozen=True)
+class Parked:
+    """What a relay gave up on: a parked batch of the inbox relay (its dispatches, by name) or of the outbox
+    (its runs), or an event the outbox set aside as undeliverable (`set_aside`, with its reason)."""
+
+    where: str  # "relay" or "outbox"
+    object_key: str
+    names: tuple[str, ...]
+    set_aside: bool = False
+    reason: str = ""
+
+
+@dataclass
+class Pipeline:
+    dispatched: list[Dispatched]
+    runs: list[StoredRun]
+    events: list[EventRecord]
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    parked: list[Parked] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    ok: bool
+    dispatches: int
+    keyless: int
+    redelivered: int  # keyless dispatches the relay may have been given again
+    runs: int
+    events: int  # records on the events topics
+    duplicate_events: int  # identical copies beyond the first
+    dead_letters: dict[str, int]  # by kind
+    keyless_admitted_again: int  # keyless dispatches with more runs than copies, allowed as redelivered
+    failures: list[Failure] = field(default_factory=list)
+
+    def keys_at_fault(self) -> list[str]:
+        return sorted({failure.key for failure in self.failures if failure.key})
+
+    def summary(self) -> str:
+        """What a person reads: the verdict, and each violation named by its check and its key."""
+        if self.ok:
+            return (
+                f"pipeline holds: {self.dispatches} dispatches ({self.keyless} keyless, {self.redelivered} of them "
+                f"redelivered), {self.runs} runs, {self.events} events ({self.duplicate_events} identical "
+                f"copies), dead letters {dict(self.dead_letters)}"
+            )
+        head = f"pipeline check FAILED: {len(self.failures)} violations, keys {', '.join(self.keys_at_fault())}"
+        return "\n".join([head, *failure_lines(self.failures)])
+
+    def figures(self) -> list[tuple[str, str]]:
+        return [
+            ("dispatches (keyless)", f"{self.dispatches} ({self.keyless})"),
+            (
+                "keyless redelivered (outcome unknown)",
+                f"{self.redelivered}, admitted again {self.keyless_admitted_again}",
+            ),
+            ("runs in the table (final scan)", f"{self.runs}"),
+            ("events on the .events topics", f"{self.events}, identical copies {self.duplicate_events}"),
+            ("dead letters by kind", ", ".join(f"{k} {n}" for k, n in sorted(self.dead_letters.items())) or "0"),
+            ("violations", f"{len(self.failures)}"),
+        ]
+
+
+def check(pipeline: Pipeline) -> Report:
+    """Judge `pipeline` by every rule of the module's docstring."""
+    failures: list[Failure] = []
+    copies = _events(pipeline, failures)
+    _admissions(pipeline, failures)
+    admitted_again = _outcomes(pipeline, failures)
+    for parked in pipeline.parked:
+        check_name = "event-set-aside" if parked.set_aside else "parked"
+        what = f"set aside by the outbox ({parked.reason})" if parked.set_aside else f"a {parked.where} parked batch"
+        for name in parked.names or ("",):
+            failures.append(Failure(check_name, name, f"in {what}: {parked.object_key}"))
+    return Report(
+        ok=not failures,
+        dispatches=len(pipeline.dispatched),
+        keyless=sum(dispatch.key is None for dispatch in pipeline.dispatched),
+        redelivered=sum(dispatch.key is None and bool(dispatch.redelivered) for dispatch in pipeline.dispatched),
+        runs=len(pipeline.runs),
+        events=len(pipeline.events),
+        duplicate_events=copies,
+        dead_letters=dict(Counter(letter.kind or "?" for letter in pipeline.dead_letters)),
+        keyless_admitted_again=admitted_again,
+        failures=failures,
+    )
+
+
+def _events(pipeline: Pipeline, failures: list[Failure]) -> int:
+    """The bijection, from the events' side and the runs'; the identical copies counted."""
+    admissions = {run.admission: run for run in pipeline.runs}
+    first: dict[str, EventRecord] = {}
+    copies = 0
+    for event in pipeline.events:
+        event_id = event.header("ce_id") or ""
+        run = admissions.get(event_id)
+        if run is None:
+            failures.append(
+                Failure("event-without-admission", event_id, f"on {event.topic}, subject {event.header('ce_subject')}")
+            )
+        else:
+            if event.tenant != run.tenant:
+                failures.append(
+                    Failure(
+                        "event-on-another-tenants-topic", run.name, f"event {event_id} of {run.tenant} on {event.topic}"
+                    )
+                )
+            if event.header("ce_subject") != run.run_id:
+                detail = f"event {event_id} names run {event.header('ce_subject')}, its admission is run {run.run_id}'s"
+                failures.append(Failure("event-misnamed", run.name, detail))
+        seen = first.get(event_id)
+        if seen is None:
+            first[event_id] = event
+        else:
+            if (seen.key, seen.headers, seen.value) == (event.key, event.headers, event.value):
+                copies += 1
+            else:
+                name = run.name if run is not None else event_id
+                failures.append(Failure("distinct-events", name, f"two different events of admission {event_id}"))
+    for event_id, run in admissions.items():
+        if event_id not in first:
+            failures.append(Failure("run-without-event", run.name, f"run {run.run_id}, admission {event_id}: no event"))
+    return copies
+
+
+def _admissions(pipeline: Pipeline, failures: list[Failure]) -> None:
+    """No keyed dispatch admitted twice, no run of no dispatch."""
+    names = {dispatch.name for dispatch in pipeline.dispatched}
+    by_name: dict[str, list[StoredRun]] = defaultdict(list)
+    for run in pipeline.runs:
+        by_name[run.name].append(run)
+        if run.name not in names:
+            failures.append(Failure("run-of-no-dispatch", run.name, f"run {run.run_id}: nothing dispatched it"))
+    for name, runs in by_name.items():
+        if len(runs) > 1 and runs[0].dispatch_key is not None:
+            ids = ", ".join(run.run_id for run in runs)
+            failures.append(Failure("keyed-admitted-twice", name, f"{len(runs)} runs: {ids}"))
+
+
+def _outcomes(pipeline: Pipeline, failures: list[Failure]) -> int:
+    """Each dispatch ends admitted or dead-lettered, a keyless one admitted no more often than it may be;
+    the keyless dispatches admitted again as redelivered, counted."""
+    runs: dict[str, list[StoredRun]] = defaultdict(list)
+    for run in pipeline.runs:
+        runs[run.name].append(run)
+    letters: dict[str, list[DeadLetter]] = defaultdict(list)
+    dispatched = {dispatch.name: dispatch for dispatch in pipeline.dispatched}
+    for letter in pipeline.dead_letters:
+        letters[letter.name].append(letter)
+        if letter.name not in dispatched:
+            failures.append(Failure("dead-letter-of-no-dispatch", letter.name, f"{letter.kind}: {letter.detail}"))
+    admitted_again = 0
+    for name, dispatch in dispatched.items():
+        mine, own_letters = runs.get(name, []), letters.get(name, [])
+        for letter in own_letters:
+            if dispatch.key is not None or letter.kind != "outcome-unknown" or not letter.detail:
+                failures.append(Failure("dead-lettered", name, f"{letter.kind or 'no reason'}: {letter.detail}"))
+            elif not dispatch.redelivered and any(run.run_id != letter.run_id for run in mine):
+                others = ", ".join(run.run_id for run in mine if run.run_id != letter.run_id)
+                detail = f"dead-lettered as outcome-unknown naming run {letter.run_id}, yet admitted as {others}"
+                failures.append(Failure("resent-after-unknown-outcome", name, detail))
+        if not mine and not own_letters:
+            failures.append(Failure("lost", name, f"{dispatch.copies} record(s) published: no run, no dead letter"))
+        if dispatch.key is None and len(mine) > dispatch.copies:
+            if dispatch.redelivered:
+                admitted_again += 1
+            else:
+                ids = ", ".join(run.run_id for run in mine)
+                detail = f"{len(mine)} runs of {dispatch.copies} record(s), none redelivered: {ids}"
+                failures.append(Failure("keyless-admitted-twice", name, detail))
+    return admitted_again

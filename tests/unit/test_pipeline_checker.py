@@ -1,0 +1,189 @@
+"""The pipeline checker is not vacuous: it fails the bad pipelines the system must never leave behind, naming
+the keys or markers at fault and what broke, and passes the good ones, identical copies and redelivered keyless
+records included (tests/history/pipeline.py). Events are built by the outbox's own poimen.outbox.run_event."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from poimen.ids import keyed_run_id, unkeyed_run_id
+from poimen.outbox import run_event
+from tests.history.pipeline import DeadLetter, Dispatched, EventRecord, Parked, Pipeline, Report, StoredRun, check
+
+CREATED = "2026-12-01T12:00:00.482Z"
+
+
+def stored(tenant: str, key: str | None = None, marker: str | None = None, attempt: str = "a-1") -> StoredRun:
+    run_id = keyed_run_id(tenant, key) if key is not None else unkeyed_run_id()
+    return StoredRun(tenant, run_id, attempt, key, marker, CREATED)
+
+
+def event(run: StoredRun, **changes: str) -> EventRecord:
+    """The event the outbox publishes for `run`, its image's attributes changed as given."""
+    attributes = {
+        "pk": f"RUN#{run.tenant}#{run.run_id}",
+        "tenant_id": run.tenant,
+        "run_id": run.run_id,
+        "attempt_id": run.attempt_id,
+        "workflow_ref": "wf/pipeline",
+        "input": json.dumps({"marker": run.marker} if run.marker else {"n": 1}),
+        "created_at": CREATED,
+        "fingerprint": "f" * 64,
+        "status": "admitted",
+        **({"dispatch_key": run.dispatch_key} if run.dispatch_key else {}),
+        **changes,
+    }
+    published = run_event({name: {"S": value} for name, value in attributes.items()}, "poimen-test")
+    return EventRecord(published.topic, published.key, published.headers, published.value)
+
+
+def good() -> Pipeline:
+    """Two tenants, keyed dispatches (one published twice), a keyless one; every run its event."""
+    dispatched = [
+        Dispatched("acme", "k-1", copies=2),
+        Dispatched("globex", "k-1"),
+        Dispatched("acme", None, "m-1"),
+    ]
+    runs = [stored("acme", "k-1"), stored("globex", "k-1"), stored("acme", marker="m-1")]
+    return Pipeline(dispatched, runs, [event(run) for run in runs])
+
+
+def failed(pipeline: Pipeline, rule: str, key: str) -> Report:
+    """Check `pipeline`; it must fail by `rule` at `key`, named in the summary."""
+    report = check(pipeline)
+    assert not report.ok
+    assert (rule, key) in {(failure.check, failure.key) for failure in report.failures}, report.summary()
+    assert f"{rule} {key}:" in report.summary()
+    return report
+
+
+def test_a_good_pipeline_holds_identical_copies_included() -> None:
+    pipeline = good()
+    pipeline.events.append(pipeline.events[0])  # a copy after a failure: byte-identical
+    report = check(pipeline)
+    assert report.ok, report.summary()
+    assert (report.dispatches, report.runs, report.events, report.duplicate_events) == (3, 3, 4, 1)
+    assert report.summary().startswith("pipeline holds")
+
+
+def test_two_distinct_events_for_one_admission_fail() -> None:
+    pipeline = good()
+    pipeline.events.append(event(pipeline.runs[0], workflow_ref="wf/other"))  # same ce_id, another value
+    failed(pipeline, "distinct-events", "acme/k-1")
+
+
+def test_an_event_with_no_run_fails() -> None:
+    pipeline = good()
+    pipeline.events.append(event(stored("acme", "k-9")))  # no stored admission has its ce_id
+    report = failed(pipeline, "event-without-admission", stored("acme", "k-9").admission)
+    assert "on poimen.acme.events" in report.summary()
+
+
+def test_a_run_of_another_attempt_than_its_event_fails_both_ways() -> None:
+    # Given the table holding a second admission of a run (another attempt id) whose event never came
+    pipeline = good()
+    pipeline.runs[0] = dataclasses.replace(pipeline.runs[0], attempt_id="a-2")
+    # Then its event is of no stored admission, and the stored admission has no event
+    report = failed(pipeline, "run-without-event", "acme/k-1")
+    assert "event-without-admission" in {failure.check for failure in report.failures}
+
+
+def test_a_run_with_no_event_fails() -> None:
+    pipeline = good()
+    del pipeline.events[1]
+    failed(pipeline, "run-without-event", "globex/k-1")
+
+
+def test_an_event_on_another_tenants_topic_fails() -> None:
+    pipeline = good()
+    wrong = pipeline.events[1]
+    pipeline.events[1] = dataclasses.replace(wrong, topic="poimen.acme.events")
+    report = failed(pipeline, "event-on-another-tenants-topic", "globex/k-1")
+    assert "on poimen.acme.events" in report.summary()
+
+
+def test_an_event_naming_another_run_fails() -> None:
+    pipeline = good()
+    other = pipeline.runs[1].run_id
+    headers = tuple(
+        (name, other.encode() if name == "ce_subject" else value) for name, value in pipeline.events[0].headers
+    )
+    pipeline.events[0] = dataclasses.replace(pipeline.events[0], headers=headers)
+    failed(pipeline, "event-misnamed", "acme/k-1")
+
+
+def test_a_keyed_dispatch_with_two_runs_fails() -> None:
+    pipeline = good()
+    second = dataclasses.replace(pipeline.runs[0], run_id=unkeyed_run_id())
+    pipeline.runs.append(second)
+    pipeline.events.append(event(second))
+    report = failed(pipeline, "keyed-admitted-twice", "acme/k-1")
+    assert second.run_id in report.summary()
+
+
+def test_a_keyless_dispatch_admitted_twice_without_an_unknown_outcome_fails() -> None:
+    pipeline = good()
+    again = stored("acme", marker="m-1")
+    pipeline.runs.append(again)
+    pipeline.events.append(event(again))
+    failed(pipeline, "keyless-admitted-twice", "acme/marker:m-1")
+
+
+def test_a_keyless_dispatch_redelivered_with_its_outcome_unknown_may_be_admitted_again() -> None:
+    # Given a keyless record the relay was given again after a kill mid-batch, admitted by both deliveries
+    pipeline = good()
+    pipeline.dispatched[2] = dataclasses.replace(pipeline.dispatched[2], redelivered=("uncommitted at a kill",))
+    again = stored("acme", marker="m-1")
+    pipeline.runs.append(again)
+    pipeline.events.append(event(again))
+    # Then it holds, and says so
+    report = check(pipeline)
+    assert report.ok, report.summary()
+    assert (report.redelivered, report.keyless_admitted_again) == (1, 1)
+
+
+def test_a_keyless_record_dead_lettered_as_outcome_unknown_must_not_be_sent_again() -> None:
+    # Given a keyless record dead-lettered naming the run its lost answer may have admitted
+    pipeline = good()
+    named = pipeline.runs[2].run_id
+    letter = DeadLetter("acme", None, "m-1", "outcome-unknown", f"GET /v1/runs/{named}", named)
+    pipeline.dead_letters.append(letter)
+    assert check(pipeline).ok  # its run is the one it names
+    # When another run of it shows up in its place (the record was sent again)
+    resent = stored("acme", marker="m-1")
+    pipeline.runs[2], pipeline.events[2] = resent, event(resent)
+    # Then the check fails, naming the marker
+    failed(pipeline, "resent-after-unknown-outcome", "acme/marker:m-1")
+
+
+def test_a_record_neither_admitted_nor_dead_lettered_fails() -> None:
+    pipeline = good()
+    pipeline.dispatched.append(Dispatched("globex", None, "m-2"))
+    failed(pipeline, "lost", "globex/marker:m-2")
+
+
+def test_a_valid_record_dead_lettered_fails_with_its_reason() -> None:
+    pipeline = good()
+    pipeline.dispatched.append(Dispatched("globex", "k-2"))
+    pipeline.dead_letters.append(DeadLetter("globex", "k-2", None, "relay-error", "KeyError: 'x'"))
+    report = failed(pipeline, "dead-lettered", "globex/k-2")
+    assert "relay-error: KeyError" in report.summary()
+
+
+def test_a_parked_batch_and_a_set_aside_event_fail() -> None:
+    pipeline = good()
+    pipeline.parked.append(Parked("relay", "aws/lambda/m/poimen.acme.dispatch-0/x", ("acme/k-1",)))
+    run = pipeline.runs[1]
+    name = f"globex/run:{run.run_id}"
+    pipeline.parked.append(Parked("outbox", "undeliverable/globex/x", (name,), set_aside=True, reason="too large"))
+    failed(pipeline, "parked", "acme/k-1")
+    failed(pipeline, "event-set-aside", name)
+
+
+def test_a_run_nothing_dispatched_fails() -> None:
+    pipeline = good()
+    stray = stored("globex", "k-9")
+    pipeline.runs.append(stray)
+    pipeline.events.append(event(stray))
+    failed(pipeline, "run-of-no-dispatch", "globex/k-9")

@@ -97,13 +97,22 @@ MULTI_REGION_PARAMETERS = $(if $(TABLE_MODE),"TableMode=$(TABLE_MODE)") $(if $(P
 # forever); unset, samconfig.toml's parameter_overrides or else the deployed value stand. Before deploying, the
 # deploy reads the deployed stack's value and passes, with the one it deploys, the record of a change
 # (PreviousRunRetentionDays, RunRetentionChangedAt: poimen_tools.retention_change), so that no record from
-# before a raise is held to more than the retention its run was written under.
+# before a raise is held to more than the retention its run was written under. A change is deployed pending
+# (every record held to the shorter), and once `sam deploy` has completed, a second, parameter-only deploy
+# records when it took effect (retention_change --settle; nothing to deploy when no change is pending).
+RETENTION_CHANGE = $(BIN)/python -m poimen_tools.retention_change --config-env $(CONFIG_ENV) --stack-name "$(STACK_NAME)"
 RUN_RETENTION_OPTION = $(if $(filter undefined,$(origin RUN_RETENTION_DAYS)),,--run-retention-days "$(RUN_RETENTION_DAYS)")
 # --parameter-overrides on the command line replaces samconfig.toml's, so the deploy repeats the
 # environment's own overrides, read from that file (one source for them).
 STAGE_PARAMETERS = $(shell $(PYTHON) -c "import tomllib; \
 	print(tomllib.load(open('samconfig.toml', 'rb'))['$(CONFIG_ENV)']['deploy']['parameters']['parameter_overrides'])")
 STAGE = $(patsubst Stage=%,%,$(filter Stage=%,$(STAGE_PARAMETERS)))
+# The deploy, but for the run retention's three parameters (RETENTION_PARAMETERS, then SETTLED_PARAMETERS).
+SAM_DEPLOY = SAM_CLI_TELEMETRY=0 $(SAM) deploy --config-env $(CONFIG_ENV) --stack-name $(STACK_NAME) \
+	--parameter-overrides $(STAGE_PARAMETERS) "MskClusterArn=$(MSK_CLUSTER_ARN)" "Tenants=$(TENANTS)" \
+	"KafkaBootstrapServers=$(KAFKA_BOOTSTRAP_SERVERS)" "OutboxSubnetIds=$(OUTBOX_SUBNET_IDS)" \
+	"OutboxSecurityGroupIds=$(OUTBOX_SECURITY_GROUP_IDS)" $(if $(ALARM_EMAIL),"AlarmEmail=$(ALARM_EMAIL)") \
+	$(if $(CELL),"Cell=$(CELL)") $(MULTI_REGION_PARAMETERS)
 STACK_NAME = $(shell $(PYTHON) -c "import tomllib; \
 	print(tomllib.load(open('samconfig.toml', 'rb'))['$(CONFIG_ENV)']['global']['parameters']['stack_name'])")$(if $(CELL),-$(CELL))
 
@@ -230,13 +239,9 @@ deploy: build $(STAMP)
 	$(DEPLOY_CHECK) cells --stack-name "$(STACK_NAME)" --cell "$(CELL)" --tenants "$(TENANTS)" \
 		--msk-cluster-arn "$(MSK_CLUSTER_ARN)" --stage "$(STAGE)" --peer-regions "$(PEER_REGION_1),$(PEER_REGION_2)" \
 		--peer-cluster-aliases "$(PEER_CLUSTER_ALIAS_1),$(PEER_CLUSTER_ALIAS_2)"
-	RETENTION_PARAMETERS="$$($(BIN)/python -m poimen_tools.retention_change --config-env $(CONFIG_ENV) \
-		--stack-name "$(STACK_NAME)" $(RUN_RETENTION_OPTION))" && \
-	SAM_CLI_TELEMETRY=0 $(SAM) deploy --config-env $(CONFIG_ENV) --stack-name $(STACK_NAME) --parameter-overrides $(STAGE_PARAMETERS) \
-		"MskClusterArn=$(MSK_CLUSTER_ARN)" "Tenants=$(TENANTS)" \
-		"KafkaBootstrapServers=$(KAFKA_BOOTSTRAP_SERVERS)" "OutboxSubnetIds=$(OUTBOX_SUBNET_IDS)" \
-		"OutboxSecurityGroupIds=$(OUTBOX_SECURITY_GROUP_IDS)" $(if $(ALARM_EMAIL),"AlarmEmail=$(ALARM_EMAIL)") \
-		$(if $(CELL),"Cell=$(CELL)") $(MULTI_REGION_PARAMETERS) $$RETENTION_PARAMETERS
+	RETENTION_PARAMETERS="$$($(RETENTION_CHANGE) $(RUN_RETENTION_OPTION))" && $(SAM_DEPLOY) $$RETENTION_PARAMETERS && \
+	SETTLED_PARAMETERS="$$($(RETENTION_CHANGE) --settle)" && { test -z "$$SETTLED_PARAMETERS" || \
+		$(SAM_DEPLOY) $$SETTLED_PARAMETERS; }
 
 # The local Kafka broker's jars, from Maven Central into .cache/kafka (needs Java 17 and Maven).
 kafka-jars: $(STAMP)

@@ -18,7 +18,7 @@ from poimen.config import is_region_name, parse_tenants
 from poimen.contract import parse_json
 from poimen.kafka import is_tenant_id
 from poimen.principals import InvalidPrincipal, grant_principal
-from poimen.retention import InvalidRetention, parse_changed_at, parse_run_retention_days
+from poimen.retention import PENDING, InvalidRetention, parse_changed_at, parse_run_retention_days
 from poimen.wire import TENANT_PATTERN
 
 # DynamoDB's and SQS's naming rules (CreateTable TableName; CreateQueue QueueName, standard queues).
@@ -79,25 +79,35 @@ def positive_seconds(value: str) -> float:
     return seconds
 
 
+# How an option spells "runs are kept forever" besides the empty value (which a shell makes easy to lose).
+FOREVER = "forever"
+
+
 def run_retention_days(value: str) -> int | None:
-    """Days runs are kept, as the template's RunRetentionDays: 1 to 3650, or '' for forever (None)."""
+    """Days runs are kept, as the template's RunRetentionDays: 1 to 3650, or `forever` or '' (None)."""
+    if text(value).strip() == FOREVER:
+        return None
     try:
         return parse_run_retention_days(text(value))
     except InvalidRetention as error:
         raise argparse.ArgumentTypeError(
-            f"{value!r} is not a number of days from 1 to 3650 (or '' to keep runs forever)"
+            f"{value!r} is not a number of days from 1 to 3650 (or {FOREVER} to keep runs forever)"
         ) from error
 
 
-def changed_at(value: str) -> int:
-    """When a run retention changed, as RunRetentionChangedAt: RFC 3339 UTC, in epoch milliseconds."""
+def changed_at(value: str) -> str:
+    """When a run retention changed, as RunRetentionChangedAt: RFC 3339 UTC, or `pending` (not yet settled)."""
+    if text(value).strip() == PENDING:
+        return PENDING
     try:
         moment = parse_changed_at(text(value))
     except InvalidRetention as error:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an RFC 3339 UTC time like 2026-11-29T12:00:00Z") from error
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not an RFC 3339 UTC time like 2026-11-29T12:00:00Z (or {PENDING})"
+        ) from error
     if moment is None:
         raise argparse.ArgumentTypeError("must not be empty")
-    return moment
+    return value.strip()
 
 
 def whole_number(low: int, high: int) -> Callable[[str], int]:

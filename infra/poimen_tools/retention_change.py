@@ -1,13 +1,19 @@
 """What `make deploy` passes for the run retention: RunRetentionDays and the record of its last change,
 PreviousRunRetentionDays and RunRetentionChangedAt, worked out from the deployed stack's parameters before
-deploying (docs/architecture.md#run-retention).
+deploying, and once the deploy has completed (docs/architecture.md#run-retention).
 
 `python -m poimen_tools.retention_change --config-env ENV [--run-retention-days DAYS]` prints the parameter
 overrides as `Key=Value` words on stdout, and on stderr one line when it records a change. The value to
 deploy is `--run-retention-days` (make's RUN_RETENTION_DAYS), else a RunRetentionDays in the environment's
-parameter_overrides of samconfig.toml, else the deployed one (unchanged). If the deployed stack cannot be
-read it exits 1 with one line: deploying without knowing the retention the runs were written under could
-hold records to a retention longer than theirs.
+parameter_overrides of samconfig.toml, else the deployed one (unchanged). A change is passed as pending
+(RunRetentionChangedAt=pending: every record is held to the shorter retention), since the stack's admission
+keeps writing runs under the deployed one until the update completes, however long its change set waits.
+With `--settle`, run after `sam deploy`, it prints the overrides that record when a pending change took
+effect (AWS's time once the update has completed: the Date of CloudFormation's answer, or the operator's
+clock if that is later), or nothing when no change is pending; make deploy then deploys them, a
+parameter-only update. If the deployed stack cannot be read, or a pending change is to be settled while the
+stack is not in a completed state, it exits 1 with one line: deploying without knowing the retention the
+runs were written under could hold records to a retention longer than theirs.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import shlex
 import sys
 import time
 import tomllib
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -38,6 +46,10 @@ from poimen_tools.arguments import run_retention_days
 
 # The template's parameters, in the order RunRetention holds them.
 DAYS, PREVIOUS_DAYS, CHANGED_AT = "RunRetentionDays", "PreviousRunRetentionDays", "RunRetentionChangedAt"
+# A stack in one of these has no update under way: every function runs the parameters DescribeStacks shows.
+SETTLED_STATUSES = frozenset(
+    {"CREATE_COMPLETE", "UPDATE_COMPLETE", "UPDATE_ROLLBACK_COMPLETE", "IMPORT_COMPLETE", "IMPORT_ROLLBACK_COMPLETE"}
+)
 _UNSET: Any = object()
 
 
@@ -45,10 +57,18 @@ class RetentionChangeError(Exception):
     """Nothing can be deployed: the retention to pass is unknown."""
 
 
-def deployed_retention(cloudformation: Any, stack_name: str) -> RunRetention | None:
-    """The run retention of the deployed stack, from its parameters; None when no such stack exists."""
+@dataclass(frozen=True)
+class DeployedStack:
+    retention: RunRetention
+    status: str  # StackStatus
+    aws_time_ms: int | None  # when CloudFormation answered, by its Date header (rounded up); None: no Date
+
+
+def deployed_stack(cloudformation: Any, stack_name: str) -> DeployedStack | None:
+    """The deployed stack's run retention, status and AWS's time; None when no such stack exists."""
     try:
-        (stack,) = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
+        answer = cloudformation.describe_stacks(StackName=stack_name)
+        (stack,) = answer["Stacks"]
     except botocore.exceptions.ClientError as error:
         message = str(error.response.get("Error", {}).get("Message", ""))
         if error.response.get("Error", {}).get("Code") == "ValidationError" and "does not exist" in message:
@@ -63,9 +83,20 @@ def deployed_retention(cloudformation: Any, stack_name: str) -> RunRetention | N
         RUN_RETENTION_CHANGED_ENV: values.get(CHANGED_AT, ""),
     }
     try:
-        return run_retention(environment)
+        retention = run_retention(environment)
     except InvalidRetention as error:
         raise RetentionChangeError(f"the stack {stack_name} has an unreadable run retention: {error}") from error
+    return DeployedStack(retention, str(stack.get("StackStatus", "")), _answered_at_ms(answer))
+
+
+def _answered_at_ms(answer: Any) -> int | None:
+    """The Date of an AWS answer in epoch milliseconds, rounded up to the next second (HTTP-dates are whole
+    seconds, and the answer was made within that second)."""
+    date = answer.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    try:
+        return int(parsedate_to_datetime(date).timestamp() + 1) * 1000
+    except (TypeError, ValueError):
+        return None
 
 
 def overrides(retention: RunRetention) -> list[str]:
@@ -114,9 +145,12 @@ def retention_to_deploy(
     days: Any,
     now_ms: int,
     stack_name: str | None = None,
-) -> tuple[RunRetention, RunRetention | None, str]:
-    """(the retention to deploy, the deployed one or None, the stack's name: `stack_name`, a cell's, else the
-    environment's)."""
+    *,
+    settle: bool = False,
+) -> tuple[RunRetention | None, RunRetention | None, str, int]:
+    """(the retention to deploy, or None with `settle` and no change pending; the deployed one or None; the
+    stack's name: `stack_name`, a cell's, else the environment's; the time it is recorded at, the later of
+    `now_ms` and AWS's)."""
     environment_stack, staged = stage_settings(config_file, config_env)
     stack_name = stack_name or environment_stack
     if days is not _UNSET and staged is not _UNSET and days != staged:
@@ -124,11 +158,21 @@ def retention_to_deploy(
             f"RUN_RETENTION_DAYS={'' if days is None else days} and {DAYS}={'' if staged is None else staged} of "
             f"{config_file} [{config_env}] disagree: set it in one place"
         )
-    deployed = deployed_retention(cloudformation, stack_name)
+    found = deployed_stack(cloudformation, stack_name)
+    deployed = None if found is None else found.retention
+    moment = max(now_ms, (found and found.aws_time_ms) or 0)
+    if found is not None and found.retention.pending and found.status not in SETTLED_STATUSES:
+        raise RetentionChangeError(
+            f"the stack {stack_name} is {found.status or 'in no known state'} with a change of {DAYS} pending: "
+            "when it took effect can be recorded only once the stack has settled (every record is held to the "
+            "shorter retention until then); run make deploy again when it has"
+        )
+    if settle:
+        return (deployed.settled(moment) if deployed and deployed.pending else None), deployed, stack_name, moment
     wanted = days if days is not _UNSET else staged
     if wanted is _UNSET:
         wanted = None if deployed is None else deployed.days
-    return after_change(deployed, wanted, now_ms), deployed, stack_name
+    return after_change(deployed, wanted, moment), deployed, stack_name, moment
 
 
 def main(
@@ -147,22 +191,44 @@ def main(
     parser.add_argument(
         "--run-retention-days", type=run_retention_days, default=_UNSET, help="the new RunRetentionDays ('' forever)"
     )
+    parser.add_argument(
+        "--settle",
+        action="store_true",
+        help="after sam deploy: the overrides recording when a pending change took effect (nothing if none is)",
+    )
     args = parser.parse_args(argv)
-    moment = int(time.time() * 1000) if now_ms is None else now_ms
+    local_ms = int(time.time() * 1000) if now_ms is None else now_ms
     try:
         client = cloudformation or boto3.client(
             "cloudformation", region_name=stage_region(args.config_file, args.config_env)
         )
-        retention, deployed, stack_name = retention_to_deploy(
-            client, args.config_file, args.config_env, args.run_retention_days, moment, args.stack_name
+        retention, deployed, stack_name, moment = retention_to_deploy(
+            client,
+            args.config_file,
+            args.config_env,
+            args.run_retention_days,
+            local_ms,
+            args.stack_name,
+            settle=args.settle,
         )
     except (RetentionChangeError, botocore.exceptions.BotoCoreError) as error:
         print(f"make deploy: {error}; nothing was deployed", file=err)
         return 1
-    if deployed is not None and retention.changed_at_ms == moment:
+    if retention is None:
+        return 0
+    change = f"{DAYS} of {stack_name}"
+    if deployed is not None and retention.pending:
         print(
-            f"make deploy: {DAYS} of {stack_name} changes from {_text(deployed.days)} to {_text(retention.days)}: "
-            f"records from before {retention.changed_at} are held to the shorter of {_text(retention.previous_days)} "
+            f"make deploy: {change} changes from {_text(deployed.days)} to {_text(retention.days)}: until the "
+            f"update has completed and make deploy records when ({CHANGED_AT}, a second, parameter-only update), "
+            f"every record is held to the shorter of {_text(retention.previous_days)} and {_text(retention.days)} "
+            "(docs/architecture.md#run-retention)",
+            file=err,
+        )
+    elif deployed is not None and deployed.pending and retention.changed_at_ms == moment:
+        print(
+            f"make deploy: the change of {change} to {_text(retention.days)} took effect by {retention.changed_at}"
+            f" (AWS's time): records from before it are held to the shorter of {_text(retention.previous_days)} "
             f"and {_text(retention.days)} ({PREVIOUS_DAYS}, {CHANGED_AT}; docs/architecture.md#run-retention)",
             file=err,
         )

@@ -374,19 +374,36 @@ def test_deploy_command_refuses_a_tenant_another_cell_serves(built: Path, comman
     ]
 
 
-def test_deploy_passes_the_deployed_run_retention_and_the_time_it_changed(tmp_path: Path, commands: list[str]) -> None:
-    # Given the stack deployed with runs kept 1 day (moto's CloudFormation on loopback), and a SAM CLI that only
-    # says how it was called
+# A SAM CLI that says how it was called and deploys only the run retention's parameters (moto's CloudFormation
+# cannot run the template's transforms): what the second, parameter-only deploy of a change reads back.
+FAKE_SAM = """#!{python}
+import sys, boto3
+print("sam " + " ".join(sys.argv[1:]), flush=True)
+if sys.argv[1] != "deploy":
+    sys.exit(0)
+names = ("RunRetentionDays", "PreviousRunRetentionDays", "RunRetentionChangedAt")
+given = dict(word.split("=", 1) for word in sys.argv[1:] if word.split("=", 1)[0] in names)
+stack = sys.argv[sys.argv.index("--stack-name") + 1]
+cloudformation = boto3.client("cloudformation")
+cloudformation.update_stack(StackName=stack, UsePreviousTemplate=True, Parameters=[
+    {{"ParameterKey": name, "ParameterValue": given[name]}} for name in names])
+"""
+
+
+def test_deploy_deploys_a_raise_pending_then_records_when_it_took_effect(tmp_path: Path, commands: list[str]) -> None:
+    # Given the stack deployed with runs kept 1 day (moto's CloudFormation on loopback)
     sam = tmp_path / "sam"
-    sam.write_text('#!/bin/sh\necho "sam $*"\n')
+    sam.write_text(FAKE_SAM.format(python=REPO / ".venv" / "bin" / "python"))
     sam.chmod(0o755)
+    names = ("RunRetentionDays", "PreviousRunRetentionDays", "RunRetentionChangedAt")
     stack = {
-        "Parameters": {"RunRetentionDays": {"Type": "String"}},
+        "Parameters": {name: {"Type": "String", "Default": ""} for name in names},
         "Resources": {"Queue": {"Type": "AWS::SQS::Queue"}},
     }
     with EmbeddedMoto() as moto:
         _reset(moto)  # moto's backends are the process's: no stack of an earlier test's stands in
-        boto3.client("cloudformation", endpoint_url=moto.endpoint, region_name="eu-west-1").create_stack(
+        cloudformation = boto3.client("cloudformation", endpoint_url=moto.endpoint, region_name="eu-west-1")
+        cloudformation.create_stack(
             StackName="poimen-admission-staging",
             TemplateBody=json.dumps(stack),
             Parameters=[{"ParameterKey": "RunRetentionDays", "ParameterValue": "1"}],
@@ -394,11 +411,18 @@ def test_deploy_passes_the_deployed_run_retention_and_the_time_it_changed(tmp_pa
         env = _offline_env(AWS_ENDPOINT_URL=moto.endpoint, AWS_REGION="eu-west-1", AWS_DEFAULT_REGION="eu-west-1")
         # When the README's deploy command runs with RUN_RETENTION_DAYS=7
         result = _run(f"{commands[1]} RUN_RETENTION_DAYS=7 SAM={sam} COMPILE_BYTECODE=true", env)
-    # Then sam deploy is given the raise, the deployed value and the time of the change, and the deploy says so
+        (deployed,) = cloudformation.describe_stacks(StackName="poimen-admission-staging")["Stacks"]
+    # Then sam deploy is given the raise pending, then, once it completed, the time it took effect, and the
+    # deploy says so each time
     assert result.returncode == 0, result.stderr[-2000:]
-    (deploy,) = [line for line in result.stdout.splitlines() if line.startswith("sam deploy ")]
-    assert re.search(r" RunRetentionDays=7 PreviousRunRetentionDays=1 RunRetentionChangedAt=[0-9T:.-]+Z$", deploy)
+    first, second = [line for line in result.stdout.splitlines() if line.startswith("sam deploy ")]
+    assert first.endswith(" RunRetentionDays=7 PreviousRunRetentionDays=1 RunRetentionChangedAt=pending")
+    assert re.search(r" RunRetentionDays=7 PreviousRunRetentionDays=1 RunRetentionChangedAt=[0-9T:.-]+Z$", second)
+    assert first.rsplit(" ", 3)[0] == second.rsplit(" ", 3)[0]  # the same deploy, but for the change's time
     assert "RunRetentionDays of poimen-admission-staging changes from 1 day to 7 days" in result.stderr
+    assert "the change of RunRetentionDays of poimen-admission-staging to 7 days took effect by 20" in result.stderr
+    recorded = {entry["ParameterKey"]: entry["ParameterValue"] for entry in deployed["Parameters"]}
+    assert recorded["RunRetentionChangedAt"] == second.rsplit("=", 1)[1]
 
 
 def test_sam_package_uploads_to_s3_and_keeps_the_loop(built: Path, tmp_path: Path) -> None:

@@ -111,7 +111,10 @@ def failed_batch(records: list[dict[str, Any]]) -> bytes:
 
 
 def summary(output: str) -> dict[str, int]:
-    rows = [line.rsplit(maxsplit=1) for line in output.splitlines()[1:]]
+    """The summary table's rows (a dry run prints what it would send above it)."""
+    lines = output.splitlines()
+    start = next(n for n, line in enumerate(lines) if line.startswith("outcome ")) + 1
+    rows = [line.rsplit(maxsplit=1) for line in lines[start:]]
     return {name: int(count) for name, count in rows}
 
 
@@ -137,12 +140,24 @@ def test_redrive_admits_each_dead_letter_once_and_empties_queue_and_bucket(place
         "failed-batch": (1, 3),
     }
 
-    # When they are redriven through poimen dev, signed with its dev key
-    redriven = place.dlq("redrive", "--yes")
+    # When a dry run holds them to no run retention: the parked records (a batch Lambda parked records none,
+    # and these are days old) are refused, the letter (it records poimen dev's: forever) would be sent
+    unknown = place.dlq("redrive", "--dry-run")
+    assert summary(unknown.stdout) == {"would send": 1, "refused (run retention unknown)": 3, "skipped": 0}
+
+    # When they are redriven through poimen dev, signed with its dev key, holding them to poimen dev's run
+    # retention (none: runs kept forever)
+    redriven = place.dlq("redrive", "--yes", "--run-retention-days", "forever")
 
     # Then three runs exist (the repeated key is a replay), each record entered the API once, all is emptied
     assert redriven.returncode == 0, redriven.stderr
-    assert summary(redriven.stdout) == {"redriven (201)": 3, "replayed (200)": 1, "still failing": 0, "skipped": 0}
+    assert summary(redriven.stdout) == {
+        "redriven (201)": 3,
+        "replayed (200)": 1,
+        "still failing": 0,
+        "refused (older than the run retention)": 0,
+        "skipped": 0,
+    }
     assert "redrive: 4/4 dead letters handled" in redriven.stderr
     runs = count_runs(place.dev.dynamodb(), place.dev.table_name, tenant)
     assert sorted(run["dispatch_key"]["S"] for run in runs) == ["dl-1", "fb-1", "fb-2"]
@@ -267,7 +282,7 @@ def test_an_interrupted_redrive_of_a_parked_batch_sends_no_record_twice(
     # When a redrive through a slow API is stopped once a random number of runs is admitted
     admitted = random.randint(2, 9)
     process = subprocess.Popen(
-        place.command("redrive", "--yes", api_url=slow_api.url),
+        place.command("redrive", "--yes", "--run-retention-days", "forever", api_url=slow_api.url),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -305,7 +320,7 @@ def test_an_interrupted_redrive_of_a_parked_batch_sends_no_record_twice(
 
     # And the next redrive sends only the records left (and again the one in flight when it was killed,
     # under the same derived dispatch_key: a replay): one run per record, and no object or marker remains
-    again = place.dlq("redrive", "--yes")
+    again = place.dlq("redrive", "--yes", "--run-retention-days", "forever")
     assert again.returncode == 0, again.stderr
     assert summary(again.stdout)["redriven (201)"] == 12 - before
     assert summary(again.stdout)["replayed (200)"] == unconfirmed

@@ -902,6 +902,28 @@ def test_a_retry_after_holds_back_the_next_call_too(peer: Peer) -> None:
     assert spawned.attempts == 1
 
 
+@pytest.mark.parametrize("asked", ["9" * 400, "1000000000"])
+def test_a_retry_after_beyond_max_retry_after_holds_the_endpoint_back_no_longer_than_it(peer: Peer, asked: str) -> None:
+    # Given a call that ended at once on an answer asking for hundreds of digits of seconds (float: inf), or 31
+    # years, more than the client's max_retry_after of 60 s
+    peer.script.append((503, {"Retry-After": asked}, {"message": "busy"}))
+    clock = on_fake_time(peer)
+    api = client(peer, max_retry_after=60, sleep=clock.sleep, clock=clock)
+    with pytest.raises(Unavailable) as failure:
+        api.spawn(TENANT, "wf/a", {}, dispatch_key="k")
+    clock.now += 61
+
+    # When the caller spawns again 61 s later
+    spawned = api.spawn(TENANT, "wf/a", {}, dispatch_key="k")
+
+    # Then the endpoint was called again, without waiting: it was held back max_retry_after, not for the client's
+    # lifetime, and the first call said how long it was asked to wait in a number
+    assert (failure.value.attempts, clock.delays) == (1, [])
+    assert [request.at for request in peer.received] == [1000.0, 1061.0]
+    assert spawned.attempts == 1
+    assert "more than the 60 s this client waits (max_retry_after)" in str(failure.value)
+
+
 def test_unavailable_names_its_attempts_and_every_endpoint_tried() -> None:
     first, second = closed_url(), closed_url()
     sleeps = Sleeps()

@@ -822,11 +822,11 @@ def test_two_letters_of_one_record_are_one_record(stack: Stack) -> None:
 
 def test_two_records_at_one_offset_of_a_recreated_topic_are_two_records(stack: Stack) -> None:
     # Given two letters at the same topic, partition and offset: order-A, 9 days old, and order-B, new (the
-    # topic was recreated, its offsets started again)
+    # topic was recreated, its offsets started again), written by a relay keeping runs 30 days
     order_a = stack.record(spawn("order-A"), 3, timestamp_ms=days_ago(9))
     order_b = stack.record(spawn("order-B"), 3)
-    stack.dead_letter(order_a, RELAY_ERROR)
-    stack.dead_letter(order_b, RELAY_ERROR)
+    stack.dead_letter(order_a, RELAY_ERROR, 30)
+    stack.dead_letter(order_b, RELAY_ERROR, 30)
     listed = json.loads(stack.cli("list", "--json").out)
     # When the queue is redriven
     outcome = stack.cli("redrive", "--yes")
@@ -1095,16 +1095,46 @@ def test_redrive_refuses_and_keeps_records_older_than_the_run_retention(stack: S
     assert ["redriven (201)", "1"] in rows
 
 
-def test_without_a_run_retention_redrive_refuses_nothing_for_its_age(stack: Stack) -> None:
-    # Given a dead letter of a record a year old
-    stack.dead_letter(stack.record(spawn("k-1"), 1, timestamp_ms=days_ago(365)), RELAY_ERROR)
-    # When it is redriven without --run-retention-days
+def test_a_record_whose_run_retention_is_unknown_is_refused_unless_one_is_given(stack: Stack) -> None:
+    # Given a dead letter of a record a year old written before letters recorded their run retention, and a
+    # parked batch (Lambda records none) of a record 2 days old and one of an hour ago
+    message_id = stack.dead_letter(stack.record(spawn("k-1"), 1, timestamp_ms=days_ago(365)), RELAY_ERROR)
+    key = stack.park(
+        [
+            stack.record(spawn("k-2"), 5, timestamp_ms=days_ago(2)),
+            stack.record(spawn("fresh"), 6, timestamp_ms=days_ago(1 / 24)),
+        ]
+    )
+    # When they are redriven without --run-retention-days
     outcome = stack.cli("redrive", "--yes")
-    # Then it is a run, and the summary has no refused row
-    assert outcome.code == EXIT_OK
-    assert len(stack.runs()) == 1
+    # Then only the fresh record is a run (younger than any run retention a stack can have); each old one is
+    # named on a line of its own, counted, and kept where it was
+    assert outcome.code == EXIT_REMAINING
+    assert [run["dispatch_key"]["S"] for run in stack.runs()] == ["fresh"]
+    refused = [line for line in outcome.err.splitlines() if line.startswith("refused: ")]
+    unknown = (
+        "older than the shortest run retention a stack can have (1 day), and no run retention is known for it "
+        "(a parked batch, or a letter of an earlier version): its run may have expired; give --run-retention-days "
+        "(the stack's RunRetentionDays, or forever) to judge it (kept)"
+    )
+    assert refused == [
+        f"refused: s3:{key}#{stack.topic}-0@5: the record is 2 days old, {unknown}",
+        f"refused: sqs:{message_id}: the record is 365 days old, {unknown}",
+    ]
+    assert ["refused (run retention unknown)", "2"] in _rows(outcome.out)
+    assert [message["id"] for message in stack.messages()] == [message_id]
+    (parked,) = stack.objects().values()
+    (batch,) = json.loads(parked["payload"])["records"].values()
+    assert [record["offset"] for record in batch] == [5]
+    # When they are redriven again, holding them to runs kept forever (the stack's RunRetentionDays is empty)
+    forever = stack.cli("redrive", "--yes", "--run-retention-days", "forever")
+    # Then both are runs, and nothing is left
+    assert forever.code == EXIT_OK
+    assert sorted(run["dispatch_key"]["S"] for run in stack.runs()) == ["fresh", "k-1", "k-2"]
     assert stack.messages() == []
-    assert "refused" not in outcome.out
+    assert stack.objects() == {}
+    assert ["refused (older than the run retention)", "0"] in _rows(forever.out)
+    assert "unknown" not in forever.out
 
 
 def test_a_record_without_a_timestamp_is_redriven_whatever_the_run_retention(stack: Stack) -> None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import io
 import json
 import math
 import re
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -21,9 +22,11 @@ from moto import mock_aws
 from poimen.api import admission_service
 from poimen.config import ConfigurationError, RelaySettings, Settings
 from poimen.ids import keyed_run_id
+from poimen.inbox_rule import HeldBack, judge
 from poimen.outbox import events_of_batch
 from poimen.retention import (
     CHANGED_AT_PATTERN,
+    PENDING,
     PREVIOUS_RUN_RETENTION_ENV,
     RUN_RETENTION_CHANGED_ENV,
     RUN_RETENTION_ENV,
@@ -36,7 +39,6 @@ from poimen.retention import (
     run_retention_days,
 )
 from poimen.store import EXPIRES_AT, FENCE, ITEM_TYPE, Store, run_pk
-from poimen.wire import rfc3339
 from poimen_tools import arguments, retention_change
 from poimen_tools.cli import _dev_options, build_parser
 from poimen_tools.local import dev
@@ -332,8 +334,8 @@ def test_the_last_change_of_the_retention_is_a_pair_of_parameters_the_relay_is_g
     variables = template.properties("InboxRelayFunction")["Environment"]["Variables"]
 
     assert parameters["PreviousRunRetentionDays"]["AllowedPattern"] == parameters["RunRetentionDays"]["AllowedPattern"]
-    assert parameters["RunRetentionChangedAt"]["AllowedPattern"] == f"^$|{CHANGED_AT_PATTERN}"
-    assert all(changed_at.fullmatch(v) for v in ["", "2026-11-29T12:00:00Z", "2026-11-29T12:00:00.482Z"])
+    assert parameters["RunRetentionChangedAt"]["AllowedPattern"] == f"^$|^{PENDING}$|{CHANGED_AT_PATTERN}"
+    assert all(changed_at.fullmatch(v) for v in ["", PENDING, "2026-11-29T12:00:00Z", "2026-11-29T12:00:00.482Z"])
     assert not any(changed_at.fullmatch(v) for v in ["2026-11-29", "2026-11-29T12:00:00+01:00", "yesterday"])
     assert variables[PREVIOUS_RUN_RETENTION_ENV] == {"Ref": "PreviousRunRetentionDays"}
     assert variables[RUN_RETENTION_CHANGED_ENV] == {"Ref": "RunRetentionChangedAt"}
@@ -441,13 +443,17 @@ def test_the_relay_reads_the_last_change_from_its_environment() -> None:
         (None, 7, RunRetention(7)),  # a new stack: nothing was written under another retention
         (RunRetention(1), 1, RunRetention(1)),  # unchanged
         (RunRetention(7, 1, NOW_MS - DAY_MS), 7, RunRetention(7, 1, NOW_MS - DAY_MS)),  # unchanged: kept
-        (RunRetention(1), 7, RunRetention(7, 1, NOW_MS)),  # a raise, recorded now
-        (RunRetention(None), 3, RunRetention(3, None, NOW_MS)),  # switched on: runs were kept forever
+        (RunRetention(1), 7, RunRetention(7, 1, pending=True)),  # a raise, pending until the deploy completed
+        (RunRetention(None), 3, RunRetention(3, None, pending=True)),  # switched on: runs were kept forever
         # a second raise while the first still matters: held to the shortest retention of both changes
-        (RunRetention(7, 1, NOW_MS - 2 * DAY_MS), 14, RunRetention(14, 1, NOW_MS)),
+        (RunRetention(7, 1, NOW_MS - 2 * DAY_MS), 14, RunRetention(14, 1, pending=True)),
         # a second raise once records from before the first are older than both of its retentions
-        (RunRetention(7, 1, NOW_MS - 8 * DAY_MS), 14, RunRetention(14, 7, NOW_MS)),
-        (RunRetention(7, None, NOW_MS - 800 * DAY_MS), 14, RunRetention(14, 7, NOW_MS)),
+        (RunRetention(7, 1, NOW_MS - 8 * DAY_MS), 14, RunRetention(14, 7, pending=True)),
+        (RunRetention(7, None, NOW_MS - 800 * DAY_MS), 14, RunRetention(14, 7, pending=True)),
+        # a pending change deployed again unchanged: it took effect by now, its update having completed
+        (RunRetention(7, 1, pending=True), 7, RunRetention(7, 1, NOW_MS)),
+        # a change while another is pending: the pending one took effect by now, so it still matters
+        (RunRetention(7, 1, pending=True), 14, RunRetention(14, 1, pending=True)),
     ],
 )
 def test_a_deploy_records_a_change_of_the_retention_and_remembers_one_that_still_matters(
@@ -458,8 +464,8 @@ def test_a_deploy_records_a_change_of_the_retention_and_remembers_one_that_still
 
 def test_a_second_change_never_holds_a_record_to_more_than_the_retentions_its_run_was_written_under() -> None:
     # Given a raise from 1 to 7 days, then 2 days later one to 14
-    first = after_change(RunRetention(1), 7, NOW_MS)
-    second = after_change(first, 14, NOW_MS + 2 * DAY_MS)
+    first = after_change(RunRetention(1), 7, NOW_MS).settled(NOW_MS)
+    second = after_change(first, 14, NOW_MS + 2 * DAY_MS).settled(NOW_MS + 2 * DAY_MS)
     # Then a record from before the first raise, 3 days old after the second, is held to 1 day, as its run was
     assert second.days_for(NOW_MS - DAY_MS // 2) == 1
     assert second.expired(NOW_MS - DAY_MS // 2, NOW_MS + 2 * DAY_MS + DAY_MS // 2)
@@ -482,7 +488,8 @@ parameter_overrides = "Stage=staging TableDeletionProtection=true"
 """
 
 
-def _deploy_parameters(tmp_path: Path, *argv: str) -> tuple[int, str, str]:
+def _deploy_parameters(tmp_path: Path, *argv: str, now_ms: int = NOW_MS) -> tuple[int, str, str]:
+    """retention_change as make deploy runs it, the operator's clock reading `now_ms`."""
     config = tmp_path / "samconfig.toml"
     if not config.exists():
         config.write_text(SAMCONFIG)
@@ -490,11 +497,22 @@ def _deploy_parameters(tmp_path: Path, *argv: str) -> tuple[int, str, str]:
     code = retention_change.main(
         ["--config-env", "staging", "--config-file", str(config), *argv],
         cloudformation=boto3.client("cloudformation"),
-        now_ms=NOW_MS,
+        now_ms=now_ms,
         stdout=out,
         stderr=err,
     )
     return code, out.getvalue(), err.getvalue()
+
+
+def _update_stack(words: str, stack_name: str = "poimen-admission-staging") -> dict[str, str]:
+    """The stack updated (the change set executed) with these `Key=Value` overrides; they, as a dict."""
+    parameters = dict(word.split("=", 1) for word in words.split())
+    boto3.client("cloudformation").update_stack(
+        StackName=stack_name,
+        TemplateBody=STACK_TEMPLATE,
+        Parameters=[{"ParameterKey": name, "ParameterValue": value} for name, value in parameters.items()],
+    )
+    return parameters
 
 
 def _deploy_stack(days: str, stack_name: str = "poimen-admission-staging") -> None:
@@ -515,14 +533,28 @@ def test_make_deploy_reads_the_deployed_retention_and_records_a_raise(tmp_path: 
         raised = _deploy_parameters(tmp_path, "--run-retention-days", "7")
         unchanged = _deploy_parameters(tmp_path, "--run-retention-days", "1")
         kept = _deploy_parameters(tmp_path)
-    # Then the raise is passed with the previous value and its time, and says so; the others record nothing
-    changed_at = rfc3339(datetime.fromtimestamp(NOW_MS / 1000, UTC))
+        nothing_pending = _deploy_parameters(tmp_path, "--settle")
+        # When the raise is deployed, and make deploy's second step runs
+        _update_stack(raised[1])
+        settled = _deploy_parameters(tmp_path, "--settle")
+        _update_stack(settled[1])
+        again = _deploy_parameters(tmp_path, "--settle")
+    # Then the raise is passed pending with the previous value, and says so; the others record nothing
     assert first == (0, "RunRetentionDays=1 PreviousRunRetentionDays= RunRetentionChangedAt=\n", "")
-    assert raised[:2] == (0, f"RunRetentionDays=7 PreviousRunRetentionDays=1 RunRetentionChangedAt={changed_at}\n")
+    assert raised[:2] == (0, "RunRetentionDays=7 PreviousRunRetentionDays=1 RunRetentionChangedAt=pending\n")
     assert raised[2].startswith(
-        "make deploy: RunRetentionDays of poimen-admission-staging changes from 1 day to 7 days"
+        "make deploy: RunRetentionDays of poimen-admission-staging changes from 1 day to 7 days: until the update"
     )
     assert unchanged == kept == (0, "RunRetentionDays=1 PreviousRunRetentionDays= RunRetentionChangedAt=\n", "")
+    # And once it is deployed, the second step records when it took effect (AWS's time: the operator's clock,
+    # NOW_MS, is behind it), and then has nothing left to record
+    assert nothing_pending == again == (0, "", "")
+    changed_at = run_retention(_relay_env(dict(word.split("=", 1) for word in settled[1].split()))).changed_at_ms
+    assert changed_at is not None
+    assert changed_at > NOW_MS
+    assert settled[2].startswith(
+        "make deploy: the change of RunRetentionDays of poimen-admission-staging to 7 days took effect by 20"
+    )
 
 
 def test_make_deploy_reads_the_retention_of_the_cell_it_deploys(tmp_path: Path) -> None:
@@ -535,7 +567,7 @@ def test_make_deploy_reads_the_retention_of_the_cell_it_deploys(tmp_path: Path) 
             tmp_path, "--run-retention-days", "7", "--stack-name", "poimen-admission-staging-c2"
         )
     # Then the raise of the cell's own retention is recorded, not the other stack's value
-    assert raised[1].startswith("RunRetentionDays=7 PreviousRunRetentionDays=1 RunRetentionChangedAt=2")
+    assert raised[1] == "RunRetentionDays=7 PreviousRunRetentionDays=1 RunRetentionChangedAt=pending\n"
     assert "RunRetentionDays of poimen-admission-staging-c2 changes from 1 day to 7 days" in raised[2]
 
 
@@ -574,5 +606,93 @@ def test_a_record_redelivered_after_a_deployed_raise_admits_no_second_run(
     assert count_runs(boto3.client("dynamodb"), Settings.from_env().table_name, harness.tenant) == []
     ((_, letter),) = harness.dead_letters()
     assert letter["reason"]["kind"] == "expired"
-    assert "older than the run retention of 1 day (it was 1 day until" in letter["reason"]["detail"]
-    assert letter["runRetention"]["previousDays"] == 1
+    assert (
+        "older than the run retention of 1 day (it was 1 day, and is 7 days by a deploy not yet settled"
+        in (letter["reason"]["detail"])
+    )
+    assert letter["runRetention"] == {"days": 7, "previousDays": 1, "changedAt": "pending"}
+
+
+# A raise still pending: make deploy ran at `DEPLOYED_AT`, its change set waited for confirmation and ran
+# 30 min later, and meanwhile the stack's admission, still under 1 day, admitted a spawn 20 min in.
+HOUR_MS = 3_600_000
+
+
+def _a_raise_confirmed_later(tmp_path: Path, deployed_at: int) -> tuple[dict[str, str], dict[str, str]]:
+    """Inside mock_aws: the stack deployed with runs kept 1 day, raised to 7 by make deploy at `deployed_at`
+    (the operator's clock), its change set executed 30 min later, then make deploy's second step. The
+    relay's parameters once the change set ran, and once the second step's (if any) ran."""
+    _deploy_stack("1")
+    code, words, _ = _deploy_parameters(tmp_path, "--run-retention-days", "7", now_ms=deployed_at)
+    assert code == 0
+    executed = _update_stack(words)
+    code, settling, _ = _deploy_parameters(tmp_path, "--settle", now_ms=deployed_at + HOUR_MS // 2)
+    assert code == 0
+    return executed, _update_stack(settling) if settling.strip() else executed
+
+
+def test_a_raise_still_waiting_for_its_change_set_admits_no_record_of_its_wait_twice(tmp_path: Path) -> None:
+    # Given a raise from 1 to 7 days deployed 2 days 1 h ago and confirmed 30 min later, and a spawn
+    # admitted under 1 day while it waited
+    now = int(time.time() * 1000)
+    deployed_at = now - 2 * DAY_MS - HOUR_MS
+    admitted_at = deployed_at + HOUR_MS // 3
+    record = {"topic": "poimen.acme.dispatch", "timestamp": admitted_at, "value": base64_json({"dispatch_key": "k"})}
+    with mock_aws():
+        executed, settled = _a_raise_confirmed_later(tmp_path, deployed_at)
+    # When its record is delivered again 48.5 h later, once the change set ran and once make deploy settled
+    verdicts = [
+        judge(record, admitted_at + 48 * HOUR_MS + HOUR_MS // 2, run_retention(_relay_env(p)))
+        for p in (executed, settled)
+    ]
+    # Then neither relay admits it: its run was written under 1 day
+    assert [type(verdict).__name__ for verdict in verdicts] == ["HeldBack", "HeldBack"]
+    assert all(isinstance(v, HeldBack) and v.reason.kind == "expired" for v in verdicts)
+
+
+def test_a_raise_is_recorded_by_aws_clock_not_the_operators(tmp_path: Path) -> None:
+    # Given an operator whose clock is 3 days behind AWS's, raising the retention from 1 to 7 days
+    before = int(time.time() * 1000) // 1000 * 1000
+    with mock_aws():
+        _, settled = _a_raise_confirmed_later(tmp_path, before - 3 * DAY_MS)
+    # Then the change is recorded no earlier than AWS's time once its change set ran: a spawn admitted under
+    # 1 day a minute before that is still held to 1 day
+    retention = run_retention(_relay_env(settled))
+    assert retention.changed_at_ms is not None
+    assert retention.changed_at_ms >= before
+    assert retention.days_for(before - 60_000) == 1
+
+
+def test_a_record_admitted_while_a_raise_waited_is_dead_lettered_not_admitted_again(
+    tmp_path: Path, template: Template, handler: Callable[[dict[str, Any], Any], dict[str, Any]], store: Store
+) -> None:
+    harness = RelayHarness.start(template, handler, store)
+    # Given a raise from 1 to 7 days by make deploy 2 days 1 h ago, confirmed 30 min later, and a spawn relayed
+    # 20 min in, under 1 day: its run has expired (deleted by TTL)
+    deployed_at = int(time.time() * 1000) - 2 * DAY_MS - HOUR_MS
+    record = harness.record(
+        {"workflow_ref": "wf", "input": {}, "dispatch_key": "k-1"}, 0, timestamp_ms=deployed_at + HOUR_MS // 3
+    )
+    with mock_aws():
+        executed, settled = _a_raise_confirmed_later(tmp_path, deployed_at)
+    # When the record is delivered again now (a reset group), to the relay as the change set left it and as
+    # make deploy's second step left it
+    for parameters in (executed, settled):
+        relay = harness.with_environment(template.function_environment("InboxRelayFunction", parameters))
+        relay.run([record])
+    # Then it is dead-lettered as expired both times, and no run is admitted
+    assert count_runs(boto3.client("dynamodb"), Settings.from_env().table_name, harness.tenant) == []
+    letters = harness.dead_letters()
+    assert [letter["reason"]["kind"] for _, letter in letters] == ["expired", "expired"]
+
+
+def _relay_env(parameters: dict[str, str]) -> dict[str, str]:
+    return {
+        RUN_RETENTION_ENV: parameters["RunRetentionDays"],
+        PREVIOUS_RUN_RETENTION_ENV: parameters["PreviousRunRetentionDays"],
+        RUN_RETENTION_CHANGED_ENV: parameters["RunRetentionChangedAt"],
+    }
+
+
+def base64_json(value: Any) -> str:
+    return base64.b64encode(json.dumps({"workflow_ref": "wf", "input": {}, **value}).encode()).decode()

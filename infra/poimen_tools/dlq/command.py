@@ -41,7 +41,7 @@ import botocore.session
 import urllib3
 from botocore.credentials import Credentials
 
-from poimen.retention import RunRetention
+from poimen.retention import RunRetention, with_change
 from poimen_tools.arguments import (
     base_url,
     bucket_name,
@@ -91,7 +91,7 @@ IDs: sqs:<MessageId> (a relay dead letter), s3:<key> (a failed batch), s3:<key>#
 (one record of a failed batch); `poimen dlq list --ids` shows them.
 
 exit codes: 0 done; 1 some dead letters of the chosen kinds remain (failing again, not sendable, or
-refused as older than the run retention);
+refused as older than the run retention, or held to none);
 2 usage error, unknown ID, or redrive refused / not confirmed; 3 AWS or the admission API unreachable,
 or refusing the caller (nothing unconfirmed is removed); 130 interrupted (Ctrl-C: stopped after the
 record in flight; run redrive again for the rest)."""
@@ -179,9 +179,10 @@ def add_dlq_commands(commands: argparse._SubParsersAction[argparse.ArgumentParse
         type=run_retention_days,
         default=argparse.SUPPRESS,
         metavar="DAYS",
-        help="the stack's RunRetentionDays: refuse (and keep) records whose Kafka timestamp is older, as "
-        "sending them could admit a second run (default: the retention each relay dead letter records; "
-        "parked records: none)",
+        help="the stack's RunRetentionDays (forever, or '', when it is empty): refuse (and keep) records whose "
+        "Kafka timestamp is older, as sending them could admit a second run (default: the retention each relay "
+        "dead letter records; a record held to none, a parked one or a letter of an earlier version, is refused "
+        "if older than 1 day, the shortest a stack can have)",
     )
     redrive.add_argument(
         "--previous-run-retention-days",
@@ -195,7 +196,7 @@ def add_dlq_commands(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "--run-retention-changed-at",
         type=changed_at,
         metavar="TIME",
-        help="the stack's RunRetentionChangedAt (RFC 3339 UTC, as make deploy records it)",
+        help="the stack's RunRetentionChangedAt (RFC 3339 UTC, or pending, as make deploy records it)",
     )
     redrive.add_argument("--dry-run", action="store_true", help="say what would be sent; change nothing")
     redrive.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -348,10 +349,9 @@ def _operators_retention(args: argparse.Namespace) -> RunRetention | None:
         raise UsageError("--previous-run-retention-days needs --run-retention-changed-at, when it changed")
     if "run_retention_days" not in given and args.run_retention_changed_at is None:
         return None
-    days = given.get("run_retention_days")
-    if args.run_retention_changed_at is None:
-        return RunRetention(days)
-    return RunRetention(days, given.get("previous_run_retention_days"), args.run_retention_changed_at)
+    return with_change(
+        given.get("run_retention_days"), given.get("previous_run_retention_days"), args.run_retention_changed_at or ""
+    )
 
 
 def _not_chosen(replicas: int) -> str:

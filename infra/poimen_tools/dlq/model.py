@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from poimen.contract import RunRequest, parse_json
-from poimen.dead_letter import RELAY_KINDS, DeadLetterReason
+from poimen.dead_letter import RELAY_KINDS, DeadLetterReason, age_text
 from poimen.dead_letter import holds_value as record_holds_value
 from poimen.inbox_rule import HeldBack, Spawn, judge
 from poimen.retention import RunRetention
@@ -129,7 +129,14 @@ class Held:
 
 # The reasons of Held: the relay's, for a record that is a spawn all the same.
 EXPIRED = "expired"
-HELD_KINDS = (EXPIRED, "future-timestamp", "keyless-replica")
+FUTURE_TIMESTAMP = "future-timestamp"
+HELD_KINDS = (EXPIRED, FUTURE_TIMESTAMP, "keyless-replica")
+# Redrive's own: a record old enough to have outlived its run under some retention a stack can have, when
+# no retention is known for it (neither the operator's nor one a copy records). Never a kind of letter:
+# giving a retention (--run-retention-days) is how it is judged.
+RETENTION_UNKNOWN = "retention-unknown"
+# The shortest run retention a stack can have (template RunRetentionDays: 1 to 3650 days).
+SHORTEST_RETENTION = RunRetention(1)
 
 
 def judged(record: dict[str, Any], now_ms: float, *retentions: RunRetention) -> Dispatch | Held | DeadLetterReason:
@@ -178,11 +185,32 @@ def record_verdict(
         return None
     retentions = [found for found in (run_retention, *(copy.run_retention for copy in copies)) if found is not None]
     verdict = judged(source.record, now_ms, *retentions)
+    if not retentions and not isinstance(verdict, DeadLetterReason):
+        verdict = _unknown_retention(source.record, now_ms) or verdict
     expired_letter = next((copy for copy in copies if copy.kind == EXPIRED), None)
-    if isinstance(verdict, Dispatch) and expired_letter is not None:
+    sent = verdict.dispatch if isinstance(verdict, Held) and verdict.reason.kind == RETENTION_UNKNOWN else verdict
+    if expired_letter is not None and isinstance(sent, Dispatch):
         detail = f"dead-lettered as expired: {expired_letter.reason.get('detail')}"
-        verdict = Held(DeadLetterReason(EXPIRED, detail), verdict)
+        verdict = Held(DeadLetterReason(EXPIRED, detail), sent)
     return source, verdict
+
+
+def _unknown_retention(record: dict[str, Any], now_ms: float) -> Held | None:
+    """Held as RETENTION_UNKNOWN if the record, held to the shortest retention a stack can have, is one the
+    relay would hold back for its age (or a timestamp too far ahead to tell it); else None."""
+    verdict = judged(record, now_ms, SHORTEST_RETENTION)
+    if not isinstance(verdict, Held) or verdict.reason.kind not in (EXPIRED, FUTURE_TIMESTAMP):
+        return None
+    stamp = record.get("timestamp")
+    age = (
+        f"is {age_text(now_ms - stamp)} old" if isinstance(stamp, int) and stamp <= now_ms else "'s age cannot be told"
+    )
+    detail = (
+        f"the record {age}, older than the shortest run retention a stack can have (1 day), and no run retention "
+        "is known for it (a parked batch, or a letter of an earlier version): its run may have expired; give "
+        "--run-retention-days (the stack's RunRetentionDays, or forever) to judge it"
+    )
+    return Held(DeadLetterReason(RETENTION_UNKNOWN, detail), verdict.dispatch)
 
 
 def sendable(letter: DeadLetter) -> bool:

@@ -16,6 +16,7 @@ from poimen_tools.dlq.errors import EXIT_OK, EXIT_REMAINING, DlqError, Interrupt
 from poimen_tools.dlq.letters import DeadLetterQueue
 from poimen_tools.dlq.model import (
     EXPIRED,
+    RETENTION_UNKNOWN,
     DeadLetter,
     Dispatch,
     Held,
@@ -42,6 +43,8 @@ class RedriveSummary:
     skipped: int = 0  # cannot be sent from here: left as it is
     # older than the run retention, or dead-lettered as expired: sending it could admit a second run; kept
     refused: int = 0
+    # older than the shortest run retention a stack can have, and held to none (none given, none recorded); kept
+    retention_unknown: int = 0
     would_send: int = 0  # --dry-run
     not_attempted: int = 0  # left when redrive stopped
     stopped: DlqError | None = None
@@ -53,6 +56,8 @@ class RedriveSummary:
         refused = [("refused (older than the run retention)", self.refused)]
         if not self.held_to_a_retention and not self.refused:
             refused = []
+        if self.retention_unknown:
+            refused.append(("refused (run retention unknown)", self.retention_unknown))
         left: list[tuple[str, int]] = []
         if self.keyless_replicas_not_chosen:
             left = [
@@ -77,7 +82,8 @@ class RedriveSummary:
     def exit_code(self) -> int:
         if self.stopped:
             return self.stopped.exit_code
-        return EXIT_REMAINING if self.still_failing or self.skipped or self.refused else EXIT_OK
+        kept = self.still_failing or self.skipped or self.refused or self.retention_unknown
+        return EXIT_REMAINING if kept else EXIT_OK
 
 
 class Progress:
@@ -146,6 +152,9 @@ class Redrive:
       and those its letters record), or that the relay dead-lettered as expired, is refused and kept, every
       copy of it (exit 1): its run may have expired, and sending it would admit a second one. --kind
       expired sends it all the same.
+    - a record held to no run retention (none given, none recorded: a parked batch, a letter of an earlier
+      version) that is older than the shortest a stack can have (1 day) is refused and kept (exit 1):
+      --run-retention-days (the stack's, or forever) judges it.
     - anything else: stop. What was not confirmed stays; an object is rewritten without what was.
 
     Each record of a failed batch is marked done (a progress marker beside its object) as soon as it is
@@ -261,6 +270,10 @@ class Redrive:
                 dispatch = dispatch.dispatch
             elif dispatch.reason.kind == EXPIRED:
                 self._refuse(letter, dispatch.reason)
+                return _KEEP
+            elif dispatch.reason.kind == RETENTION_UNKNOWN:
+                self.summary.retention_unknown += 1
+                self._progress.note(f"refused: {letter.id}: {dispatch.reason.detail} (kept)")
                 return _KEEP
             else:  # where the relay puts it: a dead letter of that reason
                 dispatch = dispatch.reason

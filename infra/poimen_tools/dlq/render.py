@@ -188,6 +188,8 @@ def _retention_line(letter: DeadLetter) -> str:
     if retention.changed_at is None:
         return days
     before = "forever" if retention.previous_days is None else f"{retention.previous_days} days"
+    if retention.pending:
+        return f"{days} (was {before}: the change pending, every record held to the shorter)"
     return f"{days} (was {before} until {retention.changed_at})"
 
 

@@ -254,7 +254,9 @@ class AdmissionClient:
     attempt to the endpoint that sent it, of this call and of later ones, until it has passed: the move
     skips an endpoint held back longer than the backoff when another is ready by then, and waits for the
     first to accept when none is; one that would wait more than `max_retry_after` seconds ends the call
-    with Unavailable at once. Other answers (4xx) are final, wherever they come from. `sleep`, `clock`
+    with Unavailable at once, and so does every call that would wait for it in the next `max_retry_after`
+    seconds, after which the endpoint is called again: a Retry-After holds an endpoint back
+    `max_retry_after` at most. Other answers (4xx) are final, wherever they come from. `sleep`, `clock`
     (monotonic seconds) and `rng` are there for tests. Safe to share between threads.
     """
 
@@ -288,7 +290,9 @@ class AdmissionClient:
         session = functools.cache(botocore.session.get_session)
 
         def rotation(entries: Sequence[str | RegionalEndpoint], label: str = "") -> Rotation:
-            return Rotation(tuple(regional_endpoint(entry, region, session) for entry in entries), label)
+            return Rotation(
+                tuple(regional_endpoint(entry, region, session) for entry in entries), max_retry_after, label
+            )
 
         self._cells = cells
         # One rotation per set of endpoints that share a table: the only one (key None), or one per cell.

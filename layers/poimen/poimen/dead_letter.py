@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from poimen.retention import InvalidRetention, RunRetention, parse_changed_at, parse_run_retention_days
+from poimen.retention import InvalidRetention, RunRetention, parse_run_retention_days, with_change
 from poimen.wire import rfc3339
 
 # Why the relay dead-letters a record (DeadLetterReason.kind), in the order `poimen dlq` lists them.
@@ -53,8 +53,8 @@ def dead_letter_message(
 ) -> dict[str, Any]:
     """The original record (as MSK delivered it: key and value base64), why it was dead-lettered, and the run
     retention its writer held records to (`{"days": null}`: runs kept forever; after a change of
-    RunRetentionDays also `previousDays` and `changedAt`), so that `poimen dlq redrive` holds the record to
-    it too."""
+    RunRetentionDays also `previousDays` and `changedAt`, `"pending"` while the change is not settled), so
+    that `poimen dlq redrive` holds the record to it too."""
     return {
         "record": {
             "topic": record.get("topic"),
@@ -145,14 +145,14 @@ def recorded_retention(document: Mapping[str, Any]) -> RunRetention | None:
         changed_at = recorded.get("changedAt")
         if changed_at is None:
             return RunRetention(days)
-        return RunRetention(days, _days(recorded.get("previousDays")), parse_changed_at(str(changed_at)))
+        return with_change(days, _days(recorded.get("previousDays")), str(changed_at))
     except InvalidRetention:
         return None
 
 
 def retention_document(retention: RunRetention) -> dict[str, Any]:
     """A run retention as a dead letter records it (`runRetention`)."""
-    if retention.changed_at_ms is None:
+    if retention.changed_at is None:
         return {"days": retention.days}
     return {"days": retention.days, "previousDays": retention.previous_days, "changedAt": retention.changed_at}
 

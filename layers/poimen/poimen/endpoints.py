@@ -51,14 +51,17 @@ class Rotation:
     """Endpoints of one table, in order of preference, and the one calls go to (`endpoint`): the first,
     until a failure moves it on. Safe to share between threads."""
 
-    def __init__(self, endpoints: tuple[RegionalEndpoint, ...], label: str = "") -> None:
+    def __init__(self, endpoints: tuple[RegionalEndpoint, ...], max_retry_after: float, label: str = "") -> None:
         if not endpoints:
             raise ValueError("base_url must name at least one endpoint")
         self.endpoints = endpoints
         self.label = label  # how messages name the rotation ("in cell a"); "" for a client's only one
+        self._max_retry_after = max_retry_after
         self._current = 0  # the index of the endpoint calls go to; moved by `next`
         # Per endpoint, the `clock` time before which its last Retry-After asked not to be called.
         self._not_before = [-math.inf] * len(endpoints)
+        # And the time it is forgotten at: a Retry-After holds an endpoint back max_retry_after at most.
+        self._forget_at = [math.inf] * len(endpoints)
         self._moving = threading.Lock()
 
     @property
@@ -78,15 +81,27 @@ class Rotation:
         with self._moving:
             if failed is not None and retry_after is not None:
                 self._not_before[failed] = now + retry_after
+                # Asked for more than it waits, the client ends the calls that would wait (this one at once),
+                # but only for max_retry_after: a Retry-After of hundreds of digits (float: inf) must not hold
+                # the endpoint back for the client's lifetime.
+                self._forget_at[failed] = now + self._max_retry_after
             count = len(self.endpoints)
             if failed is None or self._current == failed:
                 start = self._current if failed is None else failed + 1
                 rotation = [(start + step) % count for step in range(count)]
-                ready = [each for each in rotation if self._not_before[each] <= now + backoff]
-                self._current = ready[0] if ready else min(rotation, key=lambda each: self._not_before[each])
+                ready = [each for each in rotation if self._held_until(each, now) <= now + backoff]
+                self._current = ready[0] if ready else min(rotation, key=lambda each: self._held_until(each, now))
             if self._current == failed and retry_after is not None:
                 return failed, max(0.0, retry_after)  # exactly as asked, not as the clock's floats give it back
-            return self._current, max(0.0, self._not_before[self._current] - now)
+            return self._current, max(0.0, self._held_until(self._current, now) - now)
+
+    def _held_until(self, index: int, now: float) -> float:
+        """The `clock` time before which the endpoint at `index` is not to be called, as seen at `now`."""
+        return self._not_before[index] if now < self._forget_at[index] else -math.inf
 
     def held_back(self, index: int, hold: float) -> str:
-        return f"the API at {self.endpoints[index]} asks to retry after {hold:.0f} s"
+        asked = f"{hold:.0f} s, " if math.isfinite(hold) else ""
+        return (
+            f"the API at {self.endpoints[index]} asks to retry after {asked}more than the "
+            f"{self._max_retry_after:.0f} s this client waits (max_retry_after)"
+        )

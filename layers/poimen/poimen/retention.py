@@ -18,9 +18,13 @@ from poimen.wire import rfc3339
 
 RUN_RETENTION_ENV = "RUN_RETENTION_DAYS"
 # The last change of RunRetentionDays, as `make deploy` records it (template PreviousRunRetentionDays and
-# RunRetentionChangedAt): the retention before it (empty: forever), and when it took effect (RFC 3339, UTC).
+# RunRetentionChangedAt): the retention before it (empty: forever), and when it took effect (RFC 3339, UTC),
+# or PENDING while the deploy that makes it is not known to have completed.
 PREVIOUS_RUN_RETENTION_ENV = "PREVIOUS_RUN_RETENTION_DAYS"
 RUN_RETENTION_CHANGED_ENV = "RUN_RETENTION_CHANGED_AT"
+# A change deployed but not yet settled: until make deploy records when the stack's update completed, runs
+# may still be written under either retention, so every record is held to the shorter.
+PENDING = "pending"
 # The template's AllowedPattern for RunRetentionChangedAt, without its empty alternative.
 CHANGED_AT_PATTERN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,3})?Z$"
 # The template's AllowedPattern for RunRetentionDays: empty (keep runs forever) or 1 to 3650 days.
@@ -73,24 +77,36 @@ class RunRetention:
     has changed, for a record from before the change (`changed_at_ms`) the shorter of `days` and the
     retention before it (`previous_days`, None: forever). Each run's expiry is fixed when it is written, so
     a run admitted under a shorter retention expires by it: after a raise from 1 to 7 days, a record 2 days
-    old from before the raise may have lost its run, and is held to 1 day."""
+    old from before the raise may have lost its run, and is held to 1 day. While the change is `pending`
+    (deployed, the time it took effect not yet recorded) every record is held to the shorter."""
 
     days: int | None = None
     previous_days: int | None = None
-    changed_at_ms: int | None = None  # None: no change recorded (`previous_days` unused)
+    changed_at_ms: int | None = None  # None: no change recorded (`previous_days` unused), or one pending
+    pending: bool = False
 
     def days_for(self, created_at_ms: float) -> int | None:
         """The retention that holds something created at `created_at_ms`."""
-        if self.changed_at_ms is None or created_at_ms >= self.changed_at_ms:
-            return self.days
-        return shortest(self.days, self.previous_days)
+        if self._before_change(created_at_ms):
+            return shortest(self.days, self.previous_days)
+        return self.days
+
+    def _before_change(self, created_at_ms: float) -> bool:
+        return self.pending or (self.changed_at_ms is not None and created_at_ms < self.changed_at_ms)
+
+    def settled(self, at_ms: int) -> RunRetention:
+        """This retention with a pending change recorded as taking effect at `at_ms` (itself if none is
+        pending)."""
+        return RunRetention(self.days, self.previous_days, at_ms) if self.pending else self
 
     def expired(self, created_at_ms: float, now_ms: float) -> bool:
         return expired(created_at_ms, now_ms, self.days_for(created_at_ms))
 
     @property
     def changed_at(self) -> str | None:
-        """When the change took effect, as RUN_RETENTION_CHANGED_AT writes it."""
+        """When the change took effect, as RUN_RETENTION_CHANGED_AT writes it (PENDING: not yet known)."""
+        if self.pending:
+            return PENDING
         if self.changed_at_ms is None:
             return None
         return rfc3339(datetime.fromtimestamp(self.changed_at_ms / 1000, UTC))
@@ -99,7 +115,12 @@ class RunRetention:
         """`the run retention of 3 days`, and, for a record older than a change, which one holds it."""
         days = self.days_for(created_at_ms)
         text = "no run retention" if days is None else f"the run retention of {days} day{'s' if days != 1 else ''}"
-        if self.changed_at_ms is not None and created_at_ms < self.changed_at_ms:
+        if self.pending:
+            text += (
+                f" (it was {_days_text(self.previous_days)}, and is {_days_text(self.days)} by a deploy not yet"
+                " settled: every record is held to the shorter until make deploy records when it took effect)"
+            )
+        elif self._before_change(created_at_ms):
             text += (
                 f" (it was {_days_text(self.previous_days)} until {self.changed_at}, now {_days_text(self.days)}:"
                 " a record from before the change is held to the shorter)"
@@ -114,34 +135,45 @@ def shortest(*days: int | None) -> int | None:
 
 def run_retention(env: Mapping[str, str]) -> RunRetention:
     """RUN_RETENTION_DAYS, PREVIOUS_RUN_RETENTION_DAYS and RUN_RETENTION_CHANGED_AT of `env`."""
-    days = run_retention_days(env)
     previous = env.get(PREVIOUS_RUN_RETENTION_ENV, "")
-    changed_at_ms = parse_changed_at(env.get(RUN_RETENTION_CHANGED_ENV, ""))
+    changed_at = env.get(RUN_RETENTION_CHANGED_ENV, "")
+    if not changed_at.strip() and previous.strip():
+        raise InvalidRetention(f"{PREVIOUS_RUN_RETENTION_ENV} needs {RUN_RETENTION_CHANGED_ENV}, when it changed")
+    return with_change(run_retention_days(env), parse_run_retention_days(previous), changed_at)
+
+
+def with_change(days: int | None, previous_days: int | None, changed_at: str) -> RunRetention:
+    """A run retention of `days` whose last change is `changed_at` as RUN_RETENTION_CHANGED_AT writes it (empty:
+    none, and `previous_days` unused; PENDING; else an RFC 3339 UTC time), from `previous_days`."""
+    if changed_at.strip() == PENDING:
+        return RunRetention(days, previous_days, pending=True)
+    changed_at_ms = parse_changed_at(changed_at)
     if changed_at_ms is None:
-        if previous.strip():
-            raise InvalidRetention(f"{PREVIOUS_RUN_RETENTION_ENV} needs {RUN_RETENTION_CHANGED_ENV}, when it changed")
         return RunRetention(days)
-    return RunRetention(days, parse_run_retention_days(previous), changed_at_ms)
+    return RunRetention(days, previous_days, changed_at_ms)
 
 
 def after_change(deployed: RunRetention | None, days: int | None, now_ms: int) -> RunRetention:
     """The retention to deploy when RunRetentionDays becomes `days` at `now_ms` on a stack deployed with
-    `deployed` (None: a new stack, nothing to remember).
+    `deployed` (None: a new stack, nothing to remember), whose update, if any, has completed.
 
-    Unchanged, the last change stays recorded. Changed, the change is recorded now, its previous retention
-    being the deployed one; and if the deployed stack's own last change still matters (a record from before
-    it could still be young enough to be admitted under the longer of its two retentions), the shorter of
-    that change's two retentions, so that one recorded change never holds a record to more than any
-    retention its run may have been written under.
+    A pending change of the deployed stack took effect by `now_ms` at the latest, and is recorded so first.
+    Unchanged, the last change stays recorded. Changed, the change is pending (the stack's admission writes
+    runs under the deployed retention until its update completes, an unbounded wait when the change set
+    awaits confirmation), its previous retention being the deployed one; and if the deployed stack's own
+    last change still matters (a record from before it could still be young enough to be admitted under
+    the longer of its two retentions), the shorter of that change's two retentions, so that one recorded
+    change never holds a record to more than any retention its run may have been written under.
     """
     if deployed is None:
         return RunRetention(days)
+    deployed = deployed.settled(now_ms)
     if days == deployed.days:
         return deployed
     previous = deployed.days
     if deployed.changed_at_ms is not None and now_ms < _change_matters_until(deployed):
         previous = shortest(deployed.days, deployed.previous_days)
-    return RunRetention(days, previous, now_ms)
+    return RunRetention(days, previous, pending=True)
 
 
 def _change_matters_until(retention: RunRetention) -> float:

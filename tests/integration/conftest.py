@@ -93,7 +93,7 @@ class DevServer:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
             try:
-                self.process.wait(timeout=15)
+                self.process.wait(timeout=60)  # its environments stop one by one: slow on a loaded machine
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()

@@ -15,7 +15,7 @@ from typing import Any
 
 import boto3
 import pytest
-from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource  # type: ignore[attr-defined]
 
 from poimen.contract import RunRequest
@@ -102,7 +102,13 @@ def _committed(bootstrap: str, group_id: str, topic: str) -> int:
     admin = _admin(bootstrap)
     request = ConsumerGroupTopicPartitions(group_id, _partitions(admin, topic))
     (future,) = admin.list_consumer_group_offsets([request]).values()
-    return sum(max(tp.offset, 0) for tp in future.result().topic_partitions)
+    try:
+        partitions = future.result().topic_partitions
+    except KafkaException as error:
+        if error.args[0].retriable():  # the group coordinator still loading (a fresh broker): none counted yet
+            return -1
+        raise
+    return sum(max(tp.offset, 0) for tp in partitions)
 
 
 def _runs(dev: DevServer, tenant: str) -> list[dict[str, Any]]:

@@ -32,7 +32,7 @@ from poimen_tools.local.kafka_broker import KafkaBroker
 from poimen_tools.local.msk import KafkaRecord, msk_event
 from poimen_tools.topics import ensure_topics
 from tests.conftest import REPO, count_runs, load_event
-from tests.integration.conftest import RELAY_ROLE, DevServer, dead_letters, wait_for
+from tests.integration.conftest import RELAY_ROLE, DevServer, dead_letters, next_tenant, wait_for
 
 ORCHESTRATOR = "arn:aws:iam::123456789012:role/poimen-orchestrator"
 # What Lambda gives every function (region, the role's credentials): here the ones `poimen dev` accepts.
@@ -66,7 +66,7 @@ class Local:
 
     def fresh(self) -> Local:
         """Another tenant and DLQ on the same local services: nothing of this one's is seen."""
-        return Local.granted(self.dev, f"t-{uuid.uuid4().hex[:12]}", self.broker)
+        return Local.granted(self.dev, next_tenant(), self.broker)  # one the dev serves
 
     def runtime(self) -> dict[str, str]:
         endpoint = self.dev.aws_endpoint
@@ -611,6 +611,8 @@ def test_the_cold_start_benchmark_prints_its_table() -> None:
 
     # Then it printed each function's INIT beside the floor's, with the ratio
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = {line.split()[0]: line for line in result.stdout.splitlines()[2:]}
+    *table, footnote = result.stdout.splitlines()[2:]  # the title, the header; the rows, what warm ms are
+    assert footnote.startswith("warm ms: median REPORT Duration")
+    rows = {line.split()[0]: line for line in table}
     assert sorted(rows) == sorted(["floor:", *CASE_IDS])
     assert all(re.search(r" \d+\.\d\dx ", row) for row in rows.values())

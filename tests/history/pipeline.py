@@ -7,25 +7,31 @@ the outbox's set-aside events and parked batches). tests/history/observe.py read
 The rules (issue 29, part 2), each a `check` of the report:
 - `run-without-event`, `event-without-admission`, `distinct-events`, `event-on-another-tenants-topic`,
   `event-misnamed`: runs and events form a bijection. Every stored admission (its `ce_id`,
-  poimen.ids.admission_id) has exactly one distinct event, on its own tenant's topic, naming its run
-  (`ce_subject`); copies of it only byte-identical (key, headers, value); no event without a stored admission.
+  poimen.ids.admission_id) has exactly one distinct event, on its own tenant's `poimen.<tenant>.events` topic,
+  naming its run (`ce_subject`, and the tenant, run and key its value announces); copies of it only
+  byte-identical (key, headers, value); no event without a stored admission. A header given twice (two
+  `ce_id`s) is no header: such an event is of no one admission.
 - `keyed-admitted-twice`: one run per (tenant, dispatch_key).
 - `keyless-admitted-twice`: a keyless dispatch (told by its unique marker) at most one run for each copy
   published, unless the relay was given the record again with its outcome unknown to it (`redelivered`,
   with why: a kill mid-batch); `resent-after-unknown-outcome`: a keyless record dead-lettered as
-  `outcome-unknown` names the run it may have admitted, and no other run of it exists (it is not sent again).
+  `outcome-unknown` names the run it may have admitted (`dead-lettered` if it names none), and is not sent
+  again: the runs no such letter names are no more than the copies not dead-lettered.
 - `lost`: every dispatch ends admitted or dead-lettered; `dead-lettered`: every dispatch of this workload is
   a valid spawn, so the only dead letter it may end as is a keyless `outcome-unknown` (with its reason);
   `parked`, `event-set-aside`: nothing is given up on (a relay's or the outbox's parked batch, an event set
-  aside as undeliverable); `run-of-no-dispatch`, `dead-letter-of-no-dispatch`: nothing comes from nowhere.
+  aside as undeliverable); `run-of-no-dispatch`, `dead-letter-of-no-dispatch`: nothing comes from nowhere;
+  `nothing-dispatched`: a history of no dispatch proves nothing, and fails.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from poimen.ids import admission_id
+from poimen.kafka import events_topic
 from tests.history.check import Failure, failure_lines
 
 Headers = tuple[tuple[str, bytes | None], ...]
@@ -77,12 +83,22 @@ class EventRecord:
     value: bytes | None
 
     def header(self, name: str) -> str | None:
-        found = [value for header, value in self.headers if header == name and value is not None]
-        return found[-1].decode(errors="replace") if found else None
+        """The header's value; None if it is missing, or given more than once (which one is meant cannot be known:
+        an event with two ce_ids is the event of no one admission)."""
+        found = [value for header, value in self.headers if header == name]
+        return found[0].decode(errors="replace") if len(found) == 1 and found[0] is not None else None
 
-    @property
-    def tenant(self) -> str:
-        return self.topic.split(".")[1] if self.topic.count(".") == 2 else self.topic
+    def announced(self) -> tuple[str | None, str | None, str | None]:
+        """The (tenant_id, run_id, dispatch_key) of the run its value announces; Nones if it is not a run."""
+        try:
+            body = json.loads(self.value or b"null")
+        except ValueError:
+            body = None
+        fields = [
+            body.get(name) if isinstance(body, dict) else None for name in ("tenant_id", "run_id", "dispatch_key")
+        ]
+        tenant, run_id, key = (value if isinstance(value, str) else None for value in fields)
+        return tenant, run_id, key
 
 
 @dataclass(frozen=True)
@@ -166,6 +182,8 @@ class Report:
 def check(pipeline: Pipeline) -> Report:
     """Judge `pipeline` by every rule of the module's docstring."""
     failures: list[Failure] = []
+    if not pipeline.dispatched:  # a workload that published nothing, or dispatches read under the wrong names
+        failures.append(Failure("nothing-dispatched", "", "no dispatch to judge the pipeline by: it proves nothing"))
     copies = _events(pipeline, failures)
     _admissions(pipeline, failures)
     admitted_again = _outcomes(pipeline, failures)
@@ -201,7 +219,7 @@ def _events(pipeline: Pipeline, failures: list[Failure]) -> int:
                 Failure("event-without-admission", event_id, f"on {event.topic}, subject {event.header('ce_subject')}")
             )
         else:
-            if event.tenant != run.tenant:
+            if event.topic != events_topic(run.tenant):
                 failures.append(
                     Failure(
                         "event-on-another-tenants-topic", run.name, f"event {event_id} of {run.tenant} on {event.topic}"
@@ -209,6 +227,11 @@ def _events(pipeline: Pipeline, failures: list[Failure]) -> int:
                 )
             if event.header("ce_subject") != run.run_id:
                 detail = f"event {event_id} names run {event.header('ce_subject')}, its admission is run {run.run_id}'s"
+                failures.append(Failure("event-misnamed", run.name, detail))
+            announced = event.announced()
+            if announced != (run.tenant, run.run_id, run.dispatch_key):
+                tenant, run_id, key = announced
+                detail = f"event {event_id}'s value announces run {run_id} of {tenant} (key {key}), not {run.run_id}"
                 failures.append(Failure("event-misnamed", run.name, detail))
         seen = first.get(event_id)
         if seen is None:
@@ -254,13 +277,21 @@ def _outcomes(pipeline: Pipeline, failures: list[Failure]) -> int:
     admitted_again = 0
     for name, dispatch in dispatched.items():
         mine, own_letters = runs.get(name, []), letters.get(name, [])
+        unknown = [letter for letter in own_letters if letter.kind == "outcome-unknown"]
         for letter in own_letters:
-            if dispatch.key is not None or letter.kind != "outcome-unknown" or not letter.detail:
-                failures.append(Failure("dead-lettered", name, f"{letter.kind or 'no reason'}: {letter.detail}"))
-            elif not dispatch.redelivered and any(run.run_id != letter.run_id for run in mine):
-                others = ", ".join(run.run_id for run in mine if run.run_id != letter.run_id)
-                detail = f"dead-lettered as outcome-unknown naming run {letter.run_id}, yet admitted as {others}"
-                failures.append(Failure("resent-after-unknown-outcome", name, detail))
+            if dispatch.key is not None or letter.kind != "outcome-unknown" or not letter.detail or not letter.run_id:
+                why = f"{letter.kind or 'no reason'}: {letter.detail}" + ("" if letter.run_id else " (names no run)")
+                failures.append(Failure("dead-lettered", name, why))
+        # Each copy ends once: as a run, or as an outcome-unknown letter and (maybe) the run it names. A run that
+        # no letter names, beyond the copies that were not dead-lettered, is a dead-lettered copy sent again.
+        named = {letter.run_id for letter in unknown}
+        others = [run.run_id for run in mine if run.run_id not in named]
+        if unknown and not dispatch.redelivered and len(others) > dispatch.copies - len(unknown):
+            detail = (
+                f"{len(unknown)} of {dispatch.copies} record(s) dead-lettered as outcome-unknown naming run(s) "
+                f"{', '.join(sorted(str(each) for each in named))}, yet admitted as {', '.join(others)}"
+            )
+            failures.append(Failure("resent-after-unknown-outcome", name, detail))
         if not mine and not own_letters:
             failures.append(Failure("lost", name, f"{dispatch.copies} record(s) published: no run, no dead letter"))
         if dispatch.key is None and len(mine) > dispatch.copies:

@@ -187,3 +187,60 @@ def test_a_run_nothing_dispatched_fails() -> None:
     pipeline.runs.append(stray)
     pipeline.events.append(event(stray))
     failed(pipeline, "run-of-no-dispatch", "globex/k-9")
+
+
+def test_an_event_carrying_another_runs_value_fails() -> None:
+    # Given acme/k-1's event, its headers right, its value (the run it announces) globex/k-1's
+    pipeline = good()
+    pipeline.events[0] = dataclasses.replace(pipeline.events[0], value=pipeline.events[1].value)
+    # Then it does not announce its admission
+    report = failed(pipeline, "event-misnamed", "acme/k-1")
+    assert pipeline.runs[1].run_id in report.summary()
+
+
+def test_an_event_on_its_tenants_dispatch_topic_is_not_on_its_events_topic() -> None:
+    pipeline = good()
+    pipeline.events[1] = dataclasses.replace(pipeline.events[1], topic="poimen.globex.dispatch")
+    report = failed(pipeline, "event-on-another-tenants-topic", "globex/k-1")
+    assert "on poimen.globex.dispatch" in report.summary()
+
+
+def test_an_event_with_two_ce_ids_fails() -> None:
+    # Given globex/k-1's event carrying acme/k-1's ce_id before its own
+    pipeline = good()
+    wrong = pipeline.events[1]
+    stale = ("ce_id", pipeline.runs[0].admission.encode())
+    pipeline.events[1] = dataclasses.replace(wrong, headers=(stale, *wrong.headers))
+    # Then it is no event of one admission: malformed, not counted as globex/k-1's
+    failed(pipeline, "run-without-event", "globex/k-1")
+
+
+def test_an_outcome_unknown_letter_naming_no_run_fails() -> None:
+    # Given a keyless record dead-lettered as outcome-unknown, but naming no run it may have admitted
+    pipeline = good()
+    pipeline.dispatched.append(Dispatched("globex", None, "m-2"))
+    pipeline.dead_letters.append(DeadLetter("globex", None, "m-2", "outcome-unknown", "GET /v1/runs/?"))
+    # Then nobody can find out what became of it
+    failed(pipeline, "dead-lettered", "globex/marker:m-2")
+
+
+def test_a_keyless_dispatch_of_two_copies_one_admitted_one_outcome_unknown_holds() -> None:
+    # Given a keyless body published twice: one copy admitted, the other dead-lettered as outcome-unknown
+    # naming the run its lost answer may have admitted (never written)
+    pipeline = good()
+    pipeline.dispatched[2] = dataclasses.replace(pipeline.dispatched[2], copies=2)
+    maybe = unkeyed_run_id()
+    pipeline.dead_letters.append(DeadLetter("acme", None, "m-1", "outcome-unknown", f"GET /v1/runs/{maybe}", maybe))
+    # Then it holds: each copy ended once, and no copy was sent again
+    report = check(pipeline)
+    assert report.ok, report.summary()
+    # But a third run (a copy sent again after its unknown outcome) does not
+    resent = stored("acme", marker="m-1")
+    pipeline.runs.append(resent)
+    pipeline.events.append(event(resent))
+    failed(pipeline, "resent-after-unknown-outcome", "acme/marker:m-1")
+
+
+def test_a_pipeline_with_nothing_dispatched_fails() -> None:
+    # An empty history proves nothing (a workload that published nothing, topics read under the wrong names)
+    failed(Pipeline([], [], []), "nothing-dispatched", "")

@@ -297,6 +297,15 @@ ONE = json.dumps({"endpoints": [URL], "tenants": []})  # a cell
         ),
         (f'{{"cells": {{"a": {ONE}, "b": {ONE.replace(URL, URL + "/")}}}}}', f"the endpoint {URL} is in cells a and b"),
         (f'{{"cells": {{"a": {ONE}, "a": {ONE}}}}}', 'names "a" twice'),
+        # One URL spelled two ways (a host name's case, a scheme's default port) is one stack, in two cells
+        (
+            '{"cells": {"a": {"endpoints": ["https://API.example.com"], "tenants": []}, '
+            '"b": {"endpoints": ["HTTPS://api.example.com:443/"], "tenants": []}}}',
+            "the endpoint HTTPS://api.example.com:443 is in cells a and b",
+        ),
+        # urlsplit drops tabs and newlines anywhere, and leading spaces: the URL it checks is not the one called
+        ('{"cells": {"a": {"endpoints": ["https://api.exa\\nmple.com"], "tenants": []}}}', "is not an http(s) URL"),
+        ('{"cells": {"a": {"endpoints": [" https://api.example.com"], "tenants": []}}}', "is not an http(s) URL"),
         (f'{{"cells": {{"": {{"endpoints": ["{URL}"], "tenants": []}}}}}}', "a cell's name must be"),
     ],
 )
@@ -307,6 +316,28 @@ def test_a_map_that_is_not_one_is_refused_whole(content: str, reason: str) -> No
     assert str(refused.value).startswith("/etc/poimen/cells.json: ")
     assert reason in str(refused.value)
     assert isinstance(refused.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"cel\\nls": {}}',
+        f'{{"cells": {{"a": {{"endpoints": ["{URL}"], "tenants": [], "ten\\nants": 1}}}}}}',
+        f'{{"cells": {{"a": {{"endpoints": ["{URL}"], "tenants": [], "tenants": []}}}}}}'.replace("tenants", "t\\nt"),
+    ],
+)
+def test_a_map_naming_a_key_with_a_newline_is_refused_in_one_line(content: str) -> None:
+    with pytest.raises(InvalidCellMap) as refused:
+        CellMap.parse(content, "m")
+
+    assert "\n" not in str(refused.value)
+    assert "\\n" in str(refused.value)
+
+
+def test_a_base_url_with_a_newline_or_a_leading_space_is_refused() -> None:
+    for url in ("https://api.exa\nmple.com", " https://api.example.com", "https://api.example.com\t"):
+        with pytest.raises(ValueError, match="base_url must be an http"):
+            AdmissionClient(url, region=EAST, credentials=Credentials("a", "b"))
 
 
 def test_a_map_file_that_cannot_be_read_is_refused(tmp_path: Path) -> None:

@@ -20,12 +20,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 from botocore.exceptions import InvalidRegionError
 from botocore.utils import validate_region_name
 
-from poimen.endpoints import RegionalEndpoint
+from poimen.endpoints import RegionalEndpoint, endpoint_identity, is_base_url
 from poimen.wire import TENANT_PATTERN
 
 CELLS_FILE_VARIABLE: Final = "POIMEN_CELLS_FILE"
@@ -64,16 +63,17 @@ class CellMap:
         names = [cell.name for cell in self.cells]
         if len(set(names)) != len(names):
             raise self._wrong(f"names a cell twice ({', '.join(names)})")
-        owner: dict[str, str] = {}
+        owner: dict[tuple[str, str, int, str], str] = {}
         for cell in self.cells:
             if not cell.endpoints:
                 raise self._wrong(f"cell {cell.name}: endpoints must list at least one")
             for endpoint in cell.endpoints:
                 url = (endpoint.url if isinstance(endpoint, RegionalEndpoint) else endpoint).rstrip("/")
-                # Two cells at one URL would be one stack serving both cells' tenants from one table.
-                if owner.get(url, cell.name) != cell.name:
-                    raise self._wrong(f"the endpoint {url} is in cells {owner[url]} and {cell.name}")
-                owner[url] = cell.name
+                # Two cells at one URL (however spelled) would be one stack serving both cells' tenants from one table.
+                same = endpoint_identity(url)
+                if owner.get(same, cell.name) != cell.name:
+                    raise self._wrong(f"the endpoint {url} is in cells {owner[same]} and {cell.name}")
+                owner[same] = cell.name
 
     def cells_of(self, tenant: str) -> tuple[Cell, ...]:
         """The cells that list `tenant`: exactly one, for a tenant the map routes."""
@@ -95,13 +95,13 @@ class CellMap:
         try:
             document = json.loads(text, object_pairs_hook=_refusing_duplicates)
         except _DuplicateKey as error:
-            raise wrong(f'names "{error}" twice') from None
+            raise wrong(f"names {json.dumps(str(error))} twice") from None
         except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, nested too deep
             raise wrong(f"is not JSON ({error})") from error
         if not isinstance(document, dict) or not isinstance(document.get("cells", {}), dict):
             raise wrong('must be a JSON object {"cells": {...}}')
         for key in document.keys() - {"cells"}:
-            raise wrong(f'unknown key "{key}" (expected "cells")')
+            raise wrong(f'unknown key {json.dumps(key)} (expected "cells")')
         cells = []
         for name, entry in document.get("cells", {}).items():
             if not _CELL_NAME.fullmatch(name):
@@ -130,19 +130,6 @@ class CellMap:
         return cls.parse(document, CELLS_DOCUMENT_VARIABLE) if document else None
 
 
-def _is_base_url(url: Any) -> bool:
-    try:
-        parts = urlsplit(url) if isinstance(url, str) else None
-    except ValueError:  # an unclosed [ of an IPv6 host
-        return False
-    return (
-        parts is not None
-        and parts.scheme in ("http", "https")
-        and bool(parts.hostname)
-        and not (parts.query or parts.fragment)
-    )
-
-
 class _DuplicateKey(Exception):
     pass
 
@@ -161,7 +148,7 @@ def _cell(name: str, entry: Any, wrong: Callable[[str], InvalidCellMap]) -> Cell
     if not isinstance(entry, dict):
         raise wrong(f"cell {name} must be an object {_SHAPE}")
     for key in entry.keys() - {"endpoints", "tenants"}:
-        raise wrong(f'cell {name}: unknown key "{key}" (expected {_SHAPE})')
+        raise wrong(f"cell {name}: unknown key {json.dumps(key)} (expected {_SHAPE})")
     for key in ("endpoints", "tenants"):
         if key not in entry:
             raise wrong(f'cell {name}: "{key}" is missing (expected {_SHAPE})')
@@ -191,6 +178,6 @@ def _endpoint(cell: str, entry: Any, wrong: Callable[[str], InvalidCellMap]) -> 
         url, region = entry, None
     else:
         raise wrong(f'cell {cell}: an endpoint is a URL or {{"url": URL, "region": REGION}}, not {entry!r}')
-    if not _is_base_url(url):
-        raise wrong(f"cell {cell}: {url!r} is not an http(s) URL without query or fragment")
+    if not is_base_url(url):
+        raise wrong(f"cell {cell}: {url!r} is not an http(s) URL without query, fragment or spaces")
     return url if region is None else RegionalEndpoint(url, region)

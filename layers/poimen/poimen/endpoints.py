@@ -15,6 +15,29 @@ from urllib.parse import urlsplit
 import botocore.session
 
 _EXECUTE_API_HOST = re.compile(r"[a-z0-9]+\.execute-api\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(\.cn)?")
+# Spaces and control characters: urlsplit silently drops tabs and newlines anywhere and strips leading ones, so
+# the URL it would judge is not the URL called.
+_NOT_IN_A_URL = re.compile(r"[\x00-\x20\x7f-\x9f]")  # as poimen_tools.arguments
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def is_base_url(url: object) -> bool:
+    """An http(s) URL with a host (and a valid port, if any), no query or fragment, no space or control character."""
+    if not isinstance(url, str) or _NOT_IN_A_URL.search(url):
+        return False
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    except ValueError:  # also an unclosed [ of an IPv6 host
+        return False
+    return parts.scheme in _DEFAULT_PORTS and bool(parts.hostname) and not (parts.query or parts.fragment)
+
+
+def endpoint_identity(url: str) -> tuple[str, str, int, str]:
+    """What tells two base URLs (is_base_url) apart: scheme and host name case folded, the port (the scheme's default
+    if none is given), the path without trailing slashes. `HTTPS://API.example.com:443/` is `https://api.example.com`."""
+    parts = urlsplit(url)
+    return parts.scheme, parts.hostname or "", parts.port or _DEFAULT_PORTS[parts.scheme], parts.path.rstrip("/")
 
 
 @dataclass(frozen=True)
@@ -35,11 +58,10 @@ def regional_endpoint(
     """`entry` checked, its URL without a trailing slash, with its Region: a RegionalEndpoint's own, else
     `region`, else the one in an execute-api host name, else the SDK's (`session`'s) configured one."""
     url, named = (entry.url, entry.region) if isinstance(entry, RegionalEndpoint) else (entry, region)
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-        raise ValueError(f"base_url must be an http(s) URL without query or fragment: {url!r}")
+    if not is_base_url(url):
+        raise ValueError(f"base_url must be an http(s) URL without query, fragment or spaces: {url!r}")
     if named is None:
-        found = _EXECUTE_API_HOST.fullmatch(parts.hostname)
+        found = _EXECUTE_API_HOST.fullmatch(urlsplit(url).hostname or "")
         named = found["region"] if found else session().get_config_variable("region")
     if not named:
         fix = "pass region= (or a RegionalEndpoint), or configure one (AWS_DEFAULT_REGION, a profile)"

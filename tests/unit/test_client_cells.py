@@ -303,6 +303,11 @@ ONE = json.dumps({"endpoints": [URL], "tenants": []})  # a cell
             '"b": {"endpoints": ["HTTPS://api.example.com:443/"], "tenants": []}}}',
             "the endpoint HTTPS://api.example.com:443 is in cells a and b",
         ),
+        # One endpoint twice in a cell: its Retry-After would hold back one of the two, and the client call the other
+        (
+            '{"cells": {"a": {"endpoints": ["https://api.example.com", "https://API.example.com/"], "tenants": []}}}',
+            "cell a lists the endpoint https://API.example.com twice",
+        ),
         # urlsplit drops tabs and newlines anywhere, and leading spaces: the URL it checks is not the one called
         ('{"cells": {"a": {"endpoints": ["https://api.exa\\nmple.com"], "tenants": []}}}', "is not an http(s) URL"),
         ('{"cells": {"a": {"endpoints": [" https://api.example.com"], "tenants": []}}}', "is not an http(s) URL"),
@@ -332,6 +337,12 @@ def test_a_map_naming_a_key_with_a_newline_is_refused_in_one_line(content: str) 
 
     assert "\n" not in str(refused.value)
     assert "\\n" in str(refused.value)
+
+
+def test_a_base_url_list_naming_one_endpoint_twice_is_refused() -> None:
+    # Failing over from it to itself would call it again against its Retry-After
+    with pytest.raises(ValueError, match=r"names the endpoint http://127\.0\.0\.1:1 twice"):
+        AdmissionClient(["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:1/"], region=EAST)
 
 
 def test_a_base_url_with_a_newline_or_a_leading_space_is_refused() -> None:

@@ -70,8 +70,11 @@ class CellMap:
             for endpoint in cell.endpoints:
                 url = (endpoint.url if isinstance(endpoint, RegionalEndpoint) else endpoint).rstrip("/")
                 # Two cells at one URL (however spelled) would be one stack serving both cells' tenants from one table.
+                # One endpoint twice in a cell: its Retry-After would hold back one of the two, not the other.
                 same = endpoint_identity(url)
-                if owner.get(same, cell.name) != cell.name:
+                if owner.get(same) == cell.name:
+                    raise self._wrong(f"cell {cell.name} lists the endpoint {url} twice")
+                if same in owner:
                     raise self._wrong(f"the endpoint {url} is in cells {owner[same]} and {cell.name}")
                 owner[same] = cell.name
 

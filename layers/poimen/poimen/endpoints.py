@@ -76,6 +76,12 @@ class Rotation:
     def __init__(self, endpoints: tuple[RegionalEndpoint, ...], max_retry_after: float, label: str = "") -> None:
         if not endpoints:
             raise ValueError("base_url must name at least one endpoint")
+        # One endpoint twice: failing over from it to itself would call it again against its Retry-After.
+        seen: set[tuple[str, str, int, str]] = set()
+        for endpoint in endpoints:
+            if endpoint_identity(endpoint.url) in seen:
+                raise ValueError(f"base_url names the endpoint {endpoint.url} twice")
+            seen.add(endpoint_identity(endpoint.url))
         self.endpoints = endpoints
         self.label = label  # how messages name the rotation ("in cell a"); "" for a client's only one
         self._max_retry_after = max_retry_after

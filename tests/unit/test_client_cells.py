@@ -356,6 +356,17 @@ def test_a_map_file_that_cannot_be_read_is_refused(tmp_path: Path) -> None:
         CellMap.load(tmp_path / "missing.json")
 
 
+def test_a_map_file_larger_than_any_map_is_refused_without_reading_it_whole(tmp_path: Path) -> None:
+    # Given a file of 16 MiB and a byte (POIMEN_CELLS_FILE=/dev/zero would be endless)
+    huge = tmp_path / "huge.json"
+    huge.write_bytes(b" " * (16 * 1024 * 1024 + 1))
+
+    with pytest.raises(InvalidCellMap) as refused:
+        CellMap.load(huge)
+
+    assert str(refused.value) == f"{huge}: is larger than 16 MiB: not a cell map"
+
+
 # --- poimen runs ----------------------------------------------------------------------------------------
 
 

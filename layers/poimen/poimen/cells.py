@@ -34,6 +34,9 @@ CELLS_DOCUMENT_VARIABLE: Final = "POIMEN_CELLS"
 _CELL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _TENANT = re.compile(TENANT_PATTERN)
 _SHAPE = '{"endpoints": [...], "tenants": [...]}'
+# Far more than any map needs (each cell's tenants fit its admission function's 4 KB of environment variables,
+# docs/client.md#cells); a file past it (a log, /dev/zero) is not one, and is not read whole.
+MAX_MAP_BYTES: Final = 16 * 1024 * 1024
 
 
 class InvalidCellMap(ValueError):
@@ -115,9 +118,12 @@ class CellMap:
     @classmethod
     def load(cls, path: Path) -> CellMap:
         try:
-            text = path.read_bytes()
+            with path.open("rb") as file:
+                text = file.read(MAX_MAP_BYTES + 1)
         except OSError as error:
             raise InvalidCellMap(f"cannot read {path} ({(error.strerror or str(error)).lower()})") from error
+        if len(text) > MAX_MAP_BYTES:
+            raise InvalidCellMap(f"{path}: is larger than {MAX_MAP_BYTES // 1024 // 1024} MiB: not a cell map")
         return cls.parse(text, str(path))
 
     @classmethod

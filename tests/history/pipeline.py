@@ -35,6 +35,13 @@ from poimen.kafka import events_topic
 from tests.history.check import Failure, failure_lines
 
 Headers = tuple[tuple[str, bytes | None], ...]
+# What matches a run and a dead letter to its dispatch: (tenant, True, key) or (tenant, False, marker). Not the
+# `name` shown, which a key spelled "marker:m" shares with the keyless dispatch of marker m.
+Identity = tuple[str | None, bool, str | None]
+
+
+def identity(tenant: str | None, key: str | None, marker: str | None) -> Identity:
+    return (tenant, True, key) if key is not None else (tenant, False, marker)
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,10 @@ class Dispatched:
     @property
     def name(self) -> str:
         return f"{self.tenant}/{self.key}" if self.key is not None else f"{self.tenant}/marker:{self.marker}"
+
+    @property
+    def identity(self) -> Identity:
+        return identity(self.tenant, self.key, self.marker)
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,10 @@ class StoredRun:
     def name(self) -> str:
         key = self.dispatch_key
         return f"{self.tenant}/{key}" if key is not None else f"{self.tenant}/marker:{self.marker}"
+
+    @property
+    def identity(self) -> Identity:
+        return identity(self.tenant, self.dispatch_key, self.marker)
 
 
 @dataclass(frozen=True)
@@ -115,6 +130,10 @@ class DeadLetter:
     @property
     def name(self) -> str:
         return f"{self.tenant}/{self.key}" if self.key is not None else f"{self.tenant}/marker:{self.marker}"
+
+    @property
+    def identity(self) -> Identity:
+        return identity(self.tenant, self.key, self.marker)
 
 
 @dataclass(frozen=True)
@@ -250,33 +269,34 @@ def _events(pipeline: Pipeline, failures: list[Failure]) -> int:
 
 def _admissions(pipeline: Pipeline, failures: list[Failure]) -> None:
     """No keyed dispatch admitted twice, no run of no dispatch."""
-    names = {dispatch.name for dispatch in pipeline.dispatched}
-    by_name: dict[str, list[StoredRun]] = defaultdict(list)
+    dispatched = {dispatch.identity for dispatch in pipeline.dispatched}
+    by_identity: dict[Identity, list[StoredRun]] = defaultdict(list)
     for run in pipeline.runs:
-        by_name[run.name].append(run)
-        if run.name not in names:
+        by_identity[run.identity].append(run)
+        if run.identity not in dispatched:
             failures.append(Failure("run-of-no-dispatch", run.name, f"run {run.run_id}: nothing dispatched it"))
-    for name, runs in by_name.items():
+    for runs in by_identity.values():
         if len(runs) > 1 and runs[0].dispatch_key is not None:
             ids = ", ".join(run.run_id for run in runs)
-            failures.append(Failure("keyed-admitted-twice", name, f"{len(runs)} runs: {ids}"))
+            failures.append(Failure("keyed-admitted-twice", runs[0].name, f"{len(runs)} runs: {ids}"))
 
 
 def _outcomes(pipeline: Pipeline, failures: list[Failure]) -> int:
     """Each dispatch ends admitted or dead-lettered, a keyless one admitted no more often than it may be;
     the keyless dispatches admitted again as redelivered, counted."""
-    runs: dict[str, list[StoredRun]] = defaultdict(list)
+    runs: dict[Identity, list[StoredRun]] = defaultdict(list)
     for run in pipeline.runs:
-        runs[run.name].append(run)
-    letters: dict[str, list[DeadLetter]] = defaultdict(list)
-    dispatched = {dispatch.name: dispatch for dispatch in pipeline.dispatched}
+        runs[run.identity].append(run)
+    letters: dict[Identity, list[DeadLetter]] = defaultdict(list)
+    dispatched = {dispatch.identity: dispatch for dispatch in pipeline.dispatched}
     for letter in pipeline.dead_letters:
-        letters[letter.name].append(letter)
-        if letter.name not in dispatched:
+        letters[letter.identity].append(letter)
+        if letter.identity not in dispatched:
             failures.append(Failure("dead-letter-of-no-dispatch", letter.name, f"{letter.kind}: {letter.detail}"))
     admitted_again = 0
-    for name, dispatch in dispatched.items():
-        mine, own_letters = runs.get(name, []), letters.get(name, [])
+    for dispatch in dispatched.values():
+        name = dispatch.name
+        mine, own_letters = runs.get(dispatch.identity, []), letters.get(dispatch.identity, [])
         unknown = [letter for letter in own_letters if letter.kind == "outcome-unknown"]
         for letter in own_letters:
             if dispatch.key is not None or letter.kind != "outcome-unknown" or not letter.detail or not letter.run_id:

@@ -244,3 +244,14 @@ def test_a_keyless_dispatch_of_two_copies_one_admitted_one_outcome_unknown_holds
 def test_a_pipeline_with_nothing_dispatched_fails() -> None:
     # An empty history proves nothing (a workload that published nothing, topics read under the wrong names)
     failed(Pipeline([], [], []), "nothing-dispatched", "")
+
+
+def test_a_key_spelled_like_a_marker_is_not_that_keyless_dispatch() -> None:
+    # Given a keyed dispatch whose opaque key reads "marker:m-2", and a keyless one carrying marker m-2
+    pipeline = good()
+    pipeline.dispatched += [Dispatched("acme", None, "m-2"), Dispatched("acme", "marker:m-2")]
+    keyed = stored("acme", "marker:m-2")
+    pipeline.runs.append(keyed)
+    pipeline.events.append(event(keyed))
+    # When only the keyed one was admitted, then the keyless one is lost, not admitted as the keyed one's run
+    failed(pipeline, "lost", "acme/marker:m-2")

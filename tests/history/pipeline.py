@@ -17,8 +17,9 @@ The rules (issue 29, part 2), each a `check` of the report:
   with why: a kill mid-batch); `resent-after-unknown-outcome`: a keyless record dead-lettered as
   `outcome-unknown` names the run it may have admitted (`dead-lettered` if it names none), and is not sent
   again: the runs no such letter names are no more than the copies not dead-lettered.
-- `lost`: every dispatch ends admitted or dead-lettered; `dead-lettered`: every dispatch of this workload is
-  a valid spawn, so the only dead letter it may end as is a keyless `outcome-unknown` (with its reason);
+- `lost`: every dispatch ends admitted or dead-lettered, a keyless one once for each copy published;
+  `dead-lettered`: every dispatch of this workload is a valid spawn, so the only dead letter it may end as
+  is a keyless `outcome-unknown` (with its reason);
   `parked`, `event-set-aside`: nothing is given up on (a relay's or the outbox's parked batch, an event set
   aside as undeliverable); `run-of-no-dispatch`, `dead-letter-of-no-dispatch`: nothing comes from nowhere;
   `nothing-dispatched`: a history of no dispatch proves nothing, and fails.
@@ -312,8 +313,11 @@ def _outcomes(pipeline: Pipeline, failures: list[Failure]) -> int:
                 f"{', '.join(sorted(str(each) for each in named))}, yet admitted as {', '.join(others)}"
             )
             failures.append(Failure("resent-after-unknown-outcome", name, detail))
-        if not mine and not own_letters:
-            failures.append(Failure("lost", name, f"{dispatch.copies} record(s) published: no run, no dead letter"))
+        # Every record ends admitted or dead-lettered: a keyed dispatch's copies are replays of one run, each copy
+        # of a keyless one is a spawn of its own (a letter and the run it names are one copy's ending).
+        if len(others) + len(own_letters) < (1 if dispatch.key is not None else dispatch.copies):
+            detail = f"{dispatch.copies} record(s) published: {len(mine)} run(s), {len(own_letters)} dead letter(s)"
+            failures.append(Failure("lost", name, detail))
         if dispatch.key is None and len(mine) > dispatch.copies:
             if dispatch.redelivered:
                 admitted_again += 1

@@ -255,3 +255,12 @@ def test_a_key_spelled_like_a_marker_is_not_that_keyless_dispatch() -> None:
     pipeline.events.append(event(keyed))
     # When only the keyed one was admitted, then the keyless one is lost, not admitted as the keyed one's run
     failed(pipeline, "lost", "acme/marker:m-2")
+
+
+def test_a_keyless_body_published_twice_and_admitted_once_lost_a_record() -> None:
+    # Given a keyless body published twice (two spawns: no key makes them one) that left one run, no dead letter
+    pipeline = good()
+    pipeline.dispatched[2] = dataclasses.replace(pipeline.dispatched[2], copies=2)
+    # Then one of its records is lost
+    report = failed(pipeline, "lost", "acme/marker:m-1")
+    assert "2 record(s) published: 1 run(s), 0 dead letter(s)" in report.summary()

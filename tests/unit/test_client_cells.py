@@ -303,6 +303,12 @@ ONE = json.dumps({"endpoints": [URL], "tenants": []})  # a cell
             '"b": {"endpoints": ["HTTPS://api.example.com:443/"], "tenants": []}}}',
             "the endpoint HTTPS://api.example.com:443 is in cells a and b",
         ),
+        # An execute-api host is one API of one stack, whatever path follows it
+        (
+            '{"cells": {"a": {"endpoints": ["https://abc123.execute-api.us-east-1.amazonaws.com"], "tenants": []}, '
+            '"b": {"endpoints": ["https://abc123.execute-api.us-east-1.amazonaws.com/b"], "tenants": []}}}',
+            "the endpoint https://abc123.execute-api.us-east-1.amazonaws.com/b is in cells a and b",
+        ),
         # One endpoint twice in a cell: its Retry-After would hold back one of the two, and the client call the other
         (
             '{"cells": {"a": {"endpoints": ["https://api.example.com", "https://API.example.com/"], "tenants": []}}}',
@@ -321,6 +327,17 @@ def test_a_map_that_is_not_one_is_refused_whole(content: str, reason: str) -> No
     assert str(refused.value).startswith("/etc/poimen/cells.json: ")
     assert reason in str(refused.value)
     assert isinstance(refused.value, ValueError)
+
+
+def test_two_cells_behind_one_custom_domain_at_two_base_paths_are_two_endpoints() -> None:
+    cells = {
+        name: {"endpoints": [f"https://api.example.com/{name}"], "tenants": [tenant]}
+        for name, tenant in (("a", ACME), ("b", GLOBEX))
+    }
+
+    map_ = CellMap.parse(json.dumps({"cells": cells}), "m")
+
+    assert [cell.endpoints for cell in map_.cells] == [("https://api.example.com/a",), ("https://api.example.com/b",)]
 
 
 @pytest.mark.parametrize(

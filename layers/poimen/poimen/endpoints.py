@@ -35,9 +35,12 @@ def is_base_url(url: object) -> bool:
 
 def endpoint_identity(url: str) -> tuple[str, str, int, str]:
     """What tells two base URLs (is_base_url) apart: scheme and host name case folded, the port (the scheme's default
-    if none is given), the path without trailing slashes. `HTTPS://API.example.com:443/` is `https://api.example.com`."""
+    if none is given), the path without trailing slashes. `HTTPS://API.example.com:443/` is `https://api.example.com`.
+    An execute-api host is one API, of one stack, whatever the path (a custom domain's base paths may be several)."""
     parts = urlsplit(url)
-    return parts.scheme, parts.hostname or "", parts.port or _DEFAULT_PORTS[parts.scheme], parts.path.rstrip("/")
+    host = parts.hostname or ""
+    path = "" if _EXECUTE_API_HOST.fullmatch(host) else parts.path.rstrip("/")
+    return parts.scheme, host, parts.port or _DEFAULT_PORTS[parts.scheme], path
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from botocore.credentials import Credentials
 
-from poimen.cells import CELLS_DOCUMENT_VARIABLE, CELLS_FILE_VARIABLE, CellMap, InvalidCellMap
+from poimen.cells import CELLS_DOCUMENT_VARIABLE, CELLS_FILE_VARIABLE, Cell, CellMap, InvalidCellMap
 from poimen.client import (
     AdmissionClient,
     AdmissionError,
@@ -327,6 +327,12 @@ def test_a_map_that_is_not_one_is_refused_whole(content: str, reason: str) -> No
     assert str(refused.value).startswith("/etc/poimen/cells.json: ")
     assert reason in str(refused.value)
     assert isinstance(refused.value, ValueError)
+
+
+@pytest.mark.parametrize("url", ["ftp://x.example.com", "https://x.example.com:99999", "not a url", " http://x"])
+def test_a_map_made_in_code_with_a_bad_url_is_refused_as_one_parsed(url: str) -> None:
+    with pytest.raises(InvalidCellMap, match=r"^m: cell a: .* is not an http\(s\) URL"):
+        CellMap((Cell("a", (url,), frozenset({ACME})),), "m")
 
 
 def test_two_cells_behind_one_custom_domain_at_two_base_paths_are_two_endpoints() -> None:

@@ -71,7 +71,12 @@ class CellMap:
             if not cell.endpoints:
                 raise self._wrong(f"cell {cell.name}: endpoints must list at least one")
             for endpoint in cell.endpoints:
-                url = (endpoint.url if isinstance(endpoint, RegionalEndpoint) else endpoint).rstrip("/")
+                given = endpoint.url if isinstance(endpoint, RegionalEndpoint) else endpoint
+                if not is_base_url(given):
+                    raise self._wrong(
+                        f"cell {cell.name}: {given!r} is not an http(s) URL without query, fragment or spaces"
+                    )
+                url = given.rstrip("/")
                 # Two cells at one URL (however spelled) would be one stack serving both cells' tenants from one table.
                 # One endpoint twice in a cell: its Retry-After would hold back one of the two, not the other.
                 same = endpoint_identity(url)
@@ -187,6 +192,4 @@ def _endpoint(cell: str, entry: Any, wrong: Callable[[str], InvalidCellMap]) -> 
         url, region = entry, None
     else:
         raise wrong(f'cell {cell}: an endpoint is a URL or {{"url": URL, "region": REGION}}, not {entry!r}')
-    if not is_base_url(url):
-        raise wrong(f"cell {cell}: {url!r} is not an http(s) URL without query, fragment or spaces")
-    return url if region is None else RegionalEndpoint(url, region)
+    return url if region is None else RegionalEndpoint(url, region)  # its URL checked by CellMap

@@ -225,6 +225,23 @@ def test_the_map_comes_from_the_file_the_environment_names(
     assert (cell_a.received, len(cell_b.received)) == ([], 1)
 
 
+def test_the_file_the_environment_names_may_start_at_home_or_a_variable_as_aws_config_file_may(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a map at ~/cells/map.json, named as a .env file or a container's environment names it (unexpanded)
+    (tmp_path / "cells").mkdir()
+    (tmp_path / "cells" / "map.json").write_text(json.dumps(document([URL], ["http://127.0.0.1:2"])))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("CELLS_DIR", str(tmp_path / "cells"))
+    for named in ("~/cells/map.json", "$CELLS_DIR/map.json"):
+        monkeypatch.setenv(CELLS_FILE_VARIABLE, named)
+
+        found = CellMap.from_environment()
+
+        assert found is not None
+        assert [cell.name for cell in found.cells] == ["a", "b"]
+
+
 def test_the_map_comes_from_the_environment_itself(cell_a: Peer, cell_b: Peer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CELLS_DOCUMENT_VARIABLE, json.dumps(document([cell_a.url], [cell_b.url])))
 

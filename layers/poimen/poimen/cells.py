@@ -133,14 +133,15 @@ class CellMap:
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> CellMap | None:
-        """The map `POIMEN_CELLS_FILE` names, or the one `POIMEN_CELLS` holds; None if neither is set. Both set
-        is an error rather than a choice: which one is meant cannot be known."""
+        """The map `POIMEN_CELLS_FILE` names (`~` and the process's `$VARIABLES` expanded), or the one
+        `POIMEN_CELLS` holds; None if neither is set. Both set is an error rather than a choice: which one is
+        meant cannot be known."""
         env = os.environ if environ is None else environ
         path, document = env.get(CELLS_FILE_VARIABLE, ""), env.get(CELLS_DOCUMENT_VARIABLE, "")
         if path and document:
             raise InvalidCellMap(f"both {CELLS_FILE_VARIABLE} and {CELLS_DOCUMENT_VARIABLE} are set: set one")
-        if path:
-            return cls.load(Path(path))
+        if path:  # as botocore reads AWS_CONFIG_FILE: $VARIABLES, then a leading ~, expanded
+            return cls.load(Path(os.path.expanduser(os.path.expandvars(path))))
         return cls.parse(document, CELLS_DOCUMENT_VARIABLE) if document else None
 
 

@@ -52,7 +52,7 @@ from confluent_kafka.admin import AdminClient
 from benchmarks.harness import run_in_work_folder
 from poimen.contract import RunRequest
 from poimen.dispatch import DispatchPublisher
-from poimen.kafka import dispatch_topic, events_topic
+from poimen.kafka import dispatch_topic
 from poimen_tools.deploy_check import MAX_TENANT_CHARACTERS, limit_refusal
 from poimen_tools.local.event_source import LocalMskEventSource
 from poimen_tools.local.kafka_broker import BrokerError, KafkaBroker, free_port
@@ -566,7 +566,7 @@ def run_stream(
         if not finished:
             _log(started, f"deadline: not every record was handled within {timeout} s")
         soaked.outcome.handled = relay.handled()
-        _log(started, f"checking the pipeline: the table, {len(tenants)} tenants' {events_topic('<tenant>')}, DLQ, S3")
+        _log(started, f"checking the pipeline: the table, {len(tenants)} tenants' poimen.<tenant>.events, DLQ, S3")
         _observe_and_check(moto, broker.bootstrap_servers, announced, soaked, timeout)
         dev.stop()
         soaked.admissions.update(_admissions(dev.logs))

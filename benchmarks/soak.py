@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import inspect
 import json
 import os
 import random
@@ -54,7 +53,7 @@ from poimen.contract import RunRequest
 from poimen.dispatch import DispatchPublisher
 from poimen.kafka import dispatch_topic
 from poimen_tools.deploy_check import MAX_TENANT_CHARACTERS, limit_refusal
-from poimen_tools.local.event_source import LocalMskEventSource
+from poimen_tools.local.event_source import local_relay_group
 from poimen_tools.local.kafka_broker import BrokerError, KafkaBroker, free_port
 from poimen_tools.local.processes import SessionProcess, kill_group
 from poimen_tools.local.stream_source import positions_file
@@ -82,7 +81,7 @@ DLQ = "poimen-relay-dlq-local"
 # What `poimen dev` announces and the soak reads back (the same after every restart).
 ANNOUNCED = ("Admission API", "Relay dead-letter queue", "Kafka bootstrap", "Failed batches (S3)", "Outbox relay")
 # The consumer group `poimen dev`'s event source uses; its committed offsets count the records handled.
-RELAY_GROUP: str = inspect.signature(LocalMskEventSource).parameters["group_id"].default
+RELAY_GROUP = local_relay_group(TABLE)
 # The outbox's failed-batches bucket, in its banner line: "... (failed batches, S3: <bucket>; ...".
 OUTBOX_BUCKET = re.compile(r"S3: ([^;)\s]+)")
 # A moto server in its own process, with the item writes serialised as in `poimen dev` (DynamoDB's

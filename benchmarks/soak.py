@@ -45,8 +45,6 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
-from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from benchmarks.harness import run_in_work_folder
 from poimen.contract import RunRequest
@@ -94,6 +92,8 @@ MOTO_SERVER = (
 )
 # The busiest stretch of a soak whose admissions a second it reports: the relay catching up after a disruption.
 PEAK_WINDOW_SECONDS = 10.0
+# Bound of one committed-offset look-up (benchmarks.committed), its start included.
+LOOKUP_SECONDS = 30.0
 AWS = Config(connect_timeout=2, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"})
 # The disruptions, each at a share of the records the relay has handled: `kill` is SIGKILL of `poimen dev`'s
 # process group and its restart, `broker` the broker stopped and started again.
@@ -273,19 +273,16 @@ class Publisher(threading.Thread):
 
 
 class Relay:
-    """How far the relay in `poimen dev` has got: the offsets its consumer group committed."""
+    """How far the relay in `poimen dev` has got: the offsets its consumer group committed, each look-up in a
+    process of its own (benchmarks.committed: librdkafka's admin client can abort the process it runs in
+    at a broker restart)."""
 
     def __init__(self, bootstrap: str, tenants: tuple[str, ...]) -> None:
         self._bootstrap = bootstrap
-        self._admin = self._client()
-        self._abandoned: list[AdminClient] = []
         self.failed_lookups = 0
-        self._partitions = [
-            TopicPartition(dispatch_topic(tenant), partition) for tenant in tenants for partition in range(PARTITIONS)
-        ]
-
-    def _client(self) -> AdminClient:
-        return AdminClient({"bootstrap.servers": self._bootstrap, "log_level": 0})
+        self._partitions = json.dumps(
+            [[dispatch_topic(tenant), partition] for tenant in tenants for partition in range(PARTITIONS)]
+        )
 
     def handled(self) -> int | None:
         """Records handled (committed), or None while the broker does not answer."""
@@ -294,20 +291,17 @@ class Relay:
 
     def committed(self) -> dict[tuple[str, int], int] | None:
         """The group's committed offset of each dispatch partition, or None while the broker does not answer."""
-        request = ConsumerGroupTopicPartitions(RELAY_GROUP, self._partitions)
+        command = [sys.executable, "-m", "benchmarks.committed", self._bootstrap, RELAY_GROUP]
         try:
-            (future,) = self._admin.list_consumer_group_offsets([request], request_timeout=5).values()
-            partitions = future.result(timeout=15).topic_partitions
-            return {(tp.topic, tp.partition): max(int(tp.offset), 0) for tp in partitions}
-        except Exception:
-            # The broker is away, or its coordinator still loading; or this client outlived a broker
-            # restart: librdkafka's admin client then times out on this request for good (seen here
-            # with confluent-kafka 2.x; a new client answers at once). So the next look-up uses a new
-            # one; the old is kept, as destroying a client with a request outstanding may block.
+            looked_up = subprocess.run(
+                command, input=self._partitions, capture_output=True, text=True, timeout=LOOKUP_SECONDS, cwd=REPO
+            )
+        except subprocess.TimeoutExpired:
+            looked_up = None
+        if looked_up is None or looked_up.returncode != 0:
             self.failed_lookups += 1
-            self._abandoned.append(self._admin)
-            self._admin = self._client()
             return None
+        return {(topic, partition): offset for topic, partition, offset in json.loads(looked_up.stdout)}
 
     def wait_committed(self, timeout: float) -> dict[tuple[str, int], int]:
         """The committed offsets, once the broker answers (none if it does not within `timeout`)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,3 +125,52 @@ def test_no_dispatch_topic_yet_is_not_logged_as_a_problem(caplog: pytest.LogCapt
     # Then only the real error is a warning; the missing topic is a debug line
     levels = [(record.levelno, "Subscribed topic" in record.getMessage()) for record in caplog.records]
     assert levels == [(logging.DEBUG, True), (logging.WARNING, False)]
+
+
+def test_the_batches_of_several_topics_are_invoked_at_once() -> None:
+    # Given one poll holding one record of each of two tenant topics, and a relay whose invocations each wait
+    # until the other has begun (as 100 tenants' one-record batches would each wait for all before them)
+    polled: list[Any] = [_Message("poimen.a.dispatch", 0, 0), _Message("poimen.b.dispatch", 0, 0)]
+    consumer = _Consumer(owned=[("poimen.a.dispatch", 0), ("poimen.b.dispatch", 0)], polled=polled)
+    both_running = threading.Barrier(2, timeout=10)
+    invoked: list[str] = []
+
+    def relay(event: dict[str, Any], _context: Any) -> None:
+        both_running.wait()
+        invoked.extend(event["records"])
+
+    source = LocalMskEventSource("127.0.0.1:1", relay, _never, max_attempts=1, concurrency=2)
+
+    # When the poll is handled
+    source._poll_once(consumer)  # type: ignore[arg-type]
+
+    # Then both ran together and both topics' offsets are committed
+    assert sorted(invoked) == ["poimen.a.dispatch-0", "poimen.b.dispatch-0"]
+    assert sorted(consumer.committed) == [("poimen.a.dispatch", 0, 1), ("poimen.b.dispatch", 0, 1)]
+
+
+def test_a_failed_topic_batch_is_rewound_and_the_others_of_its_poll_are_committed() -> None:
+    # Given one poll of two tenant topics, the relay failing for one of them and the on-failure destination down
+    polled: list[Any] = [_Message("poimen.a.dispatch", 0, 3), _Message("poimen.b.dispatch", 0, 7)]
+    consumer = _Consumer(owned=[("poimen.a.dispatch", 0), ("poimen.b.dispatch", 0)], polled=polled)
+
+    def relay(event: dict[str, Any], _context: Any) -> None:
+        if "poimen.a.dispatch-0" in event["records"]:
+            raise RuntimeError("the API refused the relay")
+
+    def down(_record: dict[str, Any]) -> None:
+        raise ConnectionError("unreachable")
+
+    source = LocalMskEventSource("127.0.0.1:1", relay, down, max_attempts=1, concurrency=2)
+
+    # When the poll is handled
+    with pytest.raises(ConnectionError):
+        source._poll_once(consumer)  # type: ignore[arg-type]
+
+    # Then the handled topic is committed, and the failed one reads again from its record
+    assert consumer.committed == [("poimen.b.dispatch", 0, 8)]
+    assert consumer.positions[("poimen.a.dispatch", 0)] == 3
+
+
+def _never(_record: dict[str, Any]) -> None:
+    raise AssertionError("nothing goes to the on-failure destination")

@@ -191,7 +191,15 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
             outbox_bucket = None
             if bootstrap is not None and bucket is not None:
                 _start_event_source(
-                    template, bootstrap, server.url, dlq_url, bucket, cleanup, options.tenants, options.table_name
+                    template,
+                    bootstrap,
+                    server.url,
+                    dlq_url,
+                    bucket,
+                    cleanup,
+                    options.tenants,
+                    options.table_name,
+                    options.concurrency,
                 )
                 outbox_bucket = _failed_batches_bucket(options.outbox_failed_batches_bucket)
                 start_local_outbox(
@@ -341,20 +349,31 @@ def _start_event_source(
     cleanup: contextlib.ExitStack,
     tenants: tuple[str, ...],
     table_name: str,
+    concurrency: int,
 ) -> None:
     """The local MSK event source feeding the relay handler, which posts to the (listening) API: from the
-    dispatch topics of `tenants` only, local or replicated, as the template's one mapping per tenant topic."""
-    # The relay's two variables. Its other ones (service name) are left out: this process's environment
-    # is also what the admission execution environments inherit (they started already).
+    dispatch topics of `tenants` only, local or replicated, as the template's one mapping per tenant topic.
+    The relay runs in `concurrency` execution environments of its own, so the batches of that many tenant
+    topics are relayed at once, as their mappings would be (one at a time, 100 tenants' records one or two
+    to a batch would each wait for the batches before them)."""
+    # The relay's two variables, in this process's environment, which its execution environments inherit.
+    # Its other ones (service name) are left out: the admission environments inherited it too (they
+    # started already).
     os.environ.update({"ADMISSION_API_URL": api_url, "DLQ_URL": dlq_url})
     s3 = boto3.client("s3")
     mapping_id = str(uuid.uuid4())
+    environments = ExecutionEnvironments(str(template.path), RELAY_FUNCTION, concurrency)
+    cleanup.callback(environments.close)
+    environments.start()
+    environments.wait_ready()
     source = LocalMskEventSource(
         bootstrap,
-        template.load_handler(RELAY_FUNCTION),
+        environments.handler,
         park_in_s3(s3, bucket, lambda record: failed_batch_key(record, mapping_id)),
         group_id=local_relay_group(table_name),
         topics=[dispatch_topics_pattern(tenants)],
+        function_timeout_seconds=float(template.properties(RELAY_FUNCTION)["Timeout"]),
+        concurrency=concurrency,
     )
     source.start()
     cleanup.callback(source.stop)

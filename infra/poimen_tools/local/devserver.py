@@ -273,10 +273,17 @@ class ExecutionEnvironments:
                 "see the traceback above"
             ) from error
 
-    def invoke(self, event: dict[str, Any]) -> dict[str, Any]:
+    def invoke(self, event: dict[str, Any], timeout_seconds: float | None = None) -> dict[str, Any]:
+        """The handler's answer to `event`, from the next free environment, under a context of the function's
+        timeout (LocalLambdaContext's when None)."""
         if self._pool is None:
             raise RuntimeError("the execution environments are not started")
-        return self._pool.submit(_invoke_loaded_handler, event).result()
+        return self._pool.submit(_invoke_loaded_handler, event, timeout_seconds).result()
+
+    def handler(self, event: dict[str, Any], context: LocalLambdaContext) -> dict[str, Any]:
+        """`invoke` as a handler is called (what a local event source mapping invokes): the invocation gets the
+        timeout of `context`, its own context made in the environment when it starts there."""
+        return self.invoke(event, context.timeout_seconds)
 
     def close(self) -> None:
         if self._pool is None:
@@ -380,10 +387,12 @@ def _load_handler(template_path: str, logical_id: str) -> None:
     _loaded = (Template(Path(template_path)).load_handler(logical_id), logical_id)
 
 
-def _invoke_loaded_handler(event: dict[str, Any]) -> dict[str, Any]:
+def _invoke_loaded_handler(event: dict[str, Any], timeout_seconds: float | None) -> dict[str, Any]:
     assert _loaded is not None, "worker initializer did not run"
     handler, function_name = _loaded
-    return handler(event, LocalLambdaContext(function_name))
+    if timeout_seconds is None:
+        return handler(event, LocalLambdaContext(function_name))
+    return handler(event, LocalLambdaContext(function_name, timeout_seconds=timeout_seconds))
 
 
 class PortInUse(OSError):

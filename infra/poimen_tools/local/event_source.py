@@ -3,7 +3,9 @@
 It consumes `poimen.<tenant>.dispatch` topics and their replicas from other Regions
 (`<alias>.poimen.<tenant>.dispatch`) with a consumer group, builds events in the `aws:kafka`
 shape (poimen_tools.local.msk), one topic per event as a mapping per tenant topic would, invokes the
-*same* relay handler in-process, and commits a batch's offsets only once it is handled: the handler
+*same* relay handler, the batches of several topics at once (`concurrency`: as each tenant's mapping invokes
+the function on its own, each in an execution environment of its own), and commits a batch's offsets only
+once it is handled: the handler
 returned, or, after `max_attempts` failures, it went to the on-failure destination in the record
 Lambda writes to an S3 destination (metadata plus the whole event). Stopping while a batch is still
 failing commits nothing: it comes again.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, Message, TopicPartition
@@ -53,6 +56,7 @@ class LocalMskEventSource(LocalMapping):
         retry_base_seconds: float = 0.5,
         function_timeout_seconds: float = 120.0,
         topics: list[str] | None = None,
+        concurrency: int = 1,
     ) -> None:
         super().__init__(
             handler,
@@ -69,6 +73,10 @@ class LocalMskEventSource(LocalMapping):
         # Names, or ^patterns (librdkafka): every tenant's dispatch topic, local or replicated, unless told
         # otherwise.
         self._topics = topics or [DISPATCH_TOPIC_PATTERN]
+        # Topic batches of one poll invoked at once: more than 1 only for a handler whose invocations do not
+        # share a process (poimen_tools.local.devserver.ExecutionEnvironments); Powertools' logger and
+        # metrics are one per process and were never meant for two invocations at a time.
+        self._concurrency = concurrency
 
     def _run(self) -> None:
         # A batch may take max_attempts invocations plus backoff; the group must not evict us meanwhile.
@@ -119,19 +127,33 @@ class LocalMskEventSource(LocalMapping):
         for message in messages:
             by_topic.setdefault(message.topic() or "", []).append(message)
         batches = list(by_topic.values())  # one topic per event, as one mapping per tenant topic delivers
-        for index, batch in enumerate(batches):
-            try:
-                event = msk_event((_record(message) for message in batch), self.bootstrap_servers)
-                handled = self._deliver(event, functools.partial(on_failure_record, event))
-            except BaseException:
-                # E.g. the on-failure destination unreachable. This batch and every later one of this
-                # poll are not committed: rewind them all, or the consumer's position would move past
-                # the later topics' records and a later commit would skip them.
-                _rewind(consumer, [message for pending in batches[index:] for message in pending])
-                raise
-            if not handled:
-                return  # stopping: nothing committed, the batch comes again after a restart
-            self._commit(consumer, batch)
+        if not batches:
+            return
+        # Each topic's batch is one invocation, several at a time; the consumer is this thread's alone, so
+        # the offsets are committed (or rewound) here once every invocation of the poll has ended. Topics
+        # share no partition: the order within each partition is the poll's.
+        with ThreadPoolExecutor(max_workers=min(self._concurrency, len(batches))) as pool:
+            delivered = [pool.submit(self._deliver_batch, batch) for batch in batches]
+        handled = [
+            message for batch, outcome in zip(batches, delivered, strict=True) if _handled(outcome) for message in batch
+        ]
+        self._commit(consumer, handled)
+        # E.g. the on-failure destination unreachable: that batch is not committed. Rewind it, or the
+        # consumer's position would move past its records and a later commit would skip them.
+        failed: list[Message] = []
+        first_error: BaseException | None = None
+        for batch, outcome in zip(batches, delivered, strict=True):
+            if (raised := outcome.exception()) is not None:
+                failed.extend(batch)
+                first_error = first_error or raised
+        if first_error is not None:
+            _rewind(consumer, failed)
+            raise first_error
+        # A batch not handled: stopping; it is not committed and comes again after a restart.
+
+    def _deliver_batch(self, batch: list[Message]) -> bool:
+        event = msk_event((_record(message) for message in batch), self.bootstrap_servers)
+        return self._deliver(event, functools.partial(on_failure_record, event))
 
     @staticmethod
     def _commit(consumer: Consumer, messages: list[Message]) -> None:
@@ -153,6 +175,10 @@ class LocalMskEventSource(LocalMapping):
         for result in results:
             if result.error is not None:
                 log.warning("offset commit failed for %s-%d: %s", result.topic, result.partition, result.error)
+
+
+def _handled(outcome: Future[bool]) -> bool:
+    return outcome.exception() is None and outcome.result()
 
 
 def _rewind(consumer: Consumer, messages: list[Message]) -> None:

@@ -45,6 +45,11 @@ def identity(tenant: str | None, key: str | None, marker: str | None) -> Identit
     return (tenant, True, key) if key is not None else (tenant, False, marker)
 
 
+def name_of(tenant: str | None, key: str | None, marker: str | None) -> str:
+    """How a report names a dispatch, its run or its dead letter: `<tenant>/<key>`, `<tenant>/marker:<m>`."""
+    return f"{tenant}/{key}" if key is not None else f"{tenant}/marker:{marker}"
+
+
 @dataclass(frozen=True)
 class Dispatched:
     """One dispatch of the workload: a keyed one, or a keyless one carrying a unique `marker` in its input."""
@@ -57,7 +62,7 @@ class Dispatched:
 
     @property
     def name(self) -> str:
-        return f"{self.tenant}/{self.key}" if self.key is not None else f"{self.tenant}/marker:{self.marker}"
+        return name_of(self.tenant, self.key, self.marker)
 
     @property
     def identity(self) -> Identity:
@@ -81,8 +86,7 @@ class StoredRun:
 
     @property
     def name(self) -> str:
-        key = self.dispatch_key
-        return f"{self.tenant}/{key}" if key is not None else f"{self.tenant}/marker:{self.marker}"
+        return name_of(self.tenant, self.dispatch_key, self.marker)
 
     @property
     def identity(self) -> Identity:
@@ -130,7 +134,7 @@ class DeadLetter:
 
     @property
     def name(self) -> str:
-        return f"{self.tenant}/{self.key}" if self.key is not None else f"{self.tenant}/marker:{self.marker}"
+        return name_of(self.tenant, self.key, self.marker)
 
     @property
     def identity(self) -> Identity:

@@ -27,6 +27,7 @@ The rules (issue 29, part 2), each a `check` of the report:
 
 from __future__ import annotations
 
+import abc
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -45,13 +46,25 @@ def identity(tenant: str | None, key: str | None, marker: str | None) -> Identit
     return (tenant, True, key) if key is not None else (tenant, False, marker)
 
 
-def name_of(tenant: str | None, key: str | None, marker: str | None) -> str:
-    """How a report names a dispatch, its run or its dead letter: `<tenant>/<key>`, `<tenant>/marker:<m>`."""
-    return f"{tenant}/{key}" if key is not None else f"{tenant}/marker:{marker}"
+class _Named(abc.ABC):
+    """A dispatch, its run or its dead letter: named in reports `<tenant>/<key>` or `<tenant>/marker:<m>`."""
+
+    @abc.abstractmethod
+    def _who(self) -> tuple[str | None, str | None, str | None]:
+        """(tenant, dispatch key, marker)."""
+
+    @property
+    def name(self) -> str:
+        tenant, key, marker = self._who()
+        return f"{tenant}/{key}" if key is not None else f"{tenant}/marker:{marker}"
+
+    @property
+    def identity(self) -> Identity:
+        return identity(*self._who())
 
 
 @dataclass(frozen=True)
-class Dispatched:
+class Dispatched(_Named):
     """One dispatch of the workload: a keyed one, or a keyless one carrying a unique `marker` in its input."""
 
     tenant: str
@@ -60,17 +73,12 @@ class Dispatched:
     copies: int = 1  # records published with this body (a keyed duplicate is a replay)
     redelivered: tuple[str, ...] = ()  # why the relay may have been given a record of it again, outcome unknown
 
-    @property
-    def name(self) -> str:
-        return name_of(self.tenant, self.key, self.marker)
-
-    @property
-    def identity(self) -> Identity:
-        return identity(self.tenant, self.key, self.marker)
+    def _who(self) -> tuple[str | None, str | None, str | None]:
+        return self.tenant, self.key, self.marker
 
 
 @dataclass(frozen=True)
-class StoredRun:
+class StoredRun(_Named):
     """A run item of the table's final scan (fences left out)."""
 
     tenant: str
@@ -84,13 +92,8 @@ class StoredRun:
     def admission(self) -> str:
         return admission_id(self.run_id, self.attempt_id)
 
-    @property
-    def name(self) -> str:
-        return name_of(self.tenant, self.dispatch_key, self.marker)
-
-    @property
-    def identity(self) -> Identity:
-        return identity(self.tenant, self.dispatch_key, self.marker)
+    def _who(self) -> tuple[str | None, str | None, str | None]:
+        return self.tenant, self.dispatch_key, self.marker
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,7 @@ class EventRecord:
 
 
 @dataclass(frozen=True)
-class DeadLetter:
+class DeadLetter(_Named):
     """A relay dead letter: the tenant of its record's topic, what its value names, and its reason."""
 
     tenant: str | None
@@ -132,13 +135,8 @@ class DeadLetter:
     detail: str | None
     run_id: str | None = None  # the run an outcome-unknown letter names
 
-    @property
-    def name(self) -> str:
-        return name_of(self.tenant, self.key, self.marker)
-
-    @property
-    def identity(self) -> Identity:
-        return identity(self.tenant, self.key, self.marker)
+    def _who(self) -> tuple[str | None, str | None, str | None]:
+        return self.tenant, self.key, self.marker
 
 
 @dataclass(frozen=True)

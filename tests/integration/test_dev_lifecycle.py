@@ -168,10 +168,10 @@ def test_sigkill_takes_the_execution_environments_and_the_broker_along(tmp_path:
         dev.process.kill()
         dev.process.wait()
 
-        # Then its execution environments (the API's four and the relay's four), multiprocessing's resource
-        # tracker and the broker end too
+        # Then its execution environments (the API's four, and the relay's one: one a tenant, its default one),
+        # multiprocessing's resource tracker and the broker end too
         commands = list(children.values())
-        assert sum("spawn_main" in command for command in commands) == 2 * 4
+        assert sum("spawn_main" in command for command in commands) == 4 + 1
         assert any("resource_tracker" in command for command in commands)
         assert any("kafka.Kafka" in command for command in commands)
         wait_for(lambda: not _alive(children), timeout=60, what="every child of the killed poimen dev to end")

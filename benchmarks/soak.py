@@ -33,6 +33,7 @@ import json
 import os
 import random
 import re
+import select
 import subprocess
 import sys
 import threading
@@ -273,12 +274,13 @@ class Publisher(threading.Thread):
 
 
 class Relay:
-    """How far the relay in `poimen dev` has got: the offsets its consumer group committed, each look-up in a
-    process of its own (benchmarks.committed: librdkafka's admin client can abort the process it runs in
-    at a broker restart)."""
+    """How far the relay in `poimen dev` has got: the offsets its consumer group committed, looked up in a
+    process of its own (benchmarks.committed: librdkafka's admin client can abort the process it runs in at a
+    broker restart), started again when it dies or does not answer within LOOKUP_SECONDS."""
 
     def __init__(self, bootstrap: str, tenants: tuple[str, ...]) -> None:
-        self._bootstrap = bootstrap
+        self._command = [sys.executable, "-m", "benchmarks.committed", bootstrap, RELAY_GROUP]
+        self._lookups: subprocess.Popen[str] | None = None
         self.failed_lookups = 0
         self._partitions = json.dumps(
             [[dispatch_topic(tenant), partition] for tenant in tenants for partition in range(PARTITIONS)]
@@ -291,17 +293,46 @@ class Relay:
 
     def committed(self) -> dict[tuple[str, int], int] | None:
         """The group's committed offset of each dispatch partition, or None while the broker does not answer."""
-        command = [sys.executable, "-m", "benchmarks.committed", self._bootstrap, RELAY_GROUP]
         try:
-            looked_up = subprocess.run(
-                command, input=self._partitions, capture_output=True, text=True, timeout=LOOKUP_SECONDS, cwd=REPO
-            )
-        except subprocess.TimeoutExpired:
-            looked_up = None
-        if looked_up is None or looked_up.returncode != 0:
+            answer = json.loads(self._ask())
+        except (OSError, ValueError):  # it died, or did not answer in time: the next look-up starts another
+            self.close()
+            answer = None
+        if not isinstance(answer, list):
             self.failed_lookups += 1
             return None
-        return {(topic, partition): offset for topic, partition, offset in json.loads(looked_up.stdout)}
+        return {(topic, partition): offset for topic, partition, offset in answer}
+
+    def _ask(self) -> str:
+        """One look-up's answer line, from the look-up process (started if there is none)."""
+        if self._lookups is None:
+            self._lookups = subprocess.Popen(
+                self._command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                cwd=REPO,
+            )
+        lookups = self._lookups
+        assert lookups.stdin is not None
+        assert lookups.stdout is not None
+        lookups.stdin.write(self._partitions + "\n")
+        lookups.stdin.flush()
+        # One answer line a look-up, so nothing is left in the pipe's buffer when it is read.
+        if not select.select([lookups.stdout], [], [], LOOKUP_SECONDS)[0]:
+            raise TimeoutError(f"no answer within {LOOKUP_SECONDS:.0f} s")
+        line = lookups.stdout.readline()
+        if not line:
+            raise ConnectionError("the look-up process ended")
+        return line
+
+    def close(self) -> None:
+        """End the look-up process, if there is one."""
+        if self._lookups is not None:
+            self._lookups.kill()
+            self._lookups.wait()
+            self._lookups = None
 
     def wait_committed(self, timeout: float) -> dict[tuple[str, int], int]:
         """The committed offsets, once the broker answers (none if it does not within `timeout`)."""
@@ -476,6 +507,7 @@ def run_stream(
     moto = MotoServer(folder / "moto.log")
     broker = KafkaBroker(folder / "kafka")
     dev: DevProcess | None = None
+    relay: Relay | None = None
     disruptions: list[Disruption] = []
     try:
         moto.start()
@@ -564,6 +596,8 @@ def run_stream(
         dev.stop()
         soaked.admissions.update(_admissions(dev.logs))
     finally:
+        if relay is not None:
+            relay.close()
         if dev is not None:
             dev.stop()
         broker.stop()

@@ -237,8 +237,8 @@ def _add_dev(commands: Commands) -> None:
         "--concurrency",
         type=whole_number(1, MAX_CONCURRENCY),
         default=defaults.concurrency,
-        help="execution environments (worker processes) of the API and of the relay, each running one invocation "
-        "at a time (default: %(default)s)",
+        help="execution environments (worker processes) of the API, and of the relay as many, at most one a tenant; "
+        "each runs one invocation at a time (default: %(default)s)",
     )
     dev.add_argument("--template", type=_template_file, help="SAM template to serve (default: the checkout's)")
     dev.add_argument("--no-kafka", action="store_true", help="serve the API only: no broker, no relay")

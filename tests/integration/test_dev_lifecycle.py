@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import boto3
 import pytest
 from confluent_kafka.admin import AdminClient
 
@@ -168,9 +169,10 @@ def test_sigkill_takes_the_execution_environments_and_the_broker_along(tmp_path:
         dev.process.kill()
         dev.process.wait()
 
-        # Then its execution environments, multiprocessing's resource tracker and the broker end too
+        # Then its execution environments (the API's four, and the relay's one: one a tenant, its default one),
+        # multiprocessing's resource tracker and the broker end too
         commands = list(children.values())
-        assert sum("spawn_main" in command for command in commands) == 4
+        assert sum("spawn_main" in command for command in commands) == 4 + 1
         assert any("resource_tracker" in command for command in commands)
         assert any("kafka.Kafka" in command for command in commands)
         wait_for(lambda: not _alive(children), timeout=60, what="every child of the killed poimen dev to end")
@@ -264,3 +266,47 @@ def test_a_taken_port_is_named_with_its_fix() -> None:
         f"127.0.0.1:{port} is already in use (another poimen dev?): stop what listens there, "
         "or choose another port with --port (0: any free port)"
     )
+
+
+@linux_only
+def test_execution_environments_killed_are_replaced_and_nothing_is_parked(tmp_path: Path, tenant: str) -> None:
+    with KafkaBroker(tmp_path / "kafka") as broker:
+        bootstrap = broker.bootstrap_servers
+        ensure_topics(bootstrap, tenant, partitions=3, replication_factor=1)
+        # Given `poimen dev` relaying a tenant's topic, every execution environment of it (the API's and the
+        # relay's) killed with SIGKILL while idle, and each death seen: the process reaped by its pool, not only
+        # a zombie (an invocation given to an environment whose death is not seen yet fails, as that pool's)
+        dev = start_dev(tmp_path, "--kafka-bootstrap", bootstrap, kafka=True, tenants=[tenant])
+        try:
+            environments = [pid for pid, command in _descendants(dev.process.pid).items() if "spawn_main" in command]
+            for pid in environments:
+                os.kill(pid, signal.SIGKILL)
+            wait_for(
+                lambda: not set(environments) & set(_processes()), timeout=30, what="the killed environments reaped"
+            )
+
+            # When a spawn is posted to the API and another published to the tenant's topic
+            with signed_session() as http:
+                answer = http.post(
+                    f"{dev.url}/v1/runs",
+                    json={"workflow_ref": "wf/hello", "input": {}, "dispatch_key": "after-kill-api"},
+                    headers={"X-Poimen-Tenant": tenant},
+                    timeout=60,
+                )
+            publisher = DispatchPublisher(bootstrap)
+            publisher.publish(tenant, RunRequest(workflow_ref="wf/hello", input={}, dispatch_key="after-kill-relay"))
+            publisher.flush()
+
+            # Then both are admitted, by new environments, and no batch is parked in the failed-batches bucket
+            runs = wait_for(
+                lambda: len(count_runs(dev.dynamodb(), dev.table_name, tenant)) == 2 or None,
+                timeout=60,
+                what="both runs admitted",
+            )
+            s3 = boto3.client("s3", endpoint_url=dev.aws_endpoint)
+            parked = s3.list_objects_v2(Bucket=DevOptions().failed_batches_bucket).get("KeyCount", 0)
+        finally:
+            dev.stop()
+    assert answer.status_code == 201
+    assert runs
+    assert parked == 0

@@ -135,9 +135,10 @@ def test_the_batches_of_several_topics_are_invoked_at_once() -> None:
     both_running = threading.Barrier(2, timeout=10)
     invoked: list[str] = []
 
-    def relay(event: dict[str, Any], _context: Any) -> None:
+    def relay(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         both_running.wait()
         invoked.extend(event["records"])
+        return {}
 
     source = LocalMskEventSource("127.0.0.1:1", relay, _never, max_attempts=1, concurrency=2)
 
@@ -154,9 +155,10 @@ def test_a_failed_topic_batch_is_rewound_and_the_others_of_its_poll_are_committe
     polled: list[Any] = [_Message("poimen.a.dispatch", 0, 3), _Message("poimen.b.dispatch", 0, 7)]
     consumer = _Consumer(owned=[("poimen.a.dispatch", 0), ("poimen.b.dispatch", 0)], polled=polled)
 
-    def relay(event: dict[str, Any], _context: Any) -> None:
+    def relay(event: dict[str, Any], _context: Any) -> dict[str, Any]:
         if "poimen.a.dispatch-0" in event["records"]:
             raise RuntimeError("the API refused the relay")
+        return {}
 
     def down(_record: dict[str, Any]) -> None:
         raise ConnectionError("unreachable")

@@ -353,15 +353,18 @@ def _start_event_source(
 ) -> None:
     """The local MSK event source feeding the relay handler, which posts to the (listening) API: from the
     dispatch topics of `tenants` only, local or replicated, as the template's one mapping per tenant topic.
-    The relay runs in `concurrency` execution environments of its own, so the batches of that many tenant
-    topics are relayed at once, as their mappings would be (one at a time, 100 tenants' records one or two
-    to a batch would each wait for the batches before them)."""
+    The relay runs in `concurrency` execution environments of its own, at most one a tenant, so the batches of
+    that many tenant topics are relayed at once, as their mappings would be (one at a time, 100 tenants'
+    records one or two to a batch would each wait for the batches before them). Not more than one a tenant: a
+    poll has a batch a topic, so more would never run (a replica topic's batch waits for a free one), and each
+    is a process holding the relay handler (45 MiB): `--concurrency 256` for one tenant would start 256."""
     # The relay's two variables, in this process's environment, which its execution environments inherit.
     # Its other ones (service name) are left out: the admission environments inherited it too (they
     # started already).
     os.environ.update({"ADMISSION_API_URL": api_url, "DLQ_URL": dlq_url})
     s3 = boto3.client("s3")
     mapping_id = str(uuid.uuid4())
+    concurrency = min(concurrency, len(tenants))
     environments = ExecutionEnvironments(str(template.path), RELAY_FUNCTION, concurrency)
     cleanup.callback(environments.close)
     environments.start()

@@ -13,6 +13,7 @@ import io
 import json
 import multiprocessing
 import os
+import queue
 import re
 import signal
 import sys
@@ -23,6 +24,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -217,45 +219,57 @@ class ExecutionEnvironments:
     `start()` launches all N and each imports the handler (Lambda's init phase) at once; `wait_ready()`
     returns when every one has, so the first requests never wait for an import. The environments
     ignore Ctrl-C and SIGTERM (their owner stops them with `close()`), and end with their owner
-    however it ends, SIGKILL included.
+    however it ends, SIGKILL included. Each is a process pool of its own: one that dies (kill -9, out of
+    memory, a crash) fails only the invocation it was running, as Lambda's "Runtime exited" does, and is
+    replaced by a new one, which imports the handler at its first invocation (a cold start); one pool of N
+    would fail every invocation in flight and refuse every later one.
     """
 
     def __init__(self, template_path: str, logical_id: str, concurrency: int) -> None:
         self.function_name = logical_id
         self.concurrency = concurrency
         self._template_path = template_path
-        self._pool: ProcessPoolExecutor | None = None
+        self._pools: list[ProcessPoolExecutor] = []  # one per environment
+        self._idle: queue.SimpleQueue[int] = queue.SimpleQueue()  # the environments free, by index
+        self._lock = threading.Lock()  # replacing an environment and closing, one at a time
+        self._closed = False
         self._loaded: Any = None  # multiprocessing.synchronize.Barrier
         self._warming: list[Future[None]] = []
 
     def start(self, load_timeout: float = 120.0) -> None:
         """Launch every environment (without waiting): each imports the handler."""
-        if self._pool is not None:
+        if self._pools:
             raise RuntimeError("the execution environments are already started")
-        context = multiprocessing.get_context("spawn")
-        # Each warm-up call waits here until all N have loaded the handler: no environment can take
-        # two of them, so N calls mean N environments started and loaded.
-        self._loaded = context.Barrier(self.concurrency)
-        self._pool = ProcessPoolExecutor(
-            max_workers=self.concurrency,
-            mp_context=context,
+        # Each warm-up call waits here until all N have loaded the handler: N calls mean N environments
+        # started and loaded.
+        self._loaded = multiprocessing.get_context("spawn").Barrier(self.concurrency)
+        # A process started with Ctrl-C blocked keeps it blocked until its initializer ignores it: a
+        # Ctrl-C while it is still starting is never a traceback. (multiprocessing's resource
+        # tracker is started the same way.)
+        with _stop_signals_blocked():
+            self._pools = [self._environment() for _ in range(self.concurrency)]
+            # A pool starts its process at its first call.
+            self._warming = [pool.submit(_wait_until_all_loaded, load_timeout) for pool in self._pools]
+        for index in range(self.concurrency):
+            self._idle.put(index)
+
+    def _environment(self) -> ProcessPoolExecutor:
+        """One execution environment: a pool of one spawned process, started by the pool's first call."""
+        return ProcessPoolExecutor(
+            max_workers=1,
+            mp_context=multiprocessing.get_context("spawn"),
             initializer=_start_environment,
             initargs=(
                 self._template_path,
                 self.function_name,
                 self._loaded,
                 os.getpid(),
-                # The parent-death signal fires when the *thread* that started a process ends (they
-                # are all started below): ask for it only from the main thread, whose end is the process's.
+                # The parent-death signal fires when the *thread* that started a process ends (it is
+                # started by the first call, from this thread): ask for it only from the main thread,
+                # whose end is the process's.
                 threading.current_thread() is threading.main_thread(),
             ),
         )
-        # A process started with Ctrl-C blocked keeps it blocked until its initializer ignores it: a
-        # Ctrl-C while it is still starting is never a traceback. (multiprocessing's resource
-        # tracker is started the same way.)
-        with _stop_signals_blocked():
-            # ProcessPoolExecutor starts a spawn-context process per call while none is idle.
-            self._warming = [self._pool.submit(_wait_until_all_loaded, load_timeout) for _ in range(self.concurrency)]
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Until every environment has imported the handler; raises if one could not."""
@@ -276,9 +290,32 @@ class ExecutionEnvironments:
     def invoke(self, event: dict[str, Any], timeout_seconds: float | None = None) -> dict[str, Any]:
         """The handler's answer to `event`, from the next free environment, under a context of the function's
         timeout (LocalLambdaContext's when None)."""
-        if self._pool is None:
+        if not self._pools:
             raise RuntimeError("the execution environments are not started")
-        return self._pool.submit(_invoke_loaded_handler, event, timeout_seconds).result()
+        index = self._idle.get()
+        try:
+            try:
+                invocation = self._pools[index].submit(_invoke_loaded_handler, event, timeout_seconds)
+            except BrokenProcessPool:  # it died between invocations: Lambda would not have chosen it
+                invocation = self._replace(index).submit(_invoke_loaded_handler, event, timeout_seconds)
+            try:
+                return invocation.result()
+            except BrokenProcessPool:  # it died running this invocation, which fails; the next gets a new one
+                self._replace(index)
+                raise
+        finally:
+            self._idle.put(index)
+
+    def _replace(self, index: int) -> ProcessPoolExecutor:
+        """A new environment in place of the dead one at `index`, its process started (by this thread)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the execution environments are closed")
+            self._pools[index].shutdown(wait=False)
+            with _stop_signals_blocked():
+                pool = self._pools[index] = self._environment()
+                pool.submit(os.getpid)  # its process starts now, with the stop signals blocked
+            return pool
 
     def handler(self, event: dict[str, Any], context: LocalLambdaContext) -> dict[str, Any]:
         """`invoke` as a handler is called (what a local event source mapping invokes): the invocation gets the
@@ -286,10 +323,15 @@ class ExecutionEnvironments:
         return self.invoke(event, context.timeout_seconds)
 
     def close(self) -> None:
-        if self._pool is None:
-            return
+        with self._lock:
+            if not self._pools or self._closed:
+                return
+            self._closed = True
         self._loaded.abort()  # environments still waiting for the others give up: shutdown is prompt
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        for pool in self._pools:  # all asked to stop at once, then waited for
+            pool.shutdown(wait=False, cancel_futures=True)
+        for pool in self._pools:
+            pool.shutdown(wait=True)
 
 
 class EnvironmentsNotReady(RuntimeError):

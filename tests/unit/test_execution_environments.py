@@ -1,0 +1,121 @@
+"""The local execution environments (poimen_tools.local.devserver.ExecutionEnvironments) as Lambda's: an
+environment that dies is replaced, and its death fails only the invocation it was running."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from poimen_tools.local.devserver import ExecutionEnvironments
+from tests.conftest import wait_for
+
+TEMPLATE = """\
+Resources:
+  Probe:
+    Type: AWS::Serverless::Function
+    Properties:
+      CodeUri: probe/
+      Handler: app.handler
+"""
+# A handler that answers with its process, and can wait for a file, or end its environment, when asked.
+HANDLER = """\
+import os
+import time
+from pathlib import Path
+
+
+def handler(event, context):
+    if event.get("started"):
+        Path(event["started"]).touch()
+        while not Path(event["release"]).exists():
+            time.sleep(0.05)
+    if event.get("exit"):
+        os._exit(1)
+    return {"pid": os.getpid()}
+"""
+
+
+@pytest.fixture
+def environments(tmp_path: Path) -> Iterator[ExecutionEnvironments]:
+    (tmp_path / "probe").mkdir()
+    (tmp_path / "probe" / "app.py").write_text(HANDLER)
+    (tmp_path / "template.yaml").write_text(TEMPLATE)
+    started = ExecutionEnvironments(str(tmp_path / "template.yaml"), "Probe", 2)
+    started.start()
+    try:
+        started.wait_ready()
+        yield started
+    finally:
+        started.close()
+
+
+def _gone(pid: int) -> bool:
+    """The process ended and was reaped (by the pool that watched it: it has seen the death)."""
+    return not Path(f"/proc/{pid}").exists()
+
+
+def test_an_environment_killed_while_idle_is_replaced_and_invocations_are_answered(
+    environments: ExecutionEnvironments,
+) -> None:
+    # Given an environment killed (kill -9) between invocations, and its death seen
+    killed = environments.invoke({})["pid"]
+    os.kill(killed, signal.SIGKILL)
+    wait_for(lambda: _gone(killed), timeout=30, what="the killed environment to be reaped")
+
+    # When the function is invoked again, several times
+    answers = [environments.invoke({}) for _ in range(4)]
+
+    # Then every invocation is answered, none by the dead environment, as Lambda starts a new one
+    assert len(answers) == 4
+    assert killed not in {answer["pid"] for answer in answers}
+
+
+def test_an_environment_dying_mid_invocation_fails_that_invocation_only(
+    environments: ExecutionEnvironments, tmp_path: Path
+) -> None:
+    # Given one invocation running in one environment
+    started, release = tmp_path / "started", tmp_path / "release"
+    with ThreadPoolExecutor(max_workers=1) as other:
+        running = other.submit(environments.invoke, {"started": str(started), "release": str(release)})
+        wait_for(started.exists, timeout=30, what="the first invocation to start")
+
+        # When the other environment's invocation ends its process (a crash, an out-of-memory kill)
+        with pytest.raises(Exception) as crashed:  # noqa: PT011 - whatever the runtime's death raises
+            environments.invoke({"exit": True})
+        release.touch()
+
+        # Then only that invocation failed: the one running beside it is answered
+        answered: dict[str, Any] = running.result(timeout=30)
+    assert crashed.value is not None
+    assert answered["pid"] > 0
+    # And the function is still invoked, from a new environment in place of the dead one
+    assert all(environments.invoke({})["pid"] > 0 for _ in range(3))
+
+
+def test_concurrent_invocations_after_a_death_are_all_answered(environments: ExecutionEnvironments) -> None:
+    # Given an environment killed while idle
+    killed = environments.invoke({})["pid"]
+    os.kill(killed, signal.SIGKILL)
+    wait_for(lambda: _gone(killed), timeout=30, what="the killed environment to be reaped")
+
+    # When several callers invoke at once (the API's request threads, the relay's topic batches)
+    barrier = threading.Barrier(4, timeout=30)
+
+    def invoke() -> int:
+        barrier.wait()
+        pid: int = environments.invoke({})["pid"]
+        return pid
+
+    with ThreadPoolExecutor(max_workers=4) as callers:
+        pids = list(callers.map(lambda _: invoke(), range(4)))
+
+    # Then each is answered
+    assert len(pids) == 4
+    assert killed not in pids

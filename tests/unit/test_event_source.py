@@ -176,3 +176,16 @@ def test_a_failed_topic_batch_is_rewound_and_the_others_of_its_poll_are_committe
 
 def _never(_record: dict[str, Any]) -> None:
     raise AssertionError("nothing goes to the on-failure destination")
+
+
+def test_a_poll_of_every_topic_failing_through_an_outage_ends_before_the_group_evicts_the_relay() -> None:
+    # Given the relay of `poimen dev`'s settings: 100-record polls over up to 100 tenant topics, 4 batches at a
+    # time, each batch up to 3 attempts of the function's 120 s with backoff
+    source = LocalMskEventSource("127.0.0.1:1", lambda *_: {}, _never, function_timeout_seconds=120.0, concurrency=4)
+    one_batch_ms = 3 * (120 + 0.5 * 2**3) * 1000
+
+    # When the API is down for the whole poll, every batch spending all its attempts, 25 rounds of 4
+    poll_ms = 25 * one_batch_ms
+
+    # Then the consumer's max.poll.interval.ms outlasts that poll: the group does not evict it mid-poll
+    assert source.max_poll_interval_ms() > poll_ms

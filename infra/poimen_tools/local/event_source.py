@@ -28,6 +28,7 @@ from poimen_tools.local.msk import KafkaRecord, msk_event
 
 log = logging.getLogger(__name__)
 SESSION_TIMEOUT_MS = 6000
+MAX_POLL_INTERVAL_MS = 86_400_000  # librdkafka's largest max.poll.interval.ms
 # Not errors: the end of a partition, and no dispatch topic yet (no tenant has published), which the
 # subscription picks up once one is created.
 _NOT_YET = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
@@ -79,15 +80,13 @@ class LocalMskEventSource(LocalMapping):
         self._concurrency = concurrency
 
     def _run(self) -> None:
-        # A batch may take max_attempts invocations plus backoff; the group must not evict us meanwhile.
-        budget_ms = int(self._max_attempts * (self._timeout + self._retry_base * 2**self._max_attempts) * 1000)
         consumer = Consumer(
             {
                 "bootstrap.servers": self.bootstrap_servers,
                 "group.id": self.group_id,
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
-                "max.poll.interval.ms": budget_ms + 60_000,
+                "max.poll.interval.ms": self.max_poll_interval_ms(),
                 # New tenant topics are picked up within a second, as a new mapping would start them.
                 "topic.metadata.refresh.interval.ms": 1000,
                 # A member that died without leaving (`poimen dev` killed) keeps its partitions until its
@@ -112,6 +111,15 @@ class LocalMskEventSource(LocalMapping):
                     self._stop.wait(1.0)
         finally:
             consumer.close()
+
+    def max_poll_interval_ms(self) -> int:
+        """How long one poll may take before the group evicts this member (and its records come again, a keyless
+        one admitted twice): a batch may take max_attempts invocations plus backoff, and a poll holds up to
+        batch_size topics' batches, relayed `concurrency` at a time, all of them failing through an API outage.
+        At most librdkafka's bound (24 h)."""
+        batch_ms = self._max_attempts * (self._timeout + self._retry_base * 2**self._max_attempts) * 1000
+        rounds = -(-self._batch_size // self._concurrency)
+        return min(int(rounds * batch_ms) + 60_000, MAX_POLL_INTERVAL_MS)
 
     def _poll_once(self, consumer: Consumer) -> None:
         messages = []

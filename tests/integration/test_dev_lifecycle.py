@@ -17,6 +17,7 @@ from pathlib import Path
 
 import boto3
 import pytest
+import requests
 from confluent_kafka.admin import AdminClient
 
 from poimen.contract import RunRequest
@@ -128,13 +129,7 @@ def test_a_request_sent_as_the_banner_prints_is_answered_and_ctrl_c_stops_quietl
     try:
         # When a request is sent the moment the banner names its URL
         url = wait_for(lambda: dev.line("Admission API"), timeout=180, what="the banner")
-        with signed_session() as http:
-            answer = http.post(
-                f"{url}/v1/runs",
-                json={"workflow_ref": "wf/hello", "input": {}, "dispatch_key": "at-banner"},
-                headers={"X-Poimen-Tenant": tenant},
-                timeout=30,
-            )
+        answer = _spawn_by_api(url, tenant, "at-banner", timeout=30)
         # And Ctrl-C is pressed (SIGINT to the whole process group, execution environments included)
         children = _descendants(dev.process.pid)
         os.killpg(dev.process.pid, signal.SIGINT)
@@ -286,13 +281,7 @@ def test_execution_environments_killed_are_replaced_and_nothing_is_parked(tmp_pa
             )
 
             # When a spawn is posted to the API and another published to the tenant's topic
-            with signed_session() as http:
-                answer = http.post(
-                    f"{dev.url}/v1/runs",
-                    json={"workflow_ref": "wf/hello", "input": {}, "dispatch_key": "after-kill-api"},
-                    headers={"X-Poimen-Tenant": tenant},
-                    timeout=60,
-                )
+            answer = _spawn_by_api(dev.url, tenant, "after-kill-api", timeout=60)
             publisher = DispatchPublisher(bootstrap)
             publisher.publish(tenant, RunRequest(workflow_ref="wf/hello", input={}, dispatch_key="after-kill-relay"))
             publisher.flush()
@@ -310,3 +299,14 @@ def test_execution_environments_killed_are_replaced_and_nothing_is_parked(tmp_pa
     assert answer.status_code == 201
     assert runs
     assert parked == 0
+
+
+def _spawn_by_api(url: str, tenant: str, dispatch_key: str, *, timeout: float) -> requests.Response:
+    """POST /v1/runs of a spawn under `dispatch_key`, signed as the dev principal."""
+    with signed_session() as http:
+        return http.post(
+            f"{url}/v1/runs",
+            json={"workflow_ref": "wf/hello", "input": {}, "dispatch_key": dispatch_key},
+            headers={"X-Poimen-Tenant": tenant},
+            timeout=timeout,
+        )

@@ -287,9 +287,11 @@ class ExecutionEnvironments:
                 "see the traceback above"
             ) from error
 
-    def invoke(self, event: dict[str, Any], timeout_seconds: float | None = None) -> dict[str, Any]:
+    def invoke(
+        self, event: dict[str, Any], timeout_seconds: float = LocalLambdaContext.timeout_seconds
+    ) -> dict[str, Any]:
         """The handler's answer to `event`, from the next free environment, under a context of the function's
-        timeout (LocalLambdaContext's when None)."""
+        timeout."""
         if not self._pools:
             raise RuntimeError("the execution environments are not started")
         index = self._idle.get()
@@ -429,11 +431,9 @@ def _load_handler(template_path: str, logical_id: str) -> None:
     _loaded = (Template(Path(template_path)).load_handler(logical_id), logical_id)
 
 
-def _invoke_loaded_handler(event: dict[str, Any], timeout_seconds: float | None) -> dict[str, Any]:
+def _invoke_loaded_handler(event: dict[str, Any], timeout_seconds: float) -> dict[str, Any]:
     assert _loaded is not None, "worker initializer did not run"
     handler, function_name = _loaded
-    if timeout_seconds is None:
-        return handler(event, LocalLambdaContext(function_name))
     return handler(event, LocalLambdaContext(function_name, timeout_seconds=timeout_seconds))
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, Message, TopicPartition
@@ -142,18 +142,18 @@ class LocalMskEventSource(LocalMapping):
         # share no partition: the order within each partition is the poll's.
         with ThreadPoolExecutor(max_workers=min(self._concurrency, len(batches))) as pool:
             delivered = [pool.submit(self._deliver_batch, batch) for batch in batches]
-        handled = [
-            message for batch, outcome in zip(batches, delivered, strict=True) if _handled(outcome) for message in batch
-        ]
-        self._commit(consumer, handled)
-        # E.g. the on-failure destination unreachable: that batch is not committed. Rewind it, or the
-        # consumer's position would move past its records and a later commit would skip them.
+        handled: list[Message] = []
         failed: list[Message] = []
         first_error: BaseException | None = None
         for batch, outcome in zip(batches, delivered, strict=True):
             if (raised := outcome.exception()) is not None:
                 failed.extend(batch)
                 first_error = first_error or raised
+            elif outcome.result():
+                handled.extend(batch)
+        self._commit(consumer, handled)
+        # E.g. the on-failure destination unreachable: that batch is not committed. Rewind it, or the
+        # consumer's position would move past its records and a later commit would skip them.
         if first_error is not None:
             _rewind(consumer, failed)
             raise first_error
@@ -183,10 +183,6 @@ class LocalMskEventSource(LocalMapping):
         for result in results:
             if result.error is not None:
                 log.warning("offset commit failed for %s-%d: %s", result.topic, result.partition, result.error)
-
-
-def _handled(outcome: Future[bool]) -> bool:
-    return outcome.exception() is None and outcome.result()
 
 
 def _rewind(consumer: Consumer, messages: list[Message]) -> None:

@@ -1,8 +1,9 @@
 package main
 
 // From a history to Porcupine's operations per partition, and the checks that are not linearizability:
-// what each answer may be, the final scan's counts (one run per key, every answered run stored, no
-// keyless request leaving more runs than its 201s and unknown answers).
+// what each answer may be, the final scan's counts (one run per key, every answered run stored, every
+// keyless run the write of one request of its marker: the run an answer named, or one run of a request
+// whose outcome is unknown and which named none).
 
 import (
 	"encoding/json"
@@ -58,15 +59,22 @@ type checker struct {
 	report     *Report
 	partitions map[string]*partition
 	clients    int
-	// keyless accounting per marker: 201s, unknown answers, and runs the scan holds
+	// keyless accounting per marker: its requests' answers, and the runs the scan holds
 	keyless map[string]*keylessCount
 	// every run an answer named as stored (201, 200, 422, GET 200): id → the op that named it
 	answered map[string]*Op
 }
 
+// keylessCount is what the requests of one marker may have written. A 201 wrote the run it names; an
+// outcome-unknown naming run X wrote X or nothing (its caller GETs X, and on a 404 sends again); a request
+// with no answer, or an answer that is not the function's, may have written one run no answer names.
+// Anything else wrote nothing.
 type keylessCount struct {
-	created, unknown, stored int
-	ops                      []int
+	created, unknown int
+	named            map[string]bool // the runs its 201s and outcome-unknown answers named
+	anonymous        int             // unknown outcomes naming no run
+	stored           []string        // the runs of the marker the scan holds
+	ops              []int
 }
 
 func keyLabel(tenant, key string) string   { return tenant + "/" + key }
@@ -239,7 +247,7 @@ func (c *checker) operations() {
 		marker := text(op.Marker)
 		count := c.keyless[marker]
 		if count == nil {
-			count = &keylessCount{}
+			count = &keylessCount{named: map[string]bool{}}
 			c.keyless[marker] = count
 		}
 		count.ops = append(count.ops, op.ID)
@@ -248,6 +256,12 @@ func (c *checker) operations() {
 			count.created++
 		case unknown:
 			count.unknown++
+		}
+		switch {
+		case out.runID != "":
+			count.named[out.runID] = true
+		case out.outcome == unknown:
+			count.anonymous++
 		}
 		if out.runID != "" { // 201, or outcome-unknown naming the run: its own register
 			c.add(runLabel(op.Tenant, out.runID), out.runID, c.operation(op, in, out), op.ID)
@@ -293,7 +307,7 @@ func (c *checker) scan() {
 			c.fail("unexplained-run", runLabel(run.TenantID, run.RunID), "a keyless run of no request of this history")
 			continue
 		}
-		count.stored++
+		count.stored = append(count.stored, run.RunID)
 	}
 	for label, runs := range byKey {
 		if len(runs) > 1 {
@@ -321,9 +335,18 @@ func (c *checker) scan() {
 	sort.Strings(markers)
 	for _, marker := range markers {
 		count := c.keyless[marker]
-		if count.stored > count.created+count.unknown {
-			c.fail("keyless-runs", "marker:"+marker, fmt.Sprintf("%d runs stored for %d 201s and %d unknown answers",
-				count.stored, count.created, count.unknown), count.ops...)
+		// A run an answer named is that request's write (its partition checks when); each other run needs a
+		// request of unknown outcome that named none. An outcome-unknown naming X explains X, never another run.
+		unnamed := []string{}
+		for _, runID := range count.stored {
+			if !count.named[runID] {
+				unnamed = append(unnamed, runID)
+			}
+		}
+		if len(unnamed) > count.anonymous {
+			c.fail("keyless-runs", "marker:"+marker, fmt.Sprintf("%d runs stored for %d 201s and %d unknown answers "+
+				"(%d naming no run); runs no answer named: %v", len(count.stored), count.created, count.unknown,
+				count.anonymous, unnamed), count.ops...)
 		}
 	}
 	final := input{kind: readOp}

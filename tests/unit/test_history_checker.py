@@ -152,6 +152,14 @@ def a_keyless_request_leaving_two_runs(history: Builder) -> None:
     history.stored = [run(X, None, keyless("m-1")), run(Y, None, keyless("m-1"))]
 
 
+def a_keyless_outcome_unknown_naming_a_run_never_written_while_another_appears(history: Builder) -> None:
+    # The answer told its caller to GET X: a 404 there means "not written", and the caller sends again. The
+    # table's run Y of the marker is then a second run of one spawn.
+    m1 = keyless("m-1")
+    history.spawn(10, 20, 503, key=None, request=m1, problem="outcome-unknown", named=X, marker="m-1")
+    history.stored = [run(Y, None, m1)]
+
+
 def two_keyless_201s_of_one_run(history: Builder) -> None:
     history.spawn(10, 20, 201, key=None, request=keyless("m-1"), answer=run(X, None, keyless("m-1")), marker="m-1")
     history.spawn(30, 40, 201, key=None, request=keyless("m-2"), answer=run(X, None, keyless("m-2")), marker="m-2")
@@ -199,6 +207,7 @@ def an_answered_run_missing_from_the_table(history: Builder) -> None:
         (a_store_unavailable_whose_write_shows_up_later, "linearizable", f"{TENANT}/{KEY}"),
         (a_keyless_store_unavailable_whose_run_shows_up_later, "keyless-runs", "marker:m-1"),
         (a_keyless_request_leaving_two_runs, "keyless-runs", "marker:m-1"),
+        (a_keyless_outcome_unknown_naming_a_run_never_written_while_another_appears, "keyless-runs", "marker:m-1"),
         (two_keyless_201s_of_one_run, "linearizable", f"run:{TENANT}/{X}"),
         (a_replay_with_another_created_at, "linearizable", f"{TENANT}/{KEY}"),
         (a_422_naming_another_run, "linearizable", f"{TENANT}/{KEY}"),
@@ -233,6 +242,21 @@ def test_an_unknown_outcome_explains_a_write_a_store_unavailable_did_not_make(tm
     # When it is checked, then the twin's write explains the run
     report = history.check(tmp_path)
     assert report.ok, report.summary()
+
+
+def test_a_keyless_unknown_outcome_naming_no_run_explains_any_one_run_of_its_marker(tmp_path: Path) -> None:
+    # Given a keyless spawn never answered, one whose answer was not the function's (a 502 of the API in front),
+    # and one outcome-unknown naming X, each of its own marker
+    history = Builder()
+    history.spawn(10, None, None, key=None, request=keyless("m-1"), marker="m-1")
+    history.spawn(11, 20, 502, key=None, request=keyless("m-2"), marker="m-2", client=1)
+    history.spawn(12, 20, 503, key=None, request=keyless("m-3"), problem="outcome-unknown", named=X, marker="m-3")
+    # When the first two landed (runs no answer named) and X never did
+    history.stored = [run(Y, None, keyless("m-1")), run("7a1e2b0c-0000-7000-8000-000000000000", None, keyless("m-2"))]
+    report = history.check(tmp_path)
+    # Then it holds: each run is its spawn's one write, and X's spawn wrote nothing
+    assert report.ok, report.summary()
+    assert report.indeterminate == 3
 
 
 def test_an_unreadable_history_is_an_error(tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ from poimen_tools.deploy_check import MAX_TENANT_CHARACTERS, limit_refusal
 from poimen_tools.local.event_source import local_relay_group
 from poimen_tools.local.kafka_broker import BrokerError, KafkaBroker, free_port
 from poimen_tools.local.processes import SessionProcess, kill_group
-from poimen_tools.local.stream_source import positions_file
+from poimen_tools.local.stream_source import LOCAL_STACK, positions_file
 from poimen_tools.topics import ensure_topics
 from tests.history.observe import (
     Uncommitted,
@@ -458,7 +458,7 @@ def _observe_and_check(
     parked += read_parked(moto.s3(), outbox_bucket[1], "outbox")
     records = read_dispatches(bootstrap, soaked.tenants, soaked.publisher.published, timeout)
     again = redeliveries(records, [d.uncommitted for d in soaked.disruptions if d.uncommitted is not None])
-    pipeline = Pipeline(dispatched(soaked.stream, again), runs, events, letters, parked)
+    pipeline = Pipeline(dispatched(soaked.stream, again), runs, events, letters, parked, stack=LOCAL_STACK)
     outcome.check = check_pipeline(pipeline)
 
 

@@ -6,17 +6,22 @@ the outbox's set-aside events and parked batches). tests/history/observe.py read
 
 The rules (issue 29, part 2), each a `check` of the report:
 - `run-without-event`, `event-without-admission`, `distinct-events`, `event-on-another-tenants-topic`,
-  `event-misnamed`: runs and events form a bijection. Every stored admission (its `ce_id`,
+  `event-misnamed`, `event-attributes`: runs and events form a bijection. Every stored admission (its `ce_id`,
   poimen.ids.admission_id) has exactly one distinct event, on its own tenant's `poimen.<tenant>.events` topic,
-  naming its run (`ce_subject`, and the tenant, run and key its value announces); copies of it only
-  byte-identical (key, headers, value); no event without a stored admission. A header given twice (two
-  `ce_id`s) is no header: such an event is of no one admission.
+  naming its run (`ce_subject`, and the tenant, run and key its value announces), its Kafka key and
+  CloudEvents attributes its run's as infra/asyncapi.yaml's `runAdmitted` says (key `<tenant_id>/<run_id>`,
+  `ce_source` `urn:poimen:<stack>:<tenant_id>`, `ce_time` its `created_at`, `ce_type`, `ce_specversion` and
+  `content-type` the document's constants); copies of it only byte-identical (key, headers, value); no event
+  without a stored admission. A header given twice (two `ce_id`s) is no header: such an event is of no one
+  admission, and an event with two `ce_type`s has no type.
 - `keyed-admitted-twice`: one run per (tenant, dispatch_key).
-- `keyless-admitted-twice`: a keyless dispatch (told by its unique marker) at most one run for each copy
-  published, unless the relay was given the record again with its outcome unknown to it (`redelivered`,
-  with why: a kill mid-batch); `resent-after-unknown-outcome`: a keyless record dead-lettered as
-  `outcome-unknown` names the run it may have admitted (`dead-lettered` if it names none), and is not sent
-  again: the runs no such letter names are no more than the copies not dead-lettered.
+- `keyless-admitted-twice`: a keyless dispatch (told by its unique marker) at most one run for each delivery
+  of it the observation proves: one for each copy published, and one more each time the relay may have been
+  given a record of it again with its outcome unknown to it (`redelivered`, one entry a time, with why: a
+  disruption during which the record was past its group's committed offset);
+  `resent-after-unknown-outcome`: a keyless record dead-lettered as `outcome-unknown` names the run it may
+  have admitted (`dead-lettered` if it names none), and is not sent again: the runs no such letter names are
+  no more than the deliveries not dead-lettered.
 - `lost`: every dispatch ends admitted or dead-lettered, a keyless one once for each copy published;
   `dead-lettered`: every dispatch of this workload is a valid spawn, so the only dead letter it may end as
   is a keyless `outcome-unknown` (with its reason);
@@ -40,6 +45,8 @@ Headers = tuple[tuple[str, bytes | None], ...]
 # What matches a run and a dead letter to its dispatch: (tenant, True, key) or (tenant, False, marker). Not the
 # `name` shown, which a key spelled "marker:m" shares with the keyless dispatch of marker m.
 Identity = tuple[str | None, bool, str | None]
+# The attributes infra/asyncapi.yaml's runAdmitted gives every event, whatever its run (a test holds them equal).
+CONSTANT_ATTRIBUTES = {"ce_specversion": "1.0", "ce_type": "poimen.run.admitted", "content-type": "application/json"}
 
 
 def identity(tenant: str | None, key: str | None, marker: str | None) -> Identity:
@@ -71,7 +78,9 @@ class Dispatched(_Named):
     key: str | None
     marker: str | None = None
     copies: int = 1  # records published with this body (a keyed duplicate is a replay)
-    redelivered: tuple[str, ...] = ()  # why the relay may have been given a record of it again, outcome unknown
+    # Each time the relay may have been given a record of it again, its outcome unknown, and why: one delivery
+    # more each (a record past its group's committed offset at a kill is delivered again once after it).
+    redelivered: tuple[str, ...] = ()
 
     def _who(self) -> tuple[str | None, str | None, str | None]:
         return self.tenant, self.key, self.marker
@@ -158,6 +167,8 @@ class Pipeline:
     events: list[EventRecord]
     dead_letters: list[DeadLetter] = field(default_factory=list)
     parked: list[Parked] = field(default_factory=list)
+    # The stack whose outbox published the events: their ce_source names it.
+    stack: str = field(kw_only=True)
 
 
 @dataclass
@@ -247,6 +258,9 @@ def _events(pipeline: Pipeline, failures: list[Failure]) -> int:
                         "event-on-another-tenants-topic", run.name, f"event {event_id} of {run.tenant} on {event.topic}"
                     )
                 )
+            wrong = _attributes(event, run, pipeline.stack)
+            if wrong:
+                failures.append(Failure("event-attributes", run.name, f"event {event_id}: {'; '.join(wrong)}"))
             if event.header("ce_subject") != run.run_id:
                 detail = f"event {event_id} names run {event.header('ce_subject')}, its admission is run {run.run_id}'s"
                 failures.append(Failure("event-misnamed", run.name, detail))
@@ -268,6 +282,26 @@ def _events(pipeline: Pipeline, failures: list[Failure]) -> int:
         if event_id not in first:
             failures.append(Failure("run-without-event", run.name, f"run {run.run_id}, admission {event_id}: no event"))
     return copies
+
+
+def _attributes(event: EventRecord, run: StoredRun, stack: str) -> list[str]:
+    """What of `event`'s Kafka key and CloudEvents attributes is not its stored run's (infra/asyncapi.yaml's
+    runAdmitted: the key is the run's PartitionKey, the source its stack's and tenant's, the time its
+    created_at); ce_id and ce_subject are judged where the event is matched to its admission."""
+    expected = {
+        **CONSTANT_ATTRIBUTES,
+        "ce_source": f"urn:poimen:{stack}:{run.tenant}",
+        "ce_time": run.created_at,
+    }
+    wrong = [
+        f"{name} {event.header(name)!r}, not {value!r}"
+        for name, value in expected.items()
+        if event.header(name) != value
+    ]
+    key = f"{run.tenant}/{run.run_id}".encode()
+    if event.key != key:
+        wrong.insert(0, f"key {event.key!r}, not {key!r}")
+    return wrong
 
 
 def _admissions(pipeline: Pipeline, failures: list[Failure]) -> None:
@@ -305,13 +339,15 @@ def _outcomes(pipeline: Pipeline, failures: list[Failure]) -> int:
             if dispatch.key is not None or letter.kind != "outcome-unknown" or not letter.detail or not letter.run_id:
                 why = f"{letter.kind or 'no reason'}: {letter.detail}" + ("" if letter.run_id else " (names no run)")
                 failures.append(Failure("dead-lettered", name, why))
-        # Each copy ends once: as a run, or as an outcome-unknown letter and (maybe) the run it names. A run that
-        # no letter names, beyond the copies that were not dead-lettered, is a dead-lettered copy sent again.
+        # A record is delivered once for each copy published and once more for each redelivery the observation
+        # proves; each delivery ends once: as a run, or as an outcome-unknown letter and (maybe) the run it
+        # names. A run no letter names, beyond the deliveries not dead-lettered, is a dead-lettered one sent again.
+        deliveries = dispatch.copies + len(dispatch.redelivered)
         named = {letter.run_id for letter in unknown}
         others = [run.run_id for run in mine if run.run_id not in named]
-        if unknown and not dispatch.redelivered and len(others) > dispatch.copies - len(unknown):
+        if unknown and len(others) > deliveries - len(unknown):
             detail = (
-                f"{len(unknown)} of {dispatch.copies} record(s) dead-lettered as outcome-unknown naming run(s) "
+                f"{len(unknown)} of {deliveries} deliveries dead-lettered as outcome-unknown naming run(s) "
                 f"{', '.join(sorted(str(each) for each in named))}, yet admitted as {', '.join(others)}"
             )
             failures.append(Failure("resent-after-unknown-outcome", name, detail))
@@ -320,11 +356,11 @@ def _outcomes(pipeline: Pipeline, failures: list[Failure]) -> int:
         if len(others) + len(own_letters) < (1 if dispatch.key is not None else dispatch.copies):
             detail = f"{dispatch.copies} record(s) published: {len(mine)} run(s), {len(own_letters)} dead letter(s)"
             failures.append(Failure("lost", name, detail))
-        if dispatch.key is None and len(mine) > dispatch.copies:
-            if dispatch.redelivered:
-                admitted_again += 1
-            else:
-                ids = ", ".join(run.run_id for run in mine)
-                detail = f"{len(mine)} runs of {dispatch.copies} record(s), none redelivered: {ids}"
-                failures.append(Failure("keyless-admitted-twice", name, detail))
+        if dispatch.key is None and len(mine) > deliveries:
+            ids = ", ".join(run.run_id for run in mine)
+            again = len(dispatch.redelivered)
+            detail = f"{len(mine)} runs of {dispatch.copies} record(s), redelivered {again} time(s): {ids}"
+            failures.append(Failure("keyless-admitted-twice", name, detail))
+        elif dispatch.key is None and len(mine) > dispatch.copies:
+            admitted_again += 1
     return admitted_again

@@ -7,11 +7,25 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
+
 from poimen.ids import keyed_run_id, unkeyed_run_id
 from poimen.outbox import run_event
-from tests.history.pipeline import DeadLetter, Dispatched, EventRecord, Parked, Pipeline, Report, StoredRun, check
+from tests.asyncapi_contract import document
+from tests.history.pipeline import (
+    CONSTANT_ATTRIBUTES,
+    DeadLetter,
+    Dispatched,
+    EventRecord,
+    Parked,
+    Pipeline,
+    Report,
+    StoredRun,
+    check,
+)
 
 CREATED = "2026-12-01T12:00:00.482Z"
+STACK = "poimen-test"  # the stack whose outbox published the events
 
 
 def stored(tenant: str, key: str | None = None, marker: str | None = None, attempt: str = "a-1") -> StoredRun:
@@ -34,7 +48,7 @@ def event(run: StoredRun, **changes: str) -> EventRecord:
         **({"dispatch_key": run.dispatch_key} if run.dispatch_key else {}),
         **changes,
     }
-    published = run_event({name: {"S": value} for name, value in attributes.items()}, "poimen-test")
+    published = run_event({name: {"S": value} for name, value in attributes.items()}, STACK)
     return EventRecord(published.topic, published.key, published.headers, published.value)
 
 
@@ -46,7 +60,7 @@ def good() -> Pipeline:
         Dispatched("acme", None, "m-1"),
     ]
     runs = [stored("acme", "k-1"), stored("globex", "k-1"), stored("acme", marker="m-1")]
-    return Pipeline(dispatched, runs, [event(run) for run in runs])
+    return Pipeline(dispatched, runs, [event(run) for run in runs], stack=STACK)
 
 
 def failed(pipeline: Pipeline, rule: str, key: str) -> Report:
@@ -243,7 +257,7 @@ def test_a_keyless_dispatch_of_two_copies_one_admitted_one_outcome_unknown_holds
 
 def test_a_pipeline_with_nothing_dispatched_fails() -> None:
     # An empty history proves nothing (a workload that published nothing, topics read under the wrong names)
-    failed(Pipeline([], [], []), "nothing-dispatched", "")
+    failed(Pipeline([], [], [], stack=STACK), "nothing-dispatched", "")
 
 
 def test_a_key_spelled_like_a_marker_is_not_that_keyless_dispatch() -> None:
@@ -264,3 +278,82 @@ def test_a_keyless_body_published_twice_and_admitted_once_lost_a_record() -> Non
     # Then one of its records is lost
     report = failed(pipeline, "lost", "acme/marker:m-1")
     assert "2 record(s) published: 1 run(s), 0 dead letter(s)" in report.summary()
+
+
+def test_a_keyless_dispatch_redelivered_once_may_be_admitted_once_more_not_five_times() -> None:
+    # Given a keyless record past its group's committed offset at one kill: two deliveries at most
+    pipeline = good()
+    pipeline.dispatched[2] = dataclasses.replace(pipeline.dispatched[2], redelivered=("uncommitted at a kill",))
+    # When it left five runs
+    for _ in range(4):
+        again = stored("acme", marker="m-1")
+        pipeline.runs.append(again)
+        pipeline.events.append(event(again))
+    # Then three of them came from deliveries no disruption explains
+    report = failed(pipeline, "keyless-admitted-twice", "acme/marker:m-1")
+    assert "5 runs of 1 record(s), redelivered 1 time(s)" in report.summary()
+
+
+def test_a_keyless_record_past_the_committed_offset_at_two_disruptions_may_be_admitted_three_times() -> None:
+    # Given a keyless record the relay may have been given again at a kill and again at the broker's restart
+    pipeline = good()
+    why = ("uncommitted at a kill", "uncommitted at a broker restart")
+    pipeline.dispatched[2] = dataclasses.replace(pipeline.dispatched[2], redelivered=why)
+    for _ in range(2):
+        again = stored("acme", marker="m-1")
+        pipeline.runs.append(again)
+        pipeline.events.append(event(again))
+    # Then three runs hold (one a delivery), and a fourth does not
+    report = check(pipeline)
+    assert report.ok, report.summary()
+    assert report.keyless_admitted_again == 1
+    fourth = stored("acme", marker="m-1")
+    pipeline.runs.append(fourth)
+    pipeline.events.append(event(fourth))
+    failed(pipeline, "keyless-admitted-twice", "acme/marker:m-1")
+
+
+def _changed(record: EventRecord, name: str, value: bytes | None) -> EventRecord:
+    """`record` with header `name` (or the Kafka key, `key`) set to `value`; None leaves the header out."""
+    if name == "key":
+        return dataclasses.replace(record, key=value)
+    headers = tuple((header, raw) for header, raw in record.headers if header != name)
+    return dataclasses.replace(record, headers=headers if value is None else (*headers, (name, value)))
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("key", None),
+        ("key", b"globex/3d7b1368-cb64-8e4b-b3d9-a9f4d69125b4"),
+        ("ce_type", b"poimen.run.deleted"),
+        ("ce_type", None),
+        ("ce_source", b"urn:poimen:another-stack:acme"),
+        ("ce_source", b"urn:poimen:poimen-test:globex"),
+        ("ce_time", b"2026-12-01T12:00:09.000Z"),
+        ("ce_specversion", b"0.3"),
+        ("ce_specversion", None),
+        ("content-type", b"text/plain"),
+    ],
+)
+def test_an_event_whose_key_or_attributes_are_not_its_runs_fails(name: str, value: bytes | None) -> None:
+    # Given acme/k-1's event, its ce_id and subject right, one of its key and CloudEvents attributes wrong
+    pipeline = good()
+    pipeline.events[0] = _changed(pipeline.events[0], name, value)
+    # Then it is not the event of its stored run, and the check says which attribute
+    report = failed(pipeline, "event-attributes", "acme/k-1")
+    assert name in report.summary()
+
+
+def test_an_event_with_an_attribute_given_twice_fails() -> None:
+    # Given acme/k-1's event carrying a second ce_type, poimen.run.deleted, after its own
+    pipeline = good()
+    record = pipeline.events[0]
+    pipeline.events[0] = dataclasses.replace(record, headers=(*record.headers, ("ce_type", b"poimen.run.deleted")))
+    # Then which type it has cannot be known: the check fails
+    failed(pipeline, "event-attributes", "acme/k-1")
+
+
+def test_the_attributes_every_event_carries_are_the_asyncapi_documents() -> None:
+    headers = document()["components"]["messages"]["runAdmitted"]["headers"]["properties"]
+    assert {name: headers[name]["const"] for name in CONSTANT_ATTRIBUTES} == CONSTANT_ATTRIBUTES

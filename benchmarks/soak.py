@@ -334,12 +334,13 @@ class Relay:
             self._lookups.wait()
             self._lookups = None
 
-    def wait_committed(self, timeout: float) -> dict[tuple[str, int], int]:
-        """The committed offsets, once the broker answers (none if it does not within `timeout`)."""
+    def wait_committed(self, timeout: float) -> dict[tuple[str, int], int] | None:
+        """The committed offsets, once the broker answers; None if it does not within `timeout` (not {}: that
+        would say nothing was committed, and every record could come again)."""
         deadline = time.monotonic() + timeout
         while (committed := self.committed()) is None and time.monotonic() < deadline:
             time.sleep(0.2)
-        return committed or {}
+        return committed
 
     def wait_beyond(self, handled: int, timeout: float, progress: Callable[[], None]) -> bool:
         """Whether more than `handled` records are handled within `timeout` seconds."""
@@ -458,7 +459,15 @@ def _observe_and_check(
     parked += read_parked(moto.s3(), outbox_bucket[1], "outbox")
     records = read_dispatches(bootstrap, soaked.tenants, soaked.publisher.published, timeout)
     again = redeliveries(records, [d.uncommitted for d in soaked.disruptions if d.uncommitted is not None])
-    pipeline = Pipeline(dispatched(soaked.stream, again), runs, events, letters, parked, stack=LOCAL_STACK)
+    pipeline = Pipeline(
+        dispatched(soaked.stream, again.by_marker),
+        runs,
+        events,
+        letters,
+        parked,
+        stack=LOCAL_STACK,
+        unobserved=again.unobserved,
+    )
     outcome.check = check_pipeline(pipeline)
 
 
@@ -530,7 +539,7 @@ def run_stream(
             # Exact: nothing commits for the group until a restarted relay has rejoined it.
             committed = relay.wait_committed(60.0)
             disruption.uncommitted = Uncommitted(disruption.name, at_ms, committed)
-            return sum(committed.values())
+            return disruption.at_handled if committed is None else sum(committed.values())
 
         def stop_broker(disruption: Disruption) -> int:
             # The offsets just before it goes away: a commit meanwhile only shrinks what may come again.

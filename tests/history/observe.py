@@ -2,7 +2,9 @@
 (tests/history/pipeline.py): the table's consistent scan, every record of the events topics, the relay's dead
 letters, the parked batches and set-aside events in the failed-batches buckets; and which keyless records the
 relay may have been given again after a disruption (a record past its group's committed offset when
-`poimen dev` was killed or the broker stopped: its batch comes again, whatever became of its first POST)."""
+`poimen dev` was killed or the broker stopped: its batch comes again, whatever became of its first POST).
+A disruption whose committed offsets are not known allows no redelivery: it is reported as unobserved,
+which fails the check."""
 
 from __future__ import annotations
 
@@ -27,11 +29,21 @@ Partition = tuple[str, int]
 @dataclass(frozen=True)
 class Uncommitted:
     """A moment the relay's batches in flight were lost (a kill, the broker stopped): its group's committed
-    offsets then, and when."""
+    offsets then (None: the look-up failed), and when."""
 
     what: str
     at_ms: float
-    committed: dict[Partition, int]
+    committed: dict[Partition, int] | None
+
+
+@dataclass(frozen=True)
+class Redeliveries:
+    """The keyless records the relay may have been given again, by marker, one reason for each time; and what
+    could not be known, as (what, why): a disruption whose committed offsets were not looked up, or whose
+    look-up left out a record's partition."""
+
+    by_marker: dict[str, list[str]]
+    unobserved: list[tuple[str, str]]
 
 
 @dataclass(frozen=True)
@@ -139,18 +151,30 @@ def read_dispatches(bootstrap: str, tenants: Iterable[str], records: int, timeou
     return found
 
 
-def redeliveries(records: list[DispatchRecord], disruptions: list[Uncommitted]) -> dict[str, list[str]]:
+def redeliveries(records: list[DispatchRecord], disruptions: list[Uncommitted]) -> Redeliveries:
     """Keyless records (by marker) the relay may have been given again: produced before a disruption and
-    past its committed offset then, so its batch (handled or not) came again."""
+    past its committed offset then, so its batch (handled or not) came again, once. Where that offset is not
+    known, no record is taken to have come again (a guess would loosen the check): it is unobserved."""
     found: dict[str, list[str]] = {}
+    unobserved: dict[str, str] = {}
+    for disruption in disruptions:
+        if disruption.committed is None:
+            unobserved[disruption.what] = "the relay group's committed offsets could not be looked up"
     for record in records:
         if record.key is not None or record.marker is None:
             continue
         for disruption in disruptions:
-            committed = disruption.committed.get(record.partition, 0)
-            if record.offset >= committed and record.timestamp_ms <= disruption.at_ms:
+            if disruption.committed is None or record.timestamp_ms > disruption.at_ms:
+                continue
+            committed = disruption.committed.get(record.partition)
+            if committed is None:
+                topic, partition = record.partition
+                unobserved.setdefault(
+                    disruption.what, f"the look-up of committed offsets left out {topic}[{partition}]"
+                )
+            elif record.offset >= committed:
                 found.setdefault(record.marker, []).append(f"uncommitted at {disruption.what}")
-    return found
+    return Redeliveries(found, sorted(unobserved.items()))
 
 
 def read_dead_letters(sqs: Any, url: str) -> tuple[list[DeadLetter], int]:

@@ -27,7 +27,9 @@ The rules (issue 29, part 2), each a `check` of the report:
   is a keyless `outcome-unknown` (with its reason);
   `parked`, `event-set-aside`: nothing is given up on (a relay's or the outbox's parked batch, an event set
   aside as undeliverable); `run-of-no-dispatch`, `dead-letter-of-no-dispatch`: nothing comes from nowhere;
-  `nothing-dispatched`: a history of no dispatch proves nothing, and fails.
+  `nothing-dispatched`: a history of no dispatch proves nothing, and fails; `unobserved`: what the
+  observation could not read (the relay group's committed offsets at a disruption) fails the check, for a
+  rule judged without it would be judged on a guess.
 """
 
 from __future__ import annotations
@@ -169,6 +171,8 @@ class Pipeline:
     parked: list[Parked] = field(default_factory=list)
     # The stack whose outbox published the events: their ce_source names it.
     stack: str = field(kw_only=True)
+    # What the observation could not read, each a `unobserved` failure: (what, why).
+    unobserved: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -220,6 +224,8 @@ def check(pipeline: Pipeline) -> Report:
     copies = _events(pipeline, failures)
     _admissions(pipeline, failures)
     admitted_again = _outcomes(pipeline, failures)
+    for what, why in pipeline.unobserved:
+        failures.append(Failure("unobserved", what, why))
     for parked in pipeline.parked:
         check_name = "event-set-aside" if parked.set_aside else "parked"
         what = f"set aside by the outbox ({parked.reason})" if parked.set_aside else f"a {parked.where} parked batch"

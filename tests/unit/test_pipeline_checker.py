@@ -1,17 +1,25 @@
 """The pipeline checker is not vacuous: it fails the bad pipelines the system must never leave behind, naming
 the keys or markers at fault and what broke, and passes the good ones, identical copies and redelivered keyless
-records included (tests/history/pipeline.py). Events are built by the outbox's own poimen.outbox.run_event."""
+records included (tests/history/pipeline.py); and what the soak observes for it (which records may have come
+again, tests/history/observe.py and benchmarks/) never loosens it when a look-up fails. Events are built by the
+outbox's own poimen.outbox.run_event."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from concurrent.futures import Future
+from types import SimpleNamespace
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from benchmarks.committed import committed
+from benchmarks.soak import Relay
 from poimen.ids import keyed_run_id, unkeyed_run_id
 from poimen.outbox import run_event
 from tests.asyncapi_contract import document
+from tests.history.observe import DispatchRecord, Redeliveries, Uncommitted, redeliveries
 from tests.history.pipeline import (
     CONSTANT_ATTRIBUTES,
     DeadLetter,
@@ -357,3 +365,88 @@ def test_an_event_with_an_attribute_given_twice_fails() -> None:
 def test_the_attributes_every_event_carries_are_the_asyncapi_documents() -> None:
     headers = document()["components"]["messages"]["runAdmitted"]["headers"]["properties"]
     assert {name: headers[name]["const"] for name in CONSTANT_ATTRIBUTES} == CONSTANT_ATTRIBUTES
+
+
+AT_KILL_MS = 2_000.0
+TOPIC = "poimen.acme.dispatch"
+
+
+def keyless_record(offset: int, timestamp_ms: int = 1_000, marker: str = "m-1") -> DispatchRecord:
+    return DispatchRecord((TOPIC, 0), offset, timestamp_ms, "acme", None, marker)
+
+
+def observed(again: Redeliveries, runs_of_m1: int) -> Pipeline:
+    """good(), its keyless dispatch m-1 redelivered as `again` says and admitted `runs_of_m1` times."""
+    pipeline = good()
+    pipeline.dispatched[2] = dataclasses.replace(
+        pipeline.dispatched[2], redelivered=tuple(again.by_marker.get("m-1", ()))
+    )
+    pipeline.unobserved = again.unobserved
+    for _ in range(runs_of_m1 - 1):
+        run = stored("acme", marker="m-1")
+        pipeline.runs.append(run)
+        pipeline.events.append(event(run))
+    return pipeline
+
+
+def test_a_keyless_record_comes_again_once_for_each_disruption_it_was_past_the_committed_offset() -> None:
+    # Given a kill at which offset 5 was committed, and a broker stop later at which offset 8 was
+    disruptions = [
+        Uncommitted("kill", AT_KILL_MS, {(TOPIC, 0): 5}),
+        Uncommitted("broker", AT_KILL_MS + 1_000, {(TOPIC, 0): 8}),
+    ]
+    records = [
+        keyless_record(4, marker="committed"),
+        keyless_record(6, marker="past-one"),
+        keyless_record(9, marker="past-both"),
+        keyless_record(10, timestamp_ms=int(AT_KILL_MS) + 500, marker="after-the-kill"),
+    ]
+    # Then each record may have come again once for each disruption it was produced before and past the offset of
+    again = redeliveries(records, disruptions)
+    assert again.by_marker == {
+        "past-one": ["uncommitted at kill"],
+        "past-both": ["uncommitted at kill", "uncommitted at broker"],
+        "after-the-kill": ["uncommitted at broker"],
+    }
+    assert again.unobserved == []
+
+
+def test_a_failed_committed_offset_look_up_fails_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given the soak's look-up of the relay group's committed offsets failing at a kill (the broker not answering)
+    relay = Relay("127.0.0.1:9", ("acme",))
+    monkeypatch.setattr(relay, "committed", lambda: None)
+    at_kill = Uncommitted("SIGKILL #1", AT_KILL_MS, relay.wait_committed(0.0))
+    # And a keyless record produced before it and admitted twice
+    again = redeliveries([keyless_record(7)], [at_kill])
+    pipeline = observed(again, runs_of_m1=2)
+    # Then no redelivery is taken for granted, and the check fails for what it could not observe
+    assert again.by_marker == {}
+    report = failed(pipeline, "unobserved", "SIGKILL #1")
+    assert "committed offsets could not be looked up" in report.summary()
+    failed(pipeline, "keyless-admitted-twice", "acme/marker:m-1")
+    # Even when nothing was admitted twice
+    failed(observed(again, runs_of_m1=1), "unobserved", "SIGKILL #1")
+
+
+def test_a_look_up_that_leaves_out_a_records_partition_fails_the_check() -> None:
+    # Given a look-up at a kill that answered no offset of the keyless record's partition
+    again = redeliveries([keyless_record(7)], [Uncommitted("SIGKILL #1", AT_KILL_MS, {("poimen.acme.dispatch", 1): 3})])
+    # Then its partition is not taken to be uncommitted: the check fails, naming it
+    assert again.by_marker == {}
+    report = failed(observed(again, runs_of_m1=1), "unobserved", "SIGKILL #1")
+    assert "poimen.acme.dispatch[0]" in report.summary()
+
+
+def test_a_partition_whose_committed_offset_is_an_error_fails_the_look_up() -> None:
+    # Given the broker answering a look-up with an error for one partition (its offset -1001, OFFSET_INVALID)
+    error = KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS)
+    partitions = [
+        SimpleNamespace(topic=TOPIC, partition=0, offset=12, error=None),
+        SimpleNamespace(topic=TOPIC, partition=1, offset=-1001, error=error),
+    ]
+    answer = Future()  # type: ignore[var-annotated]
+    answer.set_result(SimpleNamespace(topic_partitions=partitions))
+    admin = SimpleNamespace(list_consumer_group_offsets=lambda requests, request_timeout: {"group": answer})
+    # Then the look-up fails (its caller asks again) rather than answer 0 for it
+    with pytest.raises(KafkaException):
+        committed(admin, "group", [TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)])  # type: ignore[arg-type]

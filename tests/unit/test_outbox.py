@@ -241,6 +241,15 @@ def test_a_run_item_lacking_what_an_event_needs_fails_the_batch() -> None:
         _publish(FakeProducer(), event)
 
 
+def test_a_run_item_whose_created_at_is_no_time_fails_the_batch_rather_than_its_set_aside() -> None:
+    # created_at names the event's ce_time and the key an undeliverable event is set aside at
+    event = load_event("dynamodb_stream_insert.json")
+    event["Records"][0]["dynamodb"]["NewImage"]["created_at"] = {"S": "yesterday"}
+
+    with pytest.raises(MalformedRun, match="created_at 'yesterday'"):
+        _publish(FakeProducer(), event)
+
+
 def test_the_event_value_is_the_get_answer_byte_for_byte(invoke: Invoke, dynamodb: Any, table_name: str) -> None:
     # Given runs admitted through the API: keyed with a goal and exact numbers, keyless, and one replayed
     keyed = invoke(

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
@@ -154,6 +154,12 @@ def run_event(image: Mapping[str, Mapping[str, Any]], stack_name: str) -> RunEve
         raise MalformedRun(f"run item {_string(image, 'pk')!r} lacks string attributes {missing}")
     text: dict[str, str] = {name: _string(image, name) or "" for name in REQUIRED_ATTRIBUTES}
     tenant_id, run_id, created_at = text["tenant_id"], text["run_id"], text["created_at"]
+    try:  # the event's time, its lag's start and the key it is set aside at (parked_key)
+        datetime.fromisoformat(created_at).astimezone(UTC)
+    except ValueError:
+        raise MalformedRun(
+            f"run item {_string(image, 'pk')!r} has created_at {created_at!r}, not an RFC 3339 time"
+        ) from None
     body = run_json(
         run_id=run_id,
         tenant_id=tenant_id,

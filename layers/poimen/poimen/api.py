@@ -158,7 +158,8 @@ class ValidationProblem(Problem):
 # apigateway/latest/developerguide/http-api-access-control-iam.html), throttling ("Throttling requests to your
 # HTTP API", http-api-throttling.html) and the payload quota ("Quotas for configuring and running an HTTP API",
 # http-api-quotas.html), a function that failed ("Troubleshooting issues with HTTP API Lambda integrations",
-# http-api-troubleshooting-lambda.html: `{"message":"Internal Server Error"}`) and the integration timeout
+# http-api-troubleshooting-lambda.html: `{"message":"Internal Server Error"}`; also when Lambda rejects the
+# invocation, https://docs.aws.amazon.com/lambda/latest/dg/services-apigateway-errors.html) and the integration timeout
 # (https://repost.aws/knowledge-center/api-gateway-504-errors: 504 for REST, HTTP and WebSocket APIs alike). Its
 # 404 for a route it does not have is not an answer of any operation listed here.
 _UNKNOWN_OUTCOME = (

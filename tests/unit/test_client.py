@@ -950,13 +950,20 @@ def test_endpoints_are_urls_or_regional_endpoints(monkeypatch: pytest.MonkeyPatc
         credentials=credentials,
     )
     single = AdmissionClient(RegionalEndpoint("https://admission.example.com", WEST), credentials=credentials)
+    # A host name's trailing dot (the DNS root) hides nothing: its Region is the execute-api host's
+    rooted = AdmissionClient("https://abc123.execute-api.us-east-2.amazonaws.com./prod", credentials=credentials)
 
     assert api.endpoints == (
         RegionalEndpoint("https://abc123.execute-api.us-east-2.amazonaws.com/prod", "us-east-2"),
         RegionalEndpoint("https://admission.example.com", WEST),
         RegionalEndpoint("https://admission-eu.example.com", "eu-west-1"),
     )
-    assert (api.base_url, api.region, single.region) == (api.endpoints[0].url, "us-east-2", WEST)
+    assert (api.base_url, api.region, single.region, rooted.region) == (
+        api.endpoints[0].url,
+        "us-east-2",
+        WEST,
+        "us-east-2",
+    )
     with pytest.raises(ValueError, match="at least one endpoint"):
         AdmissionClient([], credentials=credentials)
     with pytest.raises(ValueError, match="base_url"):

@@ -326,6 +326,17 @@ ONE = json.dumps({"endpoints": [URL], "tenants": []})  # a cell
             '"b": {"endpoints": ["https://abc123.execute-api.us-east-1.amazonaws.com/b"], "tenants": []}}}',
             "the endpoint https://abc123.execute-api.us-east-1.amazonaws.com/b is in cells a and b",
         ),
+        # A host name's trailing dot (the DNS root) names the same host: one API, whatever path follows it
+        (
+            '{"cells": {"a": {"endpoints": ["https://abc123.execute-api.us-east-1.amazonaws.com"], "tenants": []}, '
+            '"b": {"endpoints": ["https://abc123.execute-api.us-east-1.amazonaws.com./b"], "tenants": []}}}',
+            "the endpoint https://abc123.execute-api.us-east-1.amazonaws.com./b is in cells a and b",
+        ),
+        (
+            '{"cells": {"a": {"endpoints": ["https://api.example.com/a"], "tenants": []}, '
+            '"b": {"endpoints": ["https://API.example.com./a/"], "tenants": []}}}',
+            "the endpoint https://API.example.com./a is in cells a and b",
+        ),
         # One endpoint twice in a cell: its Retry-After would hold back one of the two, and the client call the other
         (
             '{"cells": {"a": {"endpoints": ["https://api.example.com", "https://API.example.com/"], "tenants": []}}}',

@@ -98,3 +98,19 @@ def test_api_gateways_own_answers_are_its_json_message(document: dict[str, Any])
     # Over API Gateway's 10 MB payload quota the 413 is its own; up to it, admission's problem
     too_large = document["paths"]["/v1/runs"]["post"]["responses"]["413"]["content"]
     assert set(too_large) == {"application/problem+json", "application/json"}
+
+
+def test_api_gateways_own_500_and_504_are_declared_as_its_message_with_their_outcome(document: dict[str, Any]) -> None:
+    # API Gateway answers 500 when the function fails (a crash, its timeout, an invocation Lambda refused) and 504
+    # past the HTTP API's integration timeout: its own {"message"}, no problem, and the outcome unknown either way
+    for path, method in OPERATIONS:
+        responses = document["paths"][path][method]["responses"]
+        internal, timed_out = responses["500"], responses["504"]
+        assert internal["content"]["application/json"]["schema"] == GATEWAY_MESSAGE
+        # admission's own 500 beside it: the `internal-error` problem of its last-resort handler
+        assert internal["content"]["application/problem+json"]["schema"] == {"$ref": "#/components/schemas/Problem"}
+        assert timed_out["content"] == {"application/json": {"schema": GATEWAY_MESSAGE}}
+        for response in (internal, timed_out):
+            assert "no problem+json" in response["description"]
+            assert "outcome is unknown" in response["description"]
+            assert "same dispatch_key" in response["description"]

@@ -14,6 +14,7 @@ from typing import Any, cast
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 from confluent_kafka import KafkaError, KafkaException, Producer
 from moto import mock_aws
 
@@ -240,6 +241,15 @@ def test_a_run_item_lacking_what_an_event_needs_fails_the_batch() -> None:
         _publish(FakeProducer(), event)
 
 
+def test_a_run_item_whose_created_at_is_no_time_fails_the_batch_rather_than_its_set_aside() -> None:
+    # created_at names the event's ce_time and the key an undeliverable event is set aside at
+    event = load_event("dynamodb_stream_insert.json")
+    event["Records"][0]["dynamodb"]["NewImage"]["created_at"] = {"S": "yesterday"}
+
+    with pytest.raises(MalformedRun, match="created_at 'yesterday'"):
+        _publish(FakeProducer(), event)
+
+
 def test_the_event_value_is_the_get_answer_byte_for_byte(invoke: Invoke, dynamodb: Any, table_name: str) -> None:
     # Given runs admitted through the API: keyed with a goal and exact numbers, keyless, and one replayed
     keyed = invoke(
@@ -425,6 +435,60 @@ def test_the_handler_sets_aside_what_cannot_be_delivered_per_tenant_and_counts_i
     documents = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')]
     counted = {doc["tenant"]: (doc.get("EventsPublished"), doc.get("EventsParked")) for doc in documents}
     assert counted == {"acme": ([1.0], [1.0]), "beta": (None, [1.0])}
+
+
+def test_a_batch_retried_after_a_failed_set_aside_sets_each_event_aside_once_and_counts_it_once(
+    template: Template, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given the handler, whose bucket refuses the first write of a second tenant's set-aside event, and a
+    # batch of one run of each of two tenants that have no events topic
+    from poimen import outbox
+
+    with mock_aws():
+        s3 = boto3.client("s3")
+        s3.create_bucket(Bucket=PARKED_BUCKET)
+        event = load_event("dynamodb_stream_insert.json")
+        beta = json.loads(json.dumps(event["Records"][0]))
+        beta["dynamodb"]["NewImage"].update({"tenant_id": {"S": "beta"}, "pk": {"S": "RUN#beta#r-2"}})
+        beta["dynamodb"]["SequenceNumber"] = "111300000000012345678903"
+        event["Records"].append(beta)
+        events = events_of_batch(event, "test")
+        unknown = {published.value: KafkaError.UNKNOWN_TOPIC_OR_PART for published in events}
+        handler = _handler_with(
+            template, monkeypatch, FakeProducer(fail_values=unknown), FakeProducer(fail_values=unknown)
+        )
+        refused: list[str] = []
+
+        def refuse_betas_first_write(params: dict[str, Any], **_: Any) -> None:
+            if params["Key"].startswith("undeliverable/beta/") and not refused:
+                refused.append(params["Key"])
+                raise ClientError({"Error": {"Code": "InternalError", "Message": "injected"}}, "PutObject")
+
+        try:
+            outbox.outbox_service()._s3_client().meta.events.register(
+                "before-parameter-build.s3.PutObject", refuse_betas_first_write
+            )
+            # When it is handled: the set-aside fails on the second tenant, and the event source retries the batch
+            with pytest.raises(OutboxBatchFailed, match="could not set aside 1 event"):
+                handler(event, LocalLambdaContext("OutboxRelayFunction", 60))
+            handler(event, LocalLambdaContext("OutboxRelayFunction", 60))
+        finally:
+            outbox.outbox_service.cache_clear()
+        # Then each event is one object in the bucket, under its tenant's prefix
+        keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=PARKED_BUCKET)["Contents"])
+        parked = [json.loads(s3.get_object(Bucket=PARKED_BUCKET, Key=key)["Body"].read()) for key in keys]
+    assert refused
+    assert [key.split("/")[1] for key in keys] == ["acme", "beta"]
+    assert sorted(why["run_id"] for document in parked for why in document["undeliverable"]) == sorted(
+        published.run_id for published in events
+    )
+    # And EventsParked, over both invocations, counts each event once
+    documents = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')]
+    counted: dict[str, float] = {}
+    for doc in documents:
+        if "EventsParked" in doc:
+            counted[doc["tenant"]] = counted.get(doc["tenant"], 0.0) + sum(doc["EventsParked"])
+    assert counted == {"acme": 1.0, "beta": 1.0}
 
 
 @pytest.mark.parametrize(

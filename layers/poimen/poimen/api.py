@@ -157,7 +157,17 @@ class ValidationProblem(Problem):
 # authorization's refusals ("Control access to HTTP APIs with IAM authorization in API Gateway",
 # apigateway/latest/developerguide/http-api-access-control-iam.html), throttling ("Throttling requests to your
 # HTTP API", http-api-throttling.html) and the payload quota ("Quotas for configuring and running an HTTP API",
-# http-api-quotas.html). Its 404 for a route it does not have is not an answer of any operation listed here.
+# http-api-quotas.html), a function that failed ("Troubleshooting issues with HTTP API Lambda integrations",
+# http-api-troubleshooting-lambda.html: `{"message":"Internal Server Error"}`; also when Lambda rejects the
+# invocation, https://docs.aws.amazon.com/lambda/latest/dg/services-apigateway-errors.html) and the integration timeout
+# (https://repost.aws/knowledge-center/api-gateway-504-errors: 504 for REST, HTTP and WebSocket APIs alike). Its
+# 404 for a route it does not have is not an answer of any operation listed here.
+_UNKNOWN_OUTCOME = (
+    "it carries no problem+json, and the outcome is unknown: a POST /v1/runs may have admitted its run. Send it "
+    "again with the same dispatch_key, which answers that run (201 or 200 Idempotent-Replayed) and admits no "
+    "other; without one there is no run_id to GET, and sending it again could admit a second run. A GET may be "
+    "sent again."
+)
 _GATEWAY_ANSWERS = {
     HTTPStatus.FORBIDDEN: (
         'API Gateway\'s IAM authorization (`{"message"}`): unsigned, badly signed, stale, or a principal '
@@ -168,7 +178,17 @@ _GATEWAY_ANSWERS = {
         "send it again later."
     ),
     HTTPStatus.REQUEST_ENTITY_TOO_LARGE: 'Over API Gateway\'s 10 MB payload quota, its own `{"message"}`.',
+    HTTPStatus.INTERNAL_SERVER_ERROR: (
+        'API Gateway\'s own `{"message":"Internal Server Error"}` (application/json) when the function failed: it '
+        f"crashed, ran out of time, or Lambda refused to invoke it; {_UNKNOWN_OUTCOME}"
+    ),
+    HTTPStatus.GATEWAY_TIMEOUT: (
+        'API Gateway\'s own `{"message"}` (application/json) when the function did not answer within the HTTP '
+        f"API's 30 s integration timeout, though it may still run; {_UNKNOWN_OUTCOME}"
+    ),
 }
+# What API Gateway alone answers: no problem of admission's.
+_GATEWAY_ONLY = frozenset({HTTPStatus.TOO_MANY_REQUESTS, HTTPStatus.GATEWAY_TIMEOUT})
 _PROBLEM_DESCRIPTIONS = {
     HTTPStatus.FORBIDDEN: (
         "`forbidden`: no authenticated principal, or the tenant is not granted to it. `tenant-not-served`: this "
@@ -185,6 +205,10 @@ _PROBLEM_DESCRIPTIONS = {
         "goal_id; `run_id` names it. Nothing was written."
     ),
     HTTPStatus.SERVICE_UNAVAILABLE: "`store-unavailable`: the store did not answer; send it again after Retry-After.",
+    HTTPStatus.INTERNAL_SERVER_ERROR: (
+        "`internal-error`: the request failed unexpectedly, maybe after the write: for a POST /v1/runs the outcome "
+        "is unknown, as below."
+    ),
 }
 _RETRY_AFTER: OpenAPIResponseHeader = {
     "description": "Seconds to wait before sending again",
@@ -204,7 +228,7 @@ def _problems(*statuses: HTTPStatus) -> dict[int, OpenAPIResponse]:
     for status in statuses:
         content: dict[str, Any] = {}
         descriptions = []
-        if status != HTTPStatus.TOO_MANY_REQUESTS:
+        if status not in _GATEWAY_ONLY:
             model = ValidationProblem if status == HTTPStatus.BAD_REQUEST else Problem
             content[PROBLEM_JSON] = {"model": model}
             descriptions.append(_PROBLEM_DESCRIPTIONS.get(status, ""))
@@ -223,7 +247,9 @@ _COMMON_PROBLEMS = (
     HTTPStatus.BAD_REQUEST,
     HTTPStatus.FORBIDDEN,
     HTTPStatus.TOO_MANY_REQUESTS,
+    HTTPStatus.INTERNAL_SERVER_ERROR,
     HTTPStatus.SERVICE_UNAVAILABLE,
+    HTTPStatus.GATEWAY_TIMEOUT,
 )
 
 # Each 503 of POST /v1/runs says what a retry can do: store-unavailable, nothing was written; outcome-unknown,

@@ -78,6 +78,8 @@ class CellMap:
                     )
                 url = given.rstrip("/")
                 # Two cells at one URL (however spelled) would be one stack serving both cells' tenants from one table.
+                # Two host names of one API (custom domains) are beyond an offline check: the stack refuses the
+                # tenants it does not serve (403 tenant-not-served), so they are refused, never admitted twice.
                 # One endpoint twice in a cell: its Retry-After would hold back one of the two, not the other.
                 same = endpoint_identity(url)
                 if owner.get(same) == cell.name:

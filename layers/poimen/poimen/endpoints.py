@@ -34,13 +34,21 @@ def is_base_url(url: object) -> bool:
 
 
 def endpoint_identity(url: str) -> tuple[str, str, int, str]:
-    """What tells two base URLs (is_base_url) apart: scheme and host name case folded, the port (the scheme's default
-    if none is given), the path without trailing slashes. `HTTPS://API.example.com:443/` is `https://api.example.com`.
-    An execute-api host is one API, of one stack, whatever the path (a custom domain's base paths may be several)."""
+    """What tells two base URLs (is_base_url) apart: scheme and host name case folded, the host's trailing dot (the
+    DNS root: `api.example.com.` is `api.example.com`) dropped, the port (the scheme's default if none is given),
+    the path without trailing slashes. `HTTPS://API.example.com.:443/` is `https://api.example.com`. An execute-api
+    host is one API, of one stack, whatever the path (a custom domain's base paths may be several). Two host names
+    of one API (a custom domain mapped to it, and its execute-api name) are two identities: only DNS and API
+    Gateway's mappings know they are one."""
     parts = urlsplit(url)
-    host = parts.hostname or ""
+    host = _host(url)
     path = "" if _EXECUTE_API_HOST.fullmatch(host) else parts.path.rstrip("/")
     return parts.scheme, host, parts.port or _DEFAULT_PORTS[parts.scheme], path
+
+
+def _host(url: str) -> str:
+    """A URL's host name, case folded, without the trailing dot a fully qualified name may carry."""
+    return (urlsplit(url).hostname or "").removesuffix(".")
 
 
 @dataclass(frozen=True)
@@ -64,7 +72,7 @@ def regional_endpoint(
     if not is_base_url(url):
         raise ValueError(f"base_url must be an http(s) URL without query, fragment or spaces: {url!r}")
     if named is None:
-        found = _EXECUTE_API_HOST.fullmatch(urlsplit(url).hostname or "")
+        found = _EXECUTE_API_HOST.fullmatch(_host(url))
         named = found["region"] if found else session().get_config_variable("region")
     if not named:
         fix = "pass region= (or a RegionalEndpoint), or configure one (AWS_DEFAULT_REGION, a profile)"

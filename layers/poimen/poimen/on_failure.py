@@ -57,10 +57,11 @@ def stream_batch_info(records: Sequence[Mapping[str, Any]], shard_id: str | None
     }
 
 
-def object_key(prefix: str) -> str:
-    """`<prefix>/YYYY/MM/DD/<time>-<id>`, the shape of Lambda's `aws/lambda/<mapping>/<source>/...` keys."""
-    now = datetime.now(UTC)
-    return f"{prefix}/{now:%Y/%m/%d}/{now:%Y-%m-%dT%H.%M.%S}-{uuid.uuid4()}"
+def object_key(prefix: str, at: datetime | None = None, name: str | None = None) -> str:
+    """`<prefix>/YYYY/MM/DD/<time>-<id>`, the shape of Lambda's `aws/lambda/<mapping>/<source>/...` keys: now and
+    a random id, unless given (a key derived from what the object holds is the same each time it is written)."""
+    when = (at or datetime.now(UTC)).astimezone(UTC)
+    return f"{prefix}/{when:%Y/%m/%d}/{when:%Y-%m-%dT%H.%M.%S}-{name or uuid.uuid4()}"
 
 
 def _iso(seconds: float) -> str:

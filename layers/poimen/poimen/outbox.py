@@ -12,7 +12,9 @@ An event no retry can deliver (UNDELIVERABLE: its topic does not exist or may no
 refused as it is) would block its shard, every tenant's later runs with it, until the retries ran out: it
 is set aside instead, in OutboxFailedBatchesBucket as Lambda's on-failure record of its stream record
 (poimen.on_failure), counted per tenant (EventsParked), and the batch goes on. It is set aside only by an
-invocation whose other events were all acknowledged, so a retried batch sets it aside once.
+invocation whose other events were all acknowledged, as one object at a key of its own (its admission's id),
+which a retried batch writes again, and is counted only by the invocation that set aside every such event of
+its batch: each event is one object, and counted once.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
@@ -152,6 +154,12 @@ def run_event(image: Mapping[str, Mapping[str, Any]], stack_name: str) -> RunEve
         raise MalformedRun(f"run item {_string(image, 'pk')!r} lacks string attributes {missing}")
     text: dict[str, str] = {name: _string(image, name) or "" for name in REQUIRED_ATTRIBUTES}
     tenant_id, run_id, created_at = text["tenant_id"], text["run_id"], text["created_at"]
+    try:  # the event's time, its lag's start and the key it is set aside at (parked_key)
+        datetime.fromisoformat(created_at).astimezone(UTC)
+    except ValueError:
+        raise MalformedRun(
+            f"run item {_string(image, 'pk')!r} has created_at {created_at!r}, not an RFC 3339 time"
+        ) from None
     body = run_json(
         run_id=run_id,
         tenant_id=tenant_id,
@@ -339,36 +347,42 @@ class OutboxRelay:
             raise OutboxBatchFailed(f"the producer refused event {published.run_id}: {error}") from error
 
     def set_aside(self, outcome: BatchOutcome, context: LambdaContext) -> None:
-        """Write the batch's undeliverable events to OutboxFailedBatchesBucket, one on-failure record per
-        tenant (its stream records, and why each cannot be delivered), counting them in `outcome.parked`;
-        OutboxBatchFailed if one cannot be written, or not surely before the deadline."""
+        """Write each of the batch's undeliverable events to OutboxFailedBatchesBucket, as an on-failure record
+        of its stream record (and why it cannot be delivered) at a key of its own (`parked_key`), then count
+        them in `outcome.parked`; OutboxBatchFailed if one cannot be written, or not surely before the deadline.
+
+        A retried batch writes the same objects again (a retry may also be half of the batch, bisected), so
+        each event is one object however often it is set aside, and is counted only by the invocation that
+        wrote every one: an invocation that fails here counts none of the events it wrote.
+        """
         bucket = self._settings.failed_batches_bucket
         if bucket is None:
             raise OutboxBatchFailed(
                 f"{len(outcome.undeliverable)} undeliverable event(s), and no bucket to set them aside"
             )
-        by_tenant: dict[str, list[SetAside]] = {}
+        parked: dict[str, int] = {}
         for undeliverable in outcome.undeliverable:
-            by_tenant.setdefault(undeliverable.event.tenant_id, []).append(undeliverable)
-        for tenant, events in by_tenant.items():
+            published = undeliverable.event
             left = context.get_remaining_time_in_millis() / 1000 - self._settings.time_margin_seconds
             if left < _S3_WORST_SECONDS:
-                raise OutboxBatchFailed(f"{left:.1f} s left: too little to set aside {len(events)} event(s)")
-            key = on_failure.object_key(f"{PARKED_PREFIX}/{tenant}")
+                raise OutboxBatchFailed(
+                    f"{left:.1f} s left: too little to set aside {len(outcome.undeliverable)} event(s)"
+                )
+            key = parked_key(published)
             try:
                 self._s3_client().put_object(
                     Bucket=bucket,
                     Key=key,
-                    Body=json.dumps(_parked_record(events, context)).encode(),
+                    Body=json.dumps(_parked_record(undeliverable, context)).encode(),
                     ContentType="application/json",
                 )
             except (BotoCoreError, ClientError) as error:
-                raise OutboxBatchFailed(f"could not set aside {len(events)} event(s) of {tenant}: {error}") from error
-            outcome.parked[tenant] = len(events)
-            for undeliverable in events:
-                logger.warning(
-                    "event set aside: it cannot be delivered", extra={"key": key, **undeliverable.describe()}
-                )
+                raise OutboxBatchFailed(
+                    f"could not set aside 1 event of {published.tenant_id} ({published.run_id}): {error}"
+                ) from error
+            parked[published.tenant_id] = parked.get(published.tenant_id, 0) + 1
+            logger.warning("event set aside: it cannot be delivered", extra={"key": key, **undeliverable.describe()})
+        outcome.parked.update(parked)
 
     def _s3_client(self) -> Any:
         if self._s3 is None:
@@ -394,10 +408,17 @@ def _on_delivery(
     return delivered
 
 
-def _parked_record(events: list[SetAside], context: LambdaContext) -> dict[str, Any]:
-    """Lambda's on-failure record (poimen.on_failure) of the stream records of `events`, as the event
-    source would park them, with `undeliverable` saying why each could not be delivered."""
-    records = [undeliverable.event.stream_record or {} for undeliverable in events]
+def parked_key(published: RunEvent) -> str:
+    """Where an undeliverable event is set aside: `undeliverable/<tenant>/YYYY/MM/DD/<time>-<ce_id>`, the date
+    and time its run's `created_at`, the id its admission's (`ce_id`): the same key for every copy of it."""
+    created = datetime.fromisoformat(published.created_at)
+    return on_failure.object_key(f"{PARKED_PREFIX}/{published.tenant_id}", created, published.event_id)
+
+
+def _parked_record(undeliverable: SetAside, context: LambdaContext) -> dict[str, Any]:
+    """Lambda's on-failure record (poimen.on_failure) of the stream record of one undeliverable event, as the
+    event source would park it, with `undeliverable` saying why it could not be delivered."""
+    records = [undeliverable.event.stream_record or {}]
     return {
         **on_failure.invocation_record(
             context.invoked_function_arn,
@@ -409,7 +430,7 @@ def _parked_record(events: list[SetAside], context: LambdaContext) -> dict[str, 
         ),
         "DDBStreamBatchInfo": on_failure.stream_batch_info(records, shard_id=None),
         "payload": json.dumps({"Records": records}),
-        "undeliverable": [undeliverable.describe() for undeliverable in events],
+        "undeliverable": [undeliverable.describe()],
     }
 
 

@@ -9,8 +9,8 @@ this script's own, so they outlive `poimen dev`. The outbox relay of `poimen dev
 left: every dispatch_key exactly one run, nothing dead-lettered or parked, every run exactly one event (its
 `ce_id` the id of a stored admission, poimen.ids.admission_id, on its own tenant's topic), every event a
 run's, and every duplicate (after a kill or the broker's restart) identical to the first copy.
-tests/integration/test_pipeline_history.py runs a bounded stream, keyless dispatches included, through
-`run_stream`.
+tests/integration/test_pipeline_history.py runs a bounded stream, keyless dispatches included (published
+without a key by name, `DispatchPublisher.publish_without_dispatch_key`), through `run_stream`.
 
 Each soak's tenants are generated ids the template accepts, as long as a stack's `Tenants` list allows (half
 of them at the longest: 29 characters at 100 tenants), each dispatch's tenant drawn at random, so the stream
@@ -264,7 +264,12 @@ class Publisher(threading.Thread):
                         time.sleep(delay)
                 key = (dispatch.tenant, dispatch.request.dispatch_key or "")
                 self.first_published.setdefault(key, time.time())
-                self._publisher.publish(dispatch.tenant, dispatch.request)
+                if dispatch.request.dispatch_key is None:
+                    # A keyless dispatch of the stream (tests/integration/test_pipeline_history.py), asked for by
+                    # name: the at-least-once delivery the pipeline check bounds. The publisher would key it.
+                    self._publisher.publish_without_dispatch_key(dispatch.tenant, dispatch.request)
+                else:
+                    self._publisher.publish(dispatch.tenant, dispatch.request)
                 self.published = index + 1
             self._publisher.flush(300)
         except Exception as error:

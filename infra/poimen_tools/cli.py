@@ -11,6 +11,7 @@ import os
 import re
 import socket
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn, TypeAlias, cast
@@ -24,7 +25,7 @@ from pynamodb.exceptions import PynamoDBException
 from poimen.admission import normalise_principal
 from poimen.config import ConfigurationError, Settings
 from poimen.contract import RunRequest
-from poimen.dispatch import DispatchPublisher, InvalidDispatch, PublishFailed
+from poimen.dispatch import DispatchPublisher, InvalidDispatch, KeylessDispatchWarning, PublishFailed
 from poimen.errors import StoreUnavailable
 from poimen.kafka import dispatch_topic
 from poimen.principals import GrantPrincipal, InvalidPrincipal, grant_principal
@@ -305,7 +306,19 @@ def _add_dispatch(commands: Commands) -> None:
     publish.add_argument("--workflow-ref", required=True, type=text)
     publish.add_argument("--input", required=True, type=json_object, help="a JSON object (numbers kept exactly)")
     publish.add_argument("--goal-id", type=text)
-    publish.add_argument("--dispatch-key", type=text)
+    key = publish.add_mutually_exclusive_group()
+    key.add_argument(
+        "--dispatch-key",
+        type=text,
+        help="repeats of a key admit one run (default: one generated for this record, poimen-dispatch/<UUIDv7>, "
+        "printed with its run id)",
+    )
+    key.add_argument(
+        "--no-dispatch-key",
+        action="store_true",
+        help="publish the record without a key, warning: the relay delivers it at least once, so a redelivery "
+        "admits it again as another run",
+    )
     kafka_connection_arguments(
         publish, "seconds to wait for the broker to acknowledge the record", timeout_seconds=10.0
     )
@@ -397,9 +410,26 @@ def _dispatch_publish(args: argparse.Namespace) -> int:
     publisher = DispatchPublisher(
         args.bootstrap_servers, args.region if args.iam else None, delivery_timeout_seconds=args.timeout
     )
-    run_id = publisher.publish(args.tenant, request)
+    topic = dispatch_topic(args.tenant)
+    if args.no_dispatch_key:
+
+        def warn(message: Warning | str, *_: object, **__: object) -> None:
+            print(f"{args.prog}: warning: {message}", file=sys.stderr)
+
+        with warnings.catch_warnings():
+            # The publisher's warning as one line on stderr, said once the record is checked, before it is queued.
+            warnings.simplefilter("always", KeylessDispatchWarning)
+            warnings.showwarning = warn
+            publisher.publish_without_dispatch_key(args.tenant, request)
+        publisher.flush()
+        print(f"published to {topic}")
+        return EXIT_OK
+    published = publisher.publish(args.tenant, request)
+    # Known only to this command: a failure to flush names it (_publish_failed), for a retry that admits one run.
+    args.generated_dispatch_key = published.dispatch_key if published.generated else None
     publisher.flush()
-    print(f"published to {dispatch_topic(args.tenant)}" + (f"; run_id {run_id}" if run_id else ""))
+    generated = f"; dispatch_key {published.dispatch_key} (generated)" if published.generated else ""
+    print(f"published to {topic}; run_id {published.run_id}{generated}")
     return EXIT_OK
 
 
@@ -551,16 +581,20 @@ def _explain(error: BaseException, args: argparse.Namespace) -> tuple[str, int]:
 
 
 def _publish_failed(error: PublishFailed, args: argparse.Namespace) -> tuple[str, int]:
+    # A record not acknowledged may still have been written: published again under another generated key, it
+    # would be a second spawn.
+    key = getattr(args, "generated_dispatch_key", None)
+    again = f"; publish it again with --dispatch-key {key}, which admits at most one run" if key else ""
     if any("Unknown topic" in failure for failure in error.failures):
         return (
             f"Kafka at {error.bootstrap_servers} has no topic {dispatch_topic(args.tenant)}: create it with "
-            f"poimen topics ensure --tenant {args.tenant} --bootstrap-servers {error.bootstrap_servers}",
+            f"poimen topics ensure --tenant {args.tenant} --bootstrap-servers {error.bootstrap_servers}{again}",
             EXIT_NOT_FOUND,
         )
     return (
         f"cannot publish to Kafka at {error.bootstrap_servers} ({error.reason}): {error.records} record(s) not "
         f"acknowledged within {error.timeout_seconds:g} s; start the broker (poimen dev) or pass "
-        "--bootstrap-servers (--timeout to wait longer)",
+        f"--bootstrap-servers (--timeout to wait longer){again}",
         EXIT_UNAVAILABLE,
     )
 

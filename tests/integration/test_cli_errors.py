@@ -6,6 +6,7 @@ variables, a HOME without ~/.aws)."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import time
@@ -203,10 +204,13 @@ def test_publishing_to_an_absent_broker_fails_fast_in_one_line_naming_it(home: P
 
     outcome = poimen(home, "dispatch", "publish", *argv, "--timeout", "2")
 
-    assert outcome.line == (
+    cause = (
         f"poimen dispatch publish: cannot publish to Kafka at {broker} (connection refused): 1 record(s) not "
         "acknowledged within 2 s; start the broker (poimen dev) or pass --bootstrap-servers (--timeout to wait longer)"
     )
+    # The key generated for the record, with which publishing it again admits one run
+    again = r"; publish it again with --dispatch-key poimen-dispatch/[0-9a-f-]{36}, which admits at most one run"
+    assert re.fullmatch(re.escape(cause) + again, outcome.line), outcome.line
     assert outcome.code == 3
     # The 2 s timeout plus the interpreter's start (slow on a loaded machine), far from librdkafka's 5 minutes.
     assert outcome.seconds < 30

@@ -121,7 +121,7 @@ def test_one_published_message_is_one_run_through_one_post(
     source = event_source(broker.bootstrap_servers)
     publisher = DispatchPublisher(broker.bootstrap_servers)
 
-    run_id = publisher.publish(tenant, SPAWN)
+    run_id = publisher.publish(tenant, SPAWN).run_id
     publisher.flush()
 
     wait_for(lambda: _committed(broker.bootstrap_servers, source.group_id, dispatch_topic(tenant)) == 1)
@@ -173,11 +173,13 @@ def test_a_broker_outage_loses_nothing_and_the_api_keeps_admitting(
     try:
         ensure_topics(broker.bootstrap_servers, tenant, partitions=3, replication_factor=1)
         publisher = DispatchPublisher(broker.bootstrap_servers)
-        before = publisher.publish(tenant, RunRequest(workflow_ref="wf/a", input={}, dispatch_key="before-stop"))
+        before = publisher.publish(tenant, RunRequest(workflow_ref="wf/a", input={}, dispatch_key="before-stop")).run_id
         publisher.flush()
         broker.stop()
         # When a message is published while it is down (the producer buffers it)
-        during = publisher.publish(tenant, RunRequest(workflow_ref="wf/b", input={}, dispatch_key="during-outage"))
+        during = publisher.publish(
+            tenant, RunRequest(workflow_ref="wf/b", input={}, dispatch_key="during-outage")
+        ).run_id
         source = event_source(broker.bootstrap_servers)
         # Then direct admissions keep working meanwhile
         direct = signed_session().post(

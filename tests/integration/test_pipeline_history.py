@@ -12,6 +12,8 @@ import random
 import uuid
 from pathlib import Path
 
+import pytest
+
 from benchmarks.soak import Dispatch, build_stream, run_stream, tenant_ids
 from poimen.contract import RunRequest
 
@@ -22,8 +24,11 @@ PLAN = ((0.3, "kill"), (0.6, "broker"))
 TENANTS = tenant_ids(2)
 
 
+# Its keyless dispatches are asked for by name (benchmarks.soak.Publisher): the warning each one makes is expected.
+@pytest.mark.filterwarnings("ignore::poimen.dispatch.KeylessDispatchWarning")
 def test_the_pipeline_under_a_kill_and_a_broker_restart_is_a_bijection_of_runs_and_events(tmp_path: Path) -> None:
-    # Given keyed dispatches with 30 % duplicates and keyless ones, interleaved over both tenants
+    # Given keyed dispatches with 30 % duplicates and keyless ones (published without a key, by name), interleaved
+    # over both tenants
     rng = random.Random(29)
     stream = build_stream(KEYED, 0.3, rng, TENANTS)
     for _ in range(KEYLESS):

@@ -5,6 +5,7 @@ tests/integration/test_cli_errors.py."""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,9 @@ from pydantic import ValidationError
 
 from poimen import dispatch
 from poimen.contract import RunRequest
-from poimen.dispatch import DispatchPublisher, InvalidDispatch, PublishFailed
+from poimen.dispatch import GENERATED_KEY_PREFIX, DispatchPublisher, InvalidDispatch, PublishFailed
 from poimen.errors import StoreUnavailable
+from poimen.ids import keyed_run_id
 from poimen.kafka_client import LIBRDKAFKA_LOGGER, broker_error_reason
 from poimen.principals import InvalidPrincipal
 from poimen.store import Store
@@ -26,6 +28,7 @@ from poimen_tools.credentials import is_loopback, local_credentials
 from poimen_tools.local.dev import InvalidTemplate
 from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY, InvalidPrincipals
 from poimen_tools.topics import KafkaUnreachable
+from tests.unit.test_dispatch import FakeProducer
 
 REFUSED = "127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused (after 0ms in state CONNECT)"
 
@@ -433,3 +436,85 @@ def test_dev_refuses_run_retention_on_a_table_shared_by_regions(
         "Regions stands in for a multi-Region strongly consistent (MRSC) global table, which has no TTL "
         "(docs/operations.md#multi-region)"
     ]
+
+
+@pytest.fixture
+def producers(monkeypatch: pytest.MonkeyPatch) -> list[FakeProducer]:
+    """The producers the CLI's publisher builds: each records what it would send."""
+    made: list[FakeProducer] = []
+
+    def build(config: dict[str, Any]) -> FakeProducer:
+        made.append(FakeProducer(config))
+        return made[-1]
+
+    monkeypatch.setattr(dispatch, "Producer", build)
+    return made
+
+
+def test_dispatch_publish_without_a_key_prints_the_key_generated_for_it_and_the_run_it_admits(
+    producers: list[FakeProducer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(PUBLISH)
+
+    out, err = capsys.readouterr()
+    ((producer,),) = [producers]
+    ((topic, key, value),) = producer.produced
+    sent = json.loads(value)["dispatch_key"]
+    assert (code, err) == (0, "")
+    assert sent.startswith(GENERATED_KEY_PREFIX)
+    assert out == f"published to {topic}; run_id {keyed_run_id('acme', sent)}; dispatch_key {sent} (generated)\n"
+    assert key == f"acme/{keyed_run_id('acme', sent)}".encode()
+
+
+def test_dispatch_publish_with_a_key_prints_its_run_as_before(
+    producers: list[FakeProducer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main([*PUBLISH, "--dispatch-key", "k-2"])
+
+    ((producer,),) = [producers]
+    ((_, _, value),) = producer.produced
+    assert json.loads(value)["dispatch_key"] == "k-2"
+    out, err = capsys.readouterr()
+    assert (code, out, err) == (0, f"published to poimen.acme.dispatch; run_id {keyed_run_id('acme', 'k-2')}\n", "")
+
+
+def test_dispatch_publish_sends_a_keyless_record_only_when_asked_for_by_name_and_warns(
+    producers: list[FakeProducer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main([*PUBLISH, "--no-dispatch-key"])
+
+    out, err = capsys.readouterr()
+    ((producer,),) = [producers]
+    ((_, _, value),) = producer.produced
+    assert json.loads(value)["dispatch_key"] is None
+    assert (code, out) == (0, "published to poimen.acme.dispatch\n")
+    (warning,) = err.splitlines()
+    assert warning.startswith("poimen dispatch publish: warning: ")
+    assert "at least once" in warning
+
+
+def test_dispatch_publish_refuses_a_key_and_no_key_at_once(
+    producers: list[FakeProducer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*PUBLISH, "--no-dispatch-key", "--dispatch-key", "k-2"])
+
+    assert exited.value.code == cli.EXIT_USAGE
+    assert producers == []
+
+
+def test_a_failed_publish_of_a_generated_key_says_how_to_publish_it_again_under_that_key(
+    producers: list[FakeProducer], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a broker that acknowledges nothing (the record stays queued past the timeout)
+    monkeypatch.setattr(FakeProducer, "flush", lambda self, timeout: len(self.produced))
+    # When a spawn without a key is published
+    code = main([*PUBLISH, "--timeout", "1"])
+    # Then it fails, naming the key generated for the record, with which publishing it again admits one run
+    ((producer,),) = [producers]
+    ((_, _, value),) = producer.produced
+    sent = json.loads(value)["dispatch_key"]
+    out, err = capsys.readouterr()
+    assert (code, out) == (cli.EXIT_UNAVAILABLE, "")
+    (line,) = err.splitlines()
+    assert line.endswith(f"publish it again with --dispatch-key {sent}, which admits at most one run")

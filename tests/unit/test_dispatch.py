@@ -1,18 +1,27 @@
 """`DispatchPublisher.publish` refuses, before anything is queued, a record the relay could only
 dead-letter: a tenant no relay consumes (the API's and the topics' one rule, `poimen.kafka.is_tenant_id`),
-or a spawn request the API would refuse."""
+or a spawn request the API would refuse. Every record it publishes carries a dispatch_key (generated for a
+spawn without one); a keyless one only when asked for by name, with a warning."""
 
 from __future__ import annotations
 
+import json
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from poimen import dispatch
 from poimen.contract import RunRequest
-from poimen.dispatch import DispatchPublisher, InvalidDispatch
+from poimen.dispatch import GENERATED_KEY_PREFIX, DispatchPublisher, InvalidDispatch, KeylessDispatchWarning
+from poimen.ids import keyed_run_id
 from poimen.kafka import InvalidTenant, is_tenant_id, tenant_of_dispatch_topic
+from poimen.store import Store
 from poimen.wire import MAX_BODY_BYTES, MAX_JSON_DEPTH
+from poimen_tools.local.template import Template
+from tests.conftest import count_runs
+from tests.unit.relay_harness import RelayHarness
 
 SPAWN = RunRequest(workflow_ref="wf/hello", input={}, dispatch_key="k-1")
 
@@ -106,12 +115,81 @@ def test_a_request_the_api_would_refuse_is_refused_and_nothing_is_queued(
 
 
 def test_a_valid_request_is_queued_as_the_body_post_v1_runs_takes(publisher: DispatchPublisher) -> None:
-    run_id = publisher.publish("acme", SPAWN)
+    published = publisher.publish("acme", SPAWN)
 
     assert produced(publisher) == [
         (
             "poimen.acme.dispatch",
-            f"acme/{run_id}".encode(),
+            f"acme/{published.run_id}".encode(),
             b'{"workflow_ref":"wf/hello","input":{},"goal_id":null,"dispatch_key":"k-1"}',
         )
     ]
+
+
+def test_a_spawn_without_a_key_is_published_with_a_generated_one_which_is_returned(
+    publisher: DispatchPublisher,
+) -> None:
+    # When two spawns without a dispatch_key are published
+    first = publisher.publish("acme", RunRequest(workflow_ref="wf/hello", input={}))
+    second = publisher.publish("acme", RunRequest(workflow_ref="wf/hello", input={}))
+
+    # Then each record carries a key generated for it (a UUIDv7 under the publisher's prefix), the one returned,
+    # and the run id returned is the one admission derives from it, which is the record's partition key
+    records = produced(publisher)
+    assert [json.loads(value)["dispatch_key"] for _, _, value in records] == [first.dispatch_key, second.dispatch_key]
+    assert first.dispatch_key != second.dispatch_key
+    for published, (_, key, _) in zip((first, second), records, strict=True):
+        assert published.generated
+        assert published.dispatch_key.startswith(GENERATED_KEY_PREFIX)
+        assert uuid.UUID(published.dispatch_key.removeprefix(GENERATED_KEY_PREFIX)).version == 7
+        assert published.run_id == keyed_run_id("acme", published.dispatch_key)
+        assert key == f"acme/{published.run_id}".encode()
+
+
+def test_a_spawn_with_a_key_is_published_with_that_key(publisher: DispatchPublisher) -> None:
+    published = publisher.publish("acme", SPAWN)
+
+    assert (published.dispatch_key, published.generated) == ("k-1", False)
+    assert published.run_id == keyed_run_id("acme", "k-1")
+
+
+def test_the_run_a_generated_key_names_is_the_one_admitted_however_often_it_is_delivered(
+    publisher: DispatchPublisher,
+    template: Template,
+    handler: Callable[[dict[str, Any], Any], dict[str, Any]],
+    store: Store,
+    dynamodb: Any,
+    table_name: str,
+) -> None:
+    # Given a spawn without a key published to the test's tenant
+    harness = RelayHarness.start(template, handler, store)
+    published = publisher.publish(harness.tenant, RunRequest(workflow_ref="wf/hello", input={"n": 1}))
+    ((_, key, value),) = produced(publisher)
+    # When the relay is given its record twice (redelivered after a kill, before its offset was committed)
+    record = harness.record(value, 0, key=key)
+    harness.run([record])
+    harness.run([record])
+    # Then the table holds one run, the one the publisher named, under the generated key
+    (run,) = count_runs(dynamodb, table_name, harness.tenant)
+    assert (run["run_id"]["S"], run["dispatch_key"]["S"]) == (published.run_id, published.dispatch_key)
+    assert harness.dead_letters() == []
+
+
+def test_a_keyless_record_is_published_only_when_asked_for_by_name_and_warns(publisher: DispatchPublisher) -> None:
+    spawn = RunRequest(workflow_ref="wf/hello", input={})
+    # When a keyless record is asked for by name
+    with pytest.warns(KeylessDispatchWarning, match="at least once"):
+        publisher.publish_without_dispatch_key("acme", spawn)
+
+    # Then it is queued without a key, under a partition key of a fresh UUIDv7
+    ((topic, key, value),) = produced(publisher)
+    assert topic == "poimen.acme.dispatch"
+    assert json.loads(value)["dispatch_key"] is None
+    assert uuid.UUID(key.decode().removeprefix("acme/")).version == 7
+
+
+def test_a_keyless_publish_of_a_keyed_request_is_refused_and_nothing_is_queued(publisher: DispatchPublisher) -> None:
+    with pytest.raises(ValueError, match="carries a dispatch_key"):
+        publisher.publish_without_dispatch_key("acme", SPAWN)
+
+    assert produced(publisher) == []

@@ -43,6 +43,7 @@ from poimen.relay import (
 from poimen.retention import RunRetention
 from poimen.store import Store
 from poimen.wire import rfc3339
+from poimen_tools.local.devserver import LocalLambdaContext
 from poimen_tools.local.msk import KafkaRecord, msk_event
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs, load_event
@@ -745,3 +746,40 @@ def test_a_retry_after_http_date_in_the_past_is_no_wait(harness: RelayHarness, d
     assert len(api.sent_at) == 2
     assert api.sent_at[1] - api.sent_at[0] < 1
     assert len(count_runs(dynamodb, table_name, harness.tenant)) == 1
+
+
+def test_the_relay_counts_keyless_records_per_tenant_beside_the_inbox_lag(
+    template: Template,
+    harness: RelayHarness,
+    dynamodb: Any,
+    table_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Given the relay function's handler (template.yaml), relaying through the in-process API
+    lambda_handler = template.load_handler("InboxRelayFunction")
+    monkeypatch.setattr(relay_module, "relay_service", lambda: harness.relay)
+    other = f"{harness.tenant}-b"  # the stack's second tenant (tests/unit/conftest.py)
+    batches = [
+        [harness.record(SPAWN, 0), harness.record({**SPAWN, "dispatch_key": "k-1"}, 1), harness.record(SPAWN, 2)],
+        [harness.record(SPAWN, 0, topic=dispatch_topic(other))],
+        [harness.record({**SPAWN, "dispatch_key": "k-2"}, 3)],
+    ]
+    # When each batch is one invocation, as each tenant's mapping invokes the function
+    for records in batches:
+        lambda_handler(msk_event(records), LocalLambdaContext("InboxRelayFunction", 60))
+    # Then each invocation's metrics (EMF, the JSON CloudWatch stores) count its keyless records under its tenant
+    emitted = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')]
+    documents = [doc for doc in emitted if "DispatchRelayed" in doc]  # not the in-process admissions' own
+    assert [(doc["tenant"], doc.get("DispatchKeyless"), doc["DispatchRelayed"]) for doc in documents] == [
+        (harness.tenant, [2.0], [3.0]),
+        (other, [1.0], [1.0]),
+        (harness.tenant, None, [1.0]),  # no keyless record: no value (a tenant's series is paid for while sent)
+    ]
+    for doc in documents[:2]:
+        (directive,) = doc["_aws"]["CloudWatchMetrics"]
+        assert {metric["Name"]: metric["Unit"] for metric in directive["Metrics"]}["DispatchKeyless"] == "Count"
+        assert sorted(directive["Dimensions"][0]) == ["service", "tenant"]
+    # And every record was admitted
+    assert len(count_runs(dynamodb, table_name, harness.tenant)) == 4
+    assert len(count_runs(dynamodb, table_name, other)) == 1

@@ -414,7 +414,8 @@ def test_the_relays_metrics_are_per_tenant_on_the_dashboard(template: Template) 
     on_dashboard = _metrics_on_dashboard(template, "Poimen")
 
     assert _dimensions_added("relay") == {"tenant"}
-    for metric in ("DispatchRelayed", "DispatchReplayed", "DispatchDeadLettered", "RelayRetries", "InboxLag"):
+    relay_metrics = ("DispatchRelayed", "DispatchReplayed", "DispatchDeadLettered", "RelayRetries", "InboxLag")
+    for metric in (*relay_metrics, "DispatchKeyless"):
         assert ("tenant", "*") in on_dashboard[metric], metric
 
 

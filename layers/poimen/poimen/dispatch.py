@@ -1,14 +1,23 @@
-"""Publishing spawn decisions to `poimen.<tenant>.dispatch` (the orchestrator's side of the relay)."""
+"""Publishing spawn decisions to `poimen.<tenant>.dispatch` (the orchestrator's side of the relay).
+
+Every record it publishes carries a dispatch_key, the caller's or one generated for the spawn
+(`poimen-dispatch/<UUIDv7>`), so each admits its run exactly once however often the relay is given it: the
+relay passes the record through verbatim and admission's dispatch_key deduplication absorbs redeliveries.
+A keyless record, delivered at least once, is published only when asked for by name
+(`publish_without_dispatch_key`), with a KeylessDispatchWarning.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import warnings
+from dataclasses import dataclass
+from typing import Any, Final
 
 from confluent_kafka import KafkaError, Message, Producer
 from pydantic import ValidationError
 
 from poimen.contract import JSONTooDeep, RunRequest, json_text, parse_json
-from poimen.ids import keyed_run_id, unkeyed_run_id
+from poimen.ids import keyed_run_id, unkeyed_run_id, uuid7
 from poimen.kafka import InvalidTenant, dispatch_topic, partition_key
 from poimen.kafka_client import broker_error_reason, client_config, delivery_settings, quiet_client_settings
 from poimen.wire import MAX_BODY_BYTES
@@ -17,6 +26,33 @@ from poimen.wire import MAX_BODY_BYTES
 DEFAULT_DELIVERY_TIMEOUT_SECONDS = 300.0
 # What flush() waits beyond the delivery timeout, so every record's delivery report (with its reason) is in.
 _FLUSH_MARGIN_SECONDS = 2.0
+# The prefix of the dispatch keys generated for spawns published without one; 16 + 36 characters, well inside
+# the API's 1-255 and free of control characters. Callers should not choose keys with it.
+GENERATED_KEY_PREFIX: Final = "poimen-dispatch/"
+KEYLESS_WARNING: Final = (
+    "a dispatch record without a dispatch_key is delivered at least once: given to the relay again (a relay "
+    "stopped before it committed the record's offset, a batch retried), it is admitted again, as another run"
+)
+
+
+class KeylessDispatchWarning(UserWarning):
+    """A dispatch record was published without a dispatch_key, as asked for by name (KEYLESS_WARNING)."""
+
+
+@dataclass(frozen=True)
+class Published:
+    """A queued dispatch record: the run it admits, the same however often the relay is given it, and its
+    dispatch_key, the caller's or (`generated`) the one made for a spawn without one. To publish the same
+    spawn again, publish it with this key: without it, it is another spawn."""
+
+    run_id: str
+    dispatch_key: str
+    generated: bool
+
+
+def generated_dispatch_key() -> str:
+    """A fresh key for one spawn published without one: `poimen-dispatch/` and a UUIDv7 (time-ordered)."""
+    return f"{GENERATED_KEY_PREFIX}{uuid7()}"
 
 
 class InvalidDispatch(ValueError):
@@ -98,31 +134,40 @@ class DispatchPublisher:
         self._broker_errors: list[str] = []
         self._producer.poll(0)  # serves oauth_cb before the first request (librdkafka calls it from poll)
 
-    def publish(self, tenant_id: str, request: RunRequest) -> str | None:
-        """Queue one dispatch record; the run id it will admit when it has a dispatch_key, else None.
+    def publish(self, tenant_id: str, request: RunRequest) -> Published:
+        """Queue one dispatch record; the run it admits and its dispatch_key.
 
-        The value is the body POST /v1/runs takes; the key is the partition key (tenant, run id).
-        Without a dispatch_key no run id exists before admission, so the key carries a fresh UUIDv7.
+        The value is the body POST /v1/runs takes; the key is the partition key (tenant, run id). A request
+        without a dispatch_key is given a generated one (`generated_dispatch_key`), so the run id is derived
+        before admission as for any keyed spawn, and a redelivered record replays that run.
 
         Raises InvalidDispatch, queueing nothing, for what the relay could only dead-letter: a tenant
         that is no tenant id (InvalidDispatchTenant, an InvalidTenant too: its topic would be auto-created
         and never consumed), or a request the API refuses (fields out of bounds, a body over
         MAX_BODY_BYTES, nested too deep, not encodable).
         """
-        try:
-            topic = dispatch_topic(tenant_id)
-        except InvalidTenant as error:
-            raise InvalidDispatchTenant(tenant_id) from error
-        value = _body(request)
-        run_id = keyed_run_id(tenant_id, request.dispatch_key) if request.dispatch_key is not None else None
-        self._producer.produce(
-            topic,
-            key=partition_key(tenant_id, run_id or unkeyed_run_id()),
-            value=value,
-            on_delivery=self._delivered,
-        )
-        self._producer.poll(0)
-        return run_id
+        generated = request.dispatch_key is None
+        dispatch_key = generated_dispatch_key() if request.dispatch_key is None else request.dispatch_key
+        # model_copy does not validate: _body validates the request as the API will.
+        keyed = request.model_copy(update={"dispatch_key": dispatch_key}) if generated else request
+        topic, value = _checked(tenant_id, keyed)
+        run_id = keyed_run_id(tenant_id, dispatch_key)
+        self._produce(topic, partition_key(tenant_id, run_id), value)
+        return Published(run_id, dispatch_key, generated)
+
+    def publish_without_dispatch_key(self, tenant_id: str, request: RunRequest) -> None:
+        """Queue one dispatch record without a dispatch_key, as asked for by name, after warning that it is
+        delivered at least once (KeylessDispatchWarning): a redelivery admits it again, as another run.
+
+        No run id exists before admission, so the partition key carries a fresh UUIDv7 and none is returned.
+        Raises ValueError for a request that carries a dispatch_key, and InvalidDispatch as `publish` does,
+        queueing nothing.
+        """
+        if request.dispatch_key is not None:
+            raise ValueError("the request carries a dispatch_key: publish it with publish()")
+        topic, value = _checked(tenant_id, request)
+        warnings.warn(KEYLESS_WARNING, KeylessDispatchWarning, stacklevel=2)
+        self._produce(topic, partition_key(tenant_id, unkeyed_run_id()), value)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued record is acknowledged; raise PublishFailed if any failed or is still
@@ -137,6 +182,10 @@ class DispatchPublisher:
                 self.bootstrap_servers, remaining, failures, broker_errors, self.delivery_timeout_seconds
             )
 
+    def _produce(self, topic: str, key: bytes, value: bytes) -> None:
+        self._producer.produce(topic, key=key, value=value, on_delivery=self._delivered)
+        self._producer.poll(0)
+
     def _delivered(self, error: KafkaError | None, _message: Message) -> None:
         if error is not None:
             self._failures.append(str(error.str()))
@@ -149,6 +198,15 @@ class DispatchPublisher:
         text = str(error.str())
         if text not in self._broker_errors[-1:]:
             self._broker_errors = [*self._broker_errors[-9:], text]
+
+
+def _checked(tenant_id: str, request: RunRequest) -> tuple[str, bytes]:
+    """The record's topic and value; InvalidDispatch for a record the relay could only dead-letter."""
+    try:
+        topic = dispatch_topic(tenant_id)
+    except InvalidTenant as error:
+        raise InvalidDispatchTenant(tenant_id) from error
+    return topic, _body(request)
 
 
 def _body(request: RunRequest) -> bytes:

@@ -46,6 +46,11 @@ def _uuid8(data: bytes) -> str:
 
 
 def unkeyed_run_id() -> str:
+    """The run id of a keyless spawn: a UUIDv7, so ids sort by creation time."""
+    return uuid7()
+
+
+def uuid7() -> str:
     """A UUIDv7: millisecond timestamp then 74 random bits, so ids sort by creation time."""
     millis = time.time_ns() // 1_000_000
     raw = bytearray(millis.to_bytes(6, "big") + os.urandom(10))

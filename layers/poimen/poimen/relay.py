@@ -77,6 +77,7 @@ class BatchOutcome:
     replayed: int = 0
     dead_lettered: int = 0
     retries: int = 0
+    keyless: int = 0  # records relayed without a dispatch_key, delivered at least once: their producer should key them
     max_lag_ms: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -102,6 +103,10 @@ class BatchOutcome:
         metrics.add_metric(name="RelayRetries", unit=MetricUnit.Count, value=self.retries)
         if self.max_lag_ms is not None:
             metrics.add_metric(name="InboxLag", unit=MetricUnit.Milliseconds, value=self.max_lag_ms)
+        # Only when there are any: a tenant's series costs a custom metric while it is sent, and it is there to
+        # show the producer that sends keyless records.
+        if self.keyless:
+            metrics.add_metric(name="DispatchKeyless", unit=MetricUnit.Count, value=self.keyless)
 
 
 @dataclass(frozen=True)
@@ -233,6 +238,7 @@ class Relay:
             # Relayed, as the API admits keyless spawns; but a retry after a lost answer, or of the
             # batch, can then admit it twice. Publishers should always set a dispatch_key.
             logger.warning("dispatch without dispatch_key: delivered at least once", topic=record.topic)
+            batch.outcome.count("keyless")
         if spawn.traceparent is None and header(record.raw_event, "traceparent") is not None:
             logger.warning("malformed traceparent header not forwarded", topic=record.topic, offset=record.offset)
         status, answer = self._post(spawn.tenant, spawn.body, spawn.traceparent, batch, keyed=dispatch_key is not None)

@@ -315,10 +315,10 @@ def test_a_tenant_whose_batch_outlasts_the_timeout_stalls_no_other_tenant(
     slow_relay: ExecutionEnvironments,
     tmp_path: Path,
 ) -> None:
-    # Given the relay in two execution environments, its timeout 2 s, 2 attempts a batch with 0.5 s backoff
-    # (tenant a's failing batch ends after at least 4.5 s), and tenant a's first record taking 60 s
+    # Given the relay in two execution environments, its timeout 2 s, 3 attempts a batch with 0.5 s backoff
+    # (tenant a's failing batch ends after at least 7.5 s), and tenant a's first record taking 60 s
     parked: list[dict[str, Any]] = []
-    running(_source(slow_relay.handler, parked.append, max_attempts=2, retry_base_seconds=0.5, concurrency=2))
+    running(_source(slow_relay.handler, parked.append, max_attempts=3, retry_base_seconds=0.5, concurrency=2))
     began = time.monotonic()
     consumer.publish("poimen.a.dispatch")
     consumer.publish("poimen.b.dispatch")
@@ -328,23 +328,23 @@ def test_a_tenant_whose_batch_outlasts_the_timeout_stalls_no_other_tenant(
     consumer.publish("poimen.a.dispatch")
     consumer.publish("poimen.b.dispatch")
 
-    # Then b's records are handled and committed without waiting for a's batch (well within its 4.5 s), and a's
+    # Then b's records are handled and committed without waiting for a's batch (well within its 7.5 s), and a's
     # next record is not (its mapping never commits past an unhandled record)
     wait_for(
-        lambda: consumer.committed.get(("poimen.b.dispatch", 0)) == 2, timeout=2.5, what="tenant b's records committed"
+        lambda: consumer.committed.get(("poimen.b.dispatch", 0)) == 2, timeout=4, what="tenant b's records committed"
     )
     assert ("poimen.a.dispatch", 0) not in consumer.committed
     assert parked == []
-    # And a's invocations end at the timeout, each a failure: after its 2 attempts the batch of its first record
+    # And a's invocations end at the timeout, each a failure: after its 3 attempts the batch of its first record
     # is parked (long before its 60 s), then its next record handled and both committed
     wait_for(lambda: consumer.committed.get(("poimen.a.dispatch", 0)) == 2, timeout=30, what="tenant a committed")
-    assert time.monotonic() - began >= 4.5
+    assert time.monotonic() - began >= 7.5
     assert _parked_records(parked[0]) == [("poimen.a.dispatch", 0, 0)]
-    assert parked[0]["requestContext"]["approximateInvokeCount"] == 2
+    assert parked[0]["requestContext"]["approximateInvokeCount"] == 3
     # And each timed-out invocation's process was ended, as Lambda resets the environment
     pids = [int(path.name) for path in (tmp_path / "pids").iterdir()]
-    assert len(pids) == 2
-    wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), timeout=10, what="both ended")
+    assert len(pids) == 3
+    wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), timeout=10, what="all three ended")
 
 
 def _parked_records(parked: dict[str, Any]) -> list[tuple[str, int, int]]:

@@ -336,7 +336,8 @@ class ExecutionEnvironments:
         try:
             pid = environment.ready.result(timeout=self._load_timeout)  # a new one's init phase, then the invoke
             invocation = environment.pool.submit(_invoke_loaded_handler, event, timeout)
-        except BrokenProcessPool:  # it died between invocations: Lambda would not have chosen it
+        # It died between invocations (or while the others started): Lambda would not have chosen it.
+        except (BrokenProcessPool, threading.BrokenBarrierError):
             environment = self._replace(index)
             pid = environment.ready.result(timeout=self._load_timeout)
             invocation = environment.pool.submit(_invoke_loaded_handler, event, timeout)

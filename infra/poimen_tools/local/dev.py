@@ -361,7 +361,8 @@ def _start_event_source(
     The relay runs in `concurrency` execution environments of its own, at most one a tenant, so the batches of
     that many tenant topics are relayed at once, as their mappings would be (one at a time, 100 tenants'
     records one or two to a batch would each wait for the batches before them). Not more than one a tenant: a
-    poll has a batch a topic, so more would never run (a replica topic's batch waits for a free one), and each
+    topic has one batch in flight at a time, so more would seldom run (a replica topic's batch waits for a free
+    one), and each
     is a process holding the relay handler (45 MiB): `--concurrency 256` for one tenant would start 256.
     Each tenant topic progresses on its own (LocalMskEventSource), and an invocation past the relay's Timeout
     is ended and fails, as on AWS."""

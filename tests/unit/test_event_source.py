@@ -1,16 +1,25 @@
-"""The local MSK event source's bookkeeping, with a stand-in consumer (no broker)."""
+"""The local MSK event source's bookkeeping, with a stand-in consumer (no broker): each tenant topic progresses as
+its own mapping would, and an invocation past the function's timeout fails."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import logging
 import threading
-from dataclasses import dataclass, field
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
+from poimen_tools.local import event_source
+from poimen_tools.local.devserver import ExecutionEnvironments
 from poimen_tools.local.event_source import LocalMskEventSource
+from tests.conftest import wait_for
 
 
 @dataclass
@@ -45,63 +54,6 @@ class _Message:
 
 
 @dataclass
-class _Consumer:
-    owned: list[tuple[str, int]]
-    committed: list[tuple[str, int, int]] = field(default_factory=list)
-    polled: list[_Message] = field(default_factory=list)
-    positions: dict[tuple[str, int], int] = field(default_factory=dict)
-
-    def consume(self, num_messages: int, timeout: float) -> list[_Message]:
-        for message in self.polled:
-            self.positions[(message.topic(), message.partition())] = message.offset() + 1
-        return self.polled
-
-    def seek(self, partition: TopicPartition) -> None:
-        self.positions[(partition.topic, partition.partition)] = partition.offset
-
-    def assignment(self) -> list[TopicPartition]:
-        return [TopicPartition(topic, partition) for topic, partition in self.owned]
-
-    def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> list[TopicPartition]:
-        assert asynchronous is False
-        self.committed.extend((tp.topic, tp.partition, tp.offset) for tp in offsets)
-        return offsets
-
-
-def test_commits_the_next_offset_of_each_owned_partition_only() -> None:
-    consumer = _Consumer(owned=[("t", 0), ("t", 1)])
-    batch: list[Any] = [_Message("t", 0, 5), _Message("t", 0, 7), _Message("t", 1, 2), _Message("t", 2, 9)]
-
-    LocalMskEventSource._commit(consumer, batch)  # type: ignore[arg-type]
-
-    assert sorted(consumer.committed) == [("t", 0, 8), ("t", 1, 3)]  # partition 2 was revoked: not ours
-
-
-def test_a_failed_topic_batch_rewinds_every_uncommitted_topic_of_the_poll() -> None:
-    # Given one poll holding records of two tenant topics, and a relay and on-failure destination both down
-    polled = [
-        _Message("poimen.a.dispatch", 0, 0),
-        _Message("poimen.a.dispatch", 0, 1),
-        _Message("poimen.b.dispatch", 0, 0),
-    ]
-    polled += [_Message("poimen.b.dispatch", 0, 1), _Message("poimen.b.dispatch", 0, 2)]
-    consumer = _Consumer(owned=[("poimen.a.dispatch", 0), ("poimen.b.dispatch", 0)], polled=polled)
-
-    def down(*_: Any) -> Any:
-        raise ConnectionError("unreachable")
-
-    source = LocalMskEventSource("127.0.0.1:1", down, down, max_attempts=1)
-
-    # When the first topic's batch cannot be handled
-    with pytest.raises(ConnectionError):
-        source._poll_once(consumer)  # type: ignore[arg-type]
-
-    # Then nothing is committed and both topics read again from their first record of the poll
-    assert consumer.committed == []
-    assert consumer.positions == {("poimen.a.dispatch", 0): 0, ("poimen.b.dispatch", 0): 0}
-
-
-@dataclass
 class _Error(_Message):
     """What consume() returns for a consumer error: a message carrying it."""
 
@@ -111,27 +63,164 @@ class _Error(_Message):
         return self._error
 
 
-def test_no_dispatch_topic_yet_is_not_logged_as_a_problem(caplog: pytest.LogCaptureFixture) -> None:
+class _Consumer:
+    """A stand-in for confluent_kafka's Consumer over in-memory partitions of one partition a topic, all assigned
+    to it: consume() reads from each partition not paused, from its position, as librdkafka does (a paused
+    partition resumes after the last record consume() returned)."""
+
+    def __init__(self, *topics: str) -> None:
+        self.records: dict[tuple[str, int], int] = {(topic, 0): 0 for topic in topics}  # records published
+        self.positions: dict[tuple[str, int], int] = dict.fromkeys(self.records, 0)
+        self.committed: dict[tuple[str, int], int] = {}
+        self.paused: set[tuple[str, int]] = set()
+        self.errors: list[_Message] = []  # returned by the next consume()
+        self.consumed_at: list[float] = []  # when consume() was called (time.monotonic())
+        self.configs: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def publish(self, topic: str) -> None:
+        with self._lock:
+            self.records[(topic, 0)] += 1
+
+    def subscribe(self, topics: list[str]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def consume(self, num_messages: int, timeout: float) -> list[_Message]:
+        with self._lock:
+            self.consumed_at.append(time.monotonic())
+            batch, self.errors = list(self.errors), []
+            for key, end in self.records.items():
+                while key not in self.paused and self.positions[key] < end and len(batch) < num_messages:
+                    batch.append(_Message(key[0], key[1], self.positions[key]))
+                    self.positions[key] += 1
+        if not batch:
+            time.sleep(timeout)  # librdkafka waits that long for a record
+        return batch
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        with self._lock:
+            self.paused |= {(tp.topic, tp.partition) for tp in partitions}
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        with self._lock:
+            self.paused -= {(tp.topic, tp.partition) for tp in partitions}
+
+    def seek(self, partition: TopicPartition) -> None:
+        with self._lock:
+            self.positions[(partition.topic, partition.partition)] = partition.offset
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(topic, partition) for topic, partition in self.records]
+
+    def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> list[TopicPartition]:
+        assert asynchronous is False
+        with self._lock:
+            for tp in offsets:
+                assert tp.offset >= self.committed.get((tp.topic, tp.partition), 0), "a commit went backwards"
+                self.committed[(tp.topic, tp.partition)] = tp.offset
+        return offsets
+
+
+@pytest.fixture
+def consumer(monkeypatch: pytest.MonkeyPatch) -> _Consumer:
+    """The stand-in the test's event sources consume from, two tenants' topics (`publish` to them); the
+    configuration each source gave it in `configs`."""
+    stand_in = _Consumer("poimen.a.dispatch", "poimen.b.dispatch")
+
+    def create(config: dict[str, Any]) -> _Consumer:
+        stand_in.configs.append(config)
+        return stand_in
+
+    monkeypatch.setattr(event_source, "Consumer", create)
+    return stand_in
+
+
+@pytest.fixture
+def running() -> Iterator[Callable[[LocalMskEventSource], LocalMskEventSource]]:
+    started: list[LocalMskEventSource] = []
+
+    def start(source: LocalMskEventSource) -> LocalMskEventSource:
+        source.start()
+        started.append(source)
+        return source
+
+    yield start
+    for source in started:
+        source.stop()
+
+
+def _source(handler: Any, on_failure: Any, **options: Any) -> LocalMskEventSource:
+    return LocalMskEventSource("127.0.0.1:1", handler, on_failure, batching_window_seconds=0.05, **options)
+
+
+def _never(_record: dict[str, Any]) -> None:
+    raise AssertionError("nothing goes to the on-failure destination")
+
+
+def test_commits_the_next_offset_of_each_owned_partition_only() -> None:
+    consumer = _Consumer("t")
+    batch: list[Any] = [_Message("t", 0, 5), _Message("t", 0, 7), _Message("u", 0, 9)]
+
+    event_source.commit(consumer, batch)  # type: ignore[arg-type]
+
+    assert consumer.committed == {("t", 0): 8}  # u-0 is not assigned to this member: not ours
+
+
+def test_a_failed_topic_batch_is_rewound_alone_and_read_again(
+    consumer: _Consumer, running: Callable[[LocalMskEventSource], LocalMskEventSource]
+) -> None:
+    # Given two tenant topics, the relay failing for one of them and the on-failure destination down
+    invoked: list[str] = []
+
+    def relay(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+        invoked.extend(event["records"])
+        if "poimen.a.dispatch-0" in event["records"]:
+            raise RuntimeError("the API refused the relay")
+        return {}
+
+    def down(_record: dict[str, Any]) -> None:
+        raise ConnectionError("unreachable")
+
+    running(_source(relay, down, max_attempts=1, retry_base_seconds=0.01, concurrency=2))
+
+    # When each tenant publishes a record
+    consumer.publish("poimen.a.dispatch")
+    consumer.publish("poimen.b.dispatch")
+
+    # Then the handled topic is committed, and the failed one is read again from its record, never committed
+    wait_for(lambda: consumer.committed.get(("poimen.b.dispatch", 0)) == 1, timeout=10, what="b committed")
+    wait_for(lambda: invoked.count("poimen.a.dispatch-0") >= 3, timeout=10, what="a's batch invoked again")
+    assert ("poimen.a.dispatch", 0) not in consumer.committed
+
+
+def test_no_dispatch_topic_yet_is_not_logged_as_a_problem(
+    consumer: _Consumer,
+    running: Callable[[LocalMskEventSource], LocalMskEventSource],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # Given a subscription no topic matches yet (no tenant has published), then a real consumer error
     not_yet = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, "Subscribed topic not available")
     down = KafkaError(KafkaError._TRANSPORT, "Connection refused")
-    consumer = _Consumer(owned=[], polled=[_Error("", -1, -1001, not_yet), _Error("", -1, -1001, down)])
-    source = LocalMskEventSource("127.0.0.1:1", lambda *_: {}, lambda _: None)
+    consumer.errors = [_Error("", -1, -1001, not_yet), _Error("", -1, -1001, down)]
 
     # When one poll returns both
     with caplog.at_level(logging.DEBUG, logger="poimen_tools.local.event_source"):
-        source._poll_once(consumer)  # type: ignore[arg-type]
+        running(_source(lambda *_: {}, _never))
+        wait_for(lambda: len(consumer.consumed_at) >= 2, timeout=10, what="two polls")
 
     # Then only the real error is a warning; the missing topic is a debug line
     levels = [(record.levelno, "Subscribed topic" in record.getMessage()) for record in caplog.records]
     assert levels == [(logging.DEBUG, True), (logging.WARNING, False)]
 
 
-def test_the_batches_of_several_topics_are_invoked_at_once() -> None:
-    # Given one poll holding one record of each of two tenant topics, and a relay whose invocations each wait
-    # until the other has begun (as 100 tenants' one-record batches would each wait for all before them)
-    polled: list[Any] = [_Message("poimen.a.dispatch", 0, 0), _Message("poimen.b.dispatch", 0, 0)]
-    consumer = _Consumer(owned=[("poimen.a.dispatch", 0), ("poimen.b.dispatch", 0)], polled=polled)
+def test_the_batches_of_several_topics_are_invoked_at_once(
+    consumer: _Consumer, running: Callable[[LocalMskEventSource], LocalMskEventSource]
+) -> None:
+    # Given a relay whose invocations each wait until the other has begun (as 100 tenants' one-record batches
+    # would each wait for all before them)
     both_running = threading.Barrier(2, timeout=10)
     invoked: list[str] = []
 
@@ -140,52 +229,125 @@ def test_the_batches_of_several_topics_are_invoked_at_once() -> None:
         invoked.extend(event["records"])
         return {}
 
-    source = LocalMskEventSource("127.0.0.1:1", relay, _never, max_attempts=1, concurrency=2)
+    running(_source(relay, _never, max_attempts=1, concurrency=2))
 
-    # When the poll is handled
-    source._poll_once(consumer)  # type: ignore[arg-type]
+    # When two tenant topics each get a record
+    consumer.publish("poimen.a.dispatch")
+    consumer.publish("poimen.b.dispatch")
 
     # Then both ran together and both topics' offsets are committed
+    wait_for(lambda: len(consumer.committed) == 2, timeout=10, what="both topics committed")
     assert sorted(invoked) == ["poimen.a.dispatch-0", "poimen.b.dispatch-0"]
-    assert sorted(consumer.committed) == [("poimen.a.dispatch", 0, 1), ("poimen.b.dispatch", 0, 1)]
+    assert consumer.committed == {("poimen.a.dispatch", 0): 1, ("poimen.b.dispatch", 0): 1}
 
 
-def test_a_failed_topic_batch_is_rewound_and_the_others_of_its_poll_are_committed() -> None:
-    # Given one poll of two tenant topics, the relay failing for one of them and the on-failure destination down
-    polled: list[Any] = [_Message("poimen.a.dispatch", 0, 3), _Message("poimen.b.dispatch", 0, 7)]
-    consumer = _Consumer(owned=[("poimen.a.dispatch", 0), ("poimen.b.dispatch", 0)], polled=polled)
+def test_the_consumer_is_polled_while_a_batch_is_retried_through_an_outage(
+    consumer: _Consumer,
+    running: Callable[[LocalMskEventSource], LocalMskEventSource],
+) -> None:
+    # Given a relay failing through an API outage, a batch spending 3 attempts with backoff (at least 1.5 s)
+    parked: list[dict[str, Any]] = []
 
-    def relay(event: dict[str, Any], _context: Any) -> dict[str, Any]:
-        if "poimen.a.dispatch-0" in event["records"]:
-            raise RuntimeError("the API refused the relay")
-        return {}
+    def down(_event: dict[str, Any], _context: Any) -> dict[str, Any]:
+        raise ConnectionError("the API is down")
 
-    def down(_record: dict[str, Any]) -> None:
-        raise ConnectionError("unreachable")
+    running(_source(down, parked.append, max_attempts=3, retry_base_seconds=0.5))
 
-    source = LocalMskEventSource("127.0.0.1:1", relay, down, max_attempts=1, concurrency=2)
+    # When a tenant publishes a record and its batch is retried until it is parked
+    consumer.publish("poimen.a.dispatch")
+    wait_for(lambda: consumer.committed, timeout=30, what="the batch parked and committed")
+    started = consumer.consumed_at[0]
+    polls = [at for at in consumer.consumed_at if at >= started]
 
-    # When the poll is handled
-    with pytest.raises(ConnectionError):
-        source._poll_once(consumer)  # type: ignore[arg-type]
-
-    # Then the handled topic is committed, and the failed one reads again from its record
-    assert consumer.committed == [("poimen.b.dispatch", 0, 8)]
-    assert consumer.positions[("poimen.a.dispatch", 0)] == 3
-
-
-def _never(_record: dict[str, Any]) -> None:
-    raise AssertionError("nothing goes to the on-failure destination")
+    # Then the consumer was polled all along (what keeps a member in its group: max.poll.interval.ms bounds
+    # the time between two polls), never left for a batch's whole retries
+    longest_gap = max(later - earlier for earlier, later in itertools.pairwise(polls))
+    assert longest_gap < 1.0
+    assert longest_gap * 1000 < consumer.configs[0]["max.poll.interval.ms"]
+    assert consumer.committed == {("poimen.a.dispatch", 0): 1}
+    assert len(parked) == 1
 
 
-def test_a_poll_of_every_topic_failing_through_an_outage_ends_before_the_group_evicts_the_relay() -> None:
-    # Given the relay of `poimen dev`'s settings: 100-record polls over up to 100 tenant topics, 4 batches at a
-    # time, each batch up to 3 attempts of the function's 120 s with backoff
-    source = LocalMskEventSource("127.0.0.1:1", lambda *_: {}, _never, function_timeout_seconds=120.0, concurrency=4)
-    one_batch_ms = 3 * (120 + 0.5 * 2**3) * 1000
+SLOW_TEMPLATE = """\
+Resources:
+  Relay:
+    Type: AWS::Serverless::Function
+    Properties:
+      CodeUri: relay/
+      Handler: app.handler
+      Timeout: 2
+"""
+# Tenant a's first record takes a minute (its process's id written first); every other record is answered.
+SLOW_HANDLER = """\
+import os
+import time
+from pathlib import Path
 
-    # When the API is down for the whole poll, every batch spending all its attempts, 25 rounds of 4
-    poll_ms = 25 * one_batch_ms
 
-    # Then the consumer's max.poll.interval.ms outlasts that poll: the group does not evict it mid-poll
-    assert source.max_poll_interval_ms() > poll_ms
+def handler(event, context):
+    if any(record["offset"] == 0 for record in event["records"].get("poimen.a.dispatch-0", [])):
+        Path(os.environ["PIDS"], str(os.getpid())).touch()
+        time.sleep(60)
+    return {}
+"""
+
+
+@pytest.fixture
+def slow_relay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ExecutionEnvironments]:
+    """Two execution environments of a relay whose timeout is 2 s and whose first batch of tenant a takes 60 s."""
+    (tmp_path / "relay").mkdir()
+    (tmp_path / "relay" / "app.py").write_text(SLOW_HANDLER)
+    (tmp_path / "template.yaml").write_text(SLOW_TEMPLATE)
+    (tmp_path / "pids").mkdir()
+    monkeypatch.setenv("PIDS", str(tmp_path / "pids"))
+    environments = ExecutionEnvironments(str(tmp_path / "template.yaml"), "Relay", 2)
+    environments.start()
+    try:
+        environments.wait_ready()
+        yield environments
+    finally:
+        environments.close()
+
+
+def test_a_tenant_whose_batch_outlasts_the_timeout_stalls_no_other_tenant(
+    consumer: _Consumer,
+    running: Callable[[LocalMskEventSource], LocalMskEventSource],
+    slow_relay: ExecutionEnvironments,
+    tmp_path: Path,
+) -> None:
+    # Given the relay in two execution environments, its timeout 2 s, 3 attempts a batch with 0.5 s backoff
+    # (tenant a's failing batch ends after at least 7.5 s), and tenant a's first record taking 60 s
+    parked: list[dict[str, Any]] = []
+    running(_source(slow_relay.handler, parked.append, max_attempts=3, retry_base_seconds=0.5, concurrency=2))
+    began = time.monotonic()
+    consumer.publish("poimen.a.dispatch")
+    consumer.publish("poimen.b.dispatch")
+    wait_for(lambda: any((tmp_path / "pids").iterdir()), timeout=10, what="tenant a's slow invocation")
+
+    # When tenant a publishes its next record, and tenant b its next, while a's batch is still in its first attempt
+    consumer.publish("poimen.a.dispatch")
+    consumer.publish("poimen.b.dispatch")
+
+    # Then b's records are handled and committed without waiting for a's batch (well within its 7.5 s), and a's
+    # next record is not (its mapping never commits past an unhandled record)
+    wait_for(
+        lambda: consumer.committed.get(("poimen.b.dispatch", 0)) == 2, timeout=4, what="tenant b's records committed"
+    )
+    assert ("poimen.a.dispatch", 0) not in consumer.committed
+    assert parked == []
+    # And a's invocations end at the timeout, each a failure: after its 3 attempts the batch of its first record
+    # is parked (long before its 60 s), then its next record handled and both committed
+    wait_for(lambda: consumer.committed.get(("poimen.a.dispatch", 0)) == 2, timeout=30, what="tenant a committed")
+    assert time.monotonic() - began >= 7.5
+    assert _parked_records(parked[0]) == [("poimen.a.dispatch", 0, 0)]
+    assert parked[0]["requestContext"]["approximateInvokeCount"] == 3
+    # And each timed-out invocation's process was ended, as Lambda resets the environment
+    pids = [int(path.name) for path in (tmp_path / "pids").iterdir()]
+    assert len(pids) == 3
+    wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), timeout=10, what="all three ended")
+
+
+def _parked_records(parked: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """The (topic, partition, offset) of each record of a parked batch."""
+    event = json.loads(parked["payload"])
+    return [(r["topic"], r["partition"], r["offset"]) for group in event["records"].values() for r in group]

@@ -1,11 +1,14 @@
 """The local execution environments (poimen_tools.local.devserver.ExecutionEnvironments) as Lambda's: an
-environment that dies is replaced, and its death fails only the invocation it was running."""
+environment that dies is replaced, and its death fails only the invocation it was running; an invocation past
+the function's timeout is ended; each function's environment has its own variables from the template."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,16 +16,31 @@ from typing import Any
 
 import pytest
 
-from poimen_tools.local.devserver import ExecutionEnvironments
+from poimen_tools.local.devserver import ExecutionEnvironments, InvocationTimedOut
 from tests.conftest import wait_for
 
 TEMPLATE = """\
+Globals:
+  Function:
+    Timeout: 30
+    Environment:
+      Variables:
+        POWERTOOLS_METRICS_NAMESPACE: Probes
 Resources:
   Probe:
     Type: AWS::Serverless::Function
     Properties:
       CodeUri: probe/
       Handler: app.handler
+      Environment:
+        Variables:
+          POWERTOOLS_SERVICE_NAME: poimen-probe
+  BriefProbe:
+    Type: AWS::Serverless::Function
+    Properties:
+      CodeUri: probe/
+      Handler: app.handler
+      Timeout: 1
 """
 # A handler that answers with its process, and can wait for a file, or end its environment, when asked.
 HANDLER = """\
@@ -32,6 +50,11 @@ from pathlib import Path
 
 
 def handler(event, context):
+    if event.get("variables"):
+        return {name: os.environ.get(name) for name in event["variables"]}
+    if event.get("sleep"):
+        Path(event["sleep"]).write_text(str(os.getpid()))
+        time.sleep(60)
     if event.get("started"):
         Path(event["started"]).touch()
         while not Path(event["release"]).exists():
@@ -43,17 +66,31 @@ def handler(event, context):
 
 
 @pytest.fixture
-def environments(tmp_path: Path) -> Iterator[ExecutionEnvironments]:
+def template_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The probes' template, in a process whose environment holds another function's service name (as `poimen
+    dev`'s holds admission's, which every environment it starts inherits)."""
     (tmp_path / "probe").mkdir()
     (tmp_path / "probe" / "app.py").write_text(HANDLER)
     (tmp_path / "template.yaml").write_text(TEMPLATE)
-    started = ExecutionEnvironments(str(tmp_path / "template.yaml"), "Probe", 2)
+    monkeypatch.setenv("POWERTOOLS_SERVICE_NAME", "poimen-admission")
+    return tmp_path / "template.yaml"
+
+
+@contextlib.contextmanager
+def _started(template_path: Path, logical_id: str, concurrency: int) -> Iterator[ExecutionEnvironments]:
+    started = ExecutionEnvironments(str(template_path), logical_id, concurrency)
     started.start()
     try:
         started.wait_ready()
         yield started
     finally:
         started.close()
+
+
+@pytest.fixture
+def environments(template_path: Path) -> Iterator[ExecutionEnvironments]:
+    with _started(template_path, "Probe", 2) as started:
+        yield started
 
 
 def _gone(pid: int) -> bool:
@@ -119,3 +156,33 @@ def test_concurrent_invocations_after_a_death_are_all_answered(environments: Exe
     # Then each is answered
     assert len(pids) == 4
     assert killed not in pids
+
+
+def test_an_invocation_past_the_functions_timeout_is_ended_and_fails(template_path: Path, tmp_path: Path) -> None:
+    # Given a function whose timeout is 1 s, in one execution environment
+    with _started(template_path, "BriefProbe", 1) as environments:
+        # When an invocation runs longer (a minute)
+        pid_file = tmp_path / "slow"
+        began = time.monotonic()
+        with pytest.raises(InvocationTimedOut):
+            environments.invoke({"sleep": str(pid_file)})
+        ended = time.monotonic() - began
+
+        # Then it fails at its timeout, and its process is ended, as Lambda ends it and resets the environment
+        assert 1.0 <= ended < 10.0
+        killed = int(pid_file.read_text())
+        wait_for(lambda: _gone(killed), timeout=30, what="the timed-out environment to end")
+        # And the next invocation is answered by a new environment
+        assert environments.invoke({})["pid"] not in (0, killed)
+
+
+def test_each_function_has_its_own_variables_from_the_template(environments: ExecutionEnvironments) -> None:
+    # Given the probe's environments, started by a process holding another function's service name
+
+    # When the probe reads its variables
+    variables = environments.invoke({"variables": ["POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE"]})
+
+    # Then they are the template's for this function (its own and the Globals'), as Lambda sets them
+    assert variables == {"POWERTOOLS_SERVICE_NAME": "poimen-probe", "POWERTOOLS_METRICS_NAMESPACE": "Probes"}
+    # And its timeout is the function's (Globals' here)
+    assert environments.timeout_seconds == 30

@@ -161,12 +161,15 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
         _prepare_table(template, options.table_name, principals.values(), parameters, region=table_region)
         queue = template.create_queue_request(RELAY_DLQ, options.dlq_name, parameters)
         dlq_url = boto3.client("sqs").create_queue(**queue)["QueueUrl"]
-        # Admission's variables (RUN_RETENTION_DAYS included, which the relay here reads from them too).
-        os.environ.update(
-            template.function_environment(ADMISSION_FUNCTION, {ADMISSION_TABLE: options.table_name, **parameters})
-        )
+        # Admission's variables, in this process too (the outbox relay runs in it, beside them; its own are named
+        # for it). Each function's execution environments get the function's own from the template, as Lambda
+        # sets them, over this process's.
+        admission_refs = {ADMISSION_TABLE: options.table_name, **parameters}
+        os.environ.update(template.function_environment(ADMISSION_FUNCTION, admission_refs))
         os.environ["TABLE_REGION"] = table_region
-        environments = ExecutionEnvironments(str(template.path), ADMISSION_FUNCTION, options.concurrency)
+        environments = ExecutionEnvironments(
+            str(template.path), ADMISSION_FUNCTION, options.concurrency, refs=admission_refs
+        )
         routes = [Route(method, path) for method, path in template.http_routes(ADMISSION_FUNCTION)]
         server = LocalApiServer(
             (options.host, options.port),
@@ -200,6 +203,7 @@ def dev_stack(options: DevOptions) -> Iterator[DevStack]:
                     options.tenants,
                     options.table_name,
                     options.concurrency,
+                    parameters,
                 )
                 outbox_bucket = _failed_batches_bucket(options.outbox_failed_batches_bucket)
                 start_local_outbox(
@@ -350,22 +354,30 @@ def _start_event_source(
     tenants: tuple[str, ...],
     table_name: str,
     concurrency: int,
+    parameters: Mapping[str, str],
 ) -> None:
     """The local MSK event source feeding the relay handler, which posts to the (listening) API: from the
     dispatch topics of `tenants` only, local or replicated, as the template's one mapping per tenant topic.
     The relay runs in `concurrency` execution environments of its own, at most one a tenant, so the batches of
     that many tenant topics are relayed at once, as their mappings would be (one at a time, 100 tenants'
     records one or two to a batch would each wait for the batches before them). Not more than one a tenant: a
-    poll has a batch a topic, so more would never run (a replica topic's batch waits for a free one), and each
-    is a process holding the relay handler (45 MiB): `--concurrency 256` for one tenant would start 256."""
-    # The relay's two variables, in this process's environment, which its execution environments inherit.
-    # Its other ones (service name) are left out: the admission environments inherited it too (they
-    # started already).
-    os.environ.update({"ADMISSION_API_URL": api_url, "DLQ_URL": dlq_url})
+    topic has one batch in flight at a time, so more would seldom run (a replica topic's batch waits for a free
+    one), and each
+    is a process holding the relay handler (45 MiB): `--concurrency 256` for one tenant would start 256.
+    Each tenant topic progresses on its own (LocalMskEventSource), and an invocation past the relay's Timeout
+    is ended and fails, as on AWS."""
     s3 = boto3.client("s3")
     mapping_id = str(uuid.uuid4())
     concurrency = min(concurrency, len(tenants))
-    environments = ExecutionEnvironments(str(template.path), RELAY_FUNCTION, concurrency)
+    # The relay's own variables (its POWERTOOLS_SERVICE_NAME, not admission's): the DLQ's URL for its Ref, and
+    # the API's, which only a deploy would resolve.
+    environments = ExecutionEnvironments(
+        str(template.path),
+        RELAY_FUNCTION,
+        concurrency,
+        refs={RELAY_DLQ: dlq_url, **parameters},
+        variables={"ADMISSION_API_URL": api_url},
+    )
     cleanup.callback(environments.close)
     environments.start()
     environments.wait_ready()
@@ -375,7 +387,7 @@ def _start_event_source(
         park_in_s3(s3, bucket, lambda record: failed_batch_key(record, mapping_id)),
         group_id=local_relay_group(table_name),
         topics=[dispatch_topics_pattern(tenants)],
-        function_timeout_seconds=float(template.properties(RELAY_FUNCTION)["Timeout"]),
+        function_timeout_seconds=environments.timeout_seconds,
         concurrency=concurrency,
     )
     source.start()

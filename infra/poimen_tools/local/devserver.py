@@ -21,7 +21,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
@@ -209,6 +209,15 @@ class Route:
         return None if found is None else found.groupdict()
 
 
+@dataclass
+class _Environment:
+    """One execution environment: a pool of one spawned process, and that process's id once it has imported the
+    handler (its init phase, which the function's timeout does not count)."""
+
+    pool: ProcessPoolExecutor
+    ready: Future[int]
+
+
 class ExecutionEnvironments:
     """Lambda's concurrency model: each invocation runs alone in one of N worker processes.
 
@@ -216,30 +225,50 @@ class ExecutionEnvironments:
     rely on that (Powertools keeps the current event on the resolver). Threads sharing one handler
     would mix requests up; processes do not, and they still race each other on DynamoDB.
 
+    Each environment has the function's own variables from the template (Globals', then its own: the
+    `Ref`s `refs` names or parameter defaults resolve, and `variables` for what only a deploy knows) over the
+    variables of the process that starts it, and its timeout (the function's, else Globals', else Lambda's
+    3 s default): an invocation still running at its timeout is ended, its process killed, and fails
+    (InvocationTimedOut), as Lambda ends it and resets the environment.
+
     `start()` launches all N and each imports the handler (Lambda's init phase) at once; `wait_ready()`
     returns when every one has, so the first requests never wait for an import. The environments
     ignore Ctrl-C and SIGTERM (their owner stops them with `close()`), and end with their owner
     however it ends, SIGKILL included. Each is a process pool of its own: one that dies (kill -9, out of
-    memory, a crash) fails only the invocation it was running, as Lambda's "Runtime exited" does, and is
-    replaced by a new one, which imports the handler at its first invocation (a cold start); one pool of N
-    would fail every invocation in flight and refuse every later one.
+    memory, a crash, its timeout) fails only the invocation it was running, as Lambda's "Runtime exited" does,
+    and is replaced by a new one, which imports the handler before its first invocation (a cold start); one
+    pool of N would fail every invocation in flight and refuse every later one.
     """
 
-    def __init__(self, template_path: str, logical_id: str, concurrency: int) -> None:
+    def __init__(
+        self,
+        template_path: str,
+        logical_id: str,
+        concurrency: int,
+        *,
+        refs: Mapping[str, str] | None = None,
+        variables: Mapping[str, str] | None = None,
+    ) -> None:
+        from poimen_tools.local.template import Template
+
         self.function_name = logical_id
         self.concurrency = concurrency
         self._template_path = template_path
-        self._pools: list[ProcessPoolExecutor] = []  # one per environment
+        template = Template(Path(template_path))
+        self.timeout_seconds = template.function_timeout(logical_id)
+        self.variables = {**template.function_environment(logical_id, refs or {}), **(variables or {})}
+        self._environments: list[_Environment] = []
         self._idle: queue.SimpleQueue[int] = queue.SimpleQueue()  # the environments free, by index
         self._lock = threading.Lock()  # replacing an environment and closing, one at a time
         self._closed = False
         self._loaded: Any = None  # multiprocessing.synchronize.Barrier
-        self._warming: list[Future[None]] = []
+        self._load_timeout = 120.0
 
     def start(self, load_timeout: float = 120.0) -> None:
         """Launch every environment (without waiting): each imports the handler."""
-        if self._pools:
+        if self._environments:
             raise RuntimeError("the execution environments are already started")
+        self._load_timeout = load_timeout
         # Each warm-up call waits here until all N have loaded the handler: N calls mean N environments
         # started and loaded.
         self._loaded = multiprocessing.get_context("spawn").Barrier(self.concurrency)
@@ -247,14 +276,16 @@ class ExecutionEnvironments:
         # Ctrl-C while it is still starting is never a traceback. (multiprocessing's resource
         # tracker is started the same way.)
         with _stop_signals_blocked():
-            self._pools = [self._environment() for _ in range(self.concurrency)]
+            pools = [self._pool() for _ in range(self.concurrency)]
             # A pool starts its process at its first call.
-            self._warming = [pool.submit(_wait_until_all_loaded, load_timeout) for pool in self._pools]
+            self._environments = [
+                _Environment(pool, pool.submit(_wait_until_all_loaded, load_timeout)) for pool in pools
+            ]
         for index in range(self.concurrency):
             self._idle.put(index)
 
-    def _environment(self) -> ProcessPoolExecutor:
-        """One execution environment: a pool of one spawned process, started by the pool's first call."""
+    def _pool(self) -> ProcessPoolExecutor:
+        """One execution environment's pool: one spawned process, started by the pool's first call."""
         return ProcessPoolExecutor(
             max_workers=1,
             mp_context=multiprocessing.get_context("spawn"),
@@ -262,6 +293,7 @@ class ExecutionEnvironments:
             initargs=(
                 self._template_path,
                 self.function_name,
+                self.variables,
                 self._loaded,
                 os.getpid(),
                 # The parent-death signal fires when the *thread* that started a process ends (it is
@@ -275,8 +307,8 @@ class ExecutionEnvironments:
         """Until every environment has imported the handler; raises if one could not."""
         deadline = time.monotonic() + timeout
         try:
-            for warming in self._warming:
-                warming.result(timeout=max(0.0, deadline - time.monotonic()))
+            for environment in self._environments:
+                environment.ready.result(timeout=max(0.0, deadline - time.monotonic()))
         except FutureTimeout:
             raise EnvironmentsNotReady(
                 f"the {self.function_name} execution environments did not load the handler within {timeout:.0f} s"
@@ -287,53 +319,77 @@ class ExecutionEnvironments:
                 "see the traceback above"
             ) from error
 
-    def invoke(
-        self, event: dict[str, Any], timeout_seconds: float = LocalLambdaContext.timeout_seconds
-    ) -> dict[str, Any]:
-        """The handler's answer to `event`, from the next free environment, under a context of the function's
-        timeout."""
-        if not self._pools:
+    def invoke(self, event: dict[str, Any], timeout_seconds: float | None = None) -> dict[str, Any]:
+        """The handler's answer to `event`, from the next free environment, under a context of `timeout_seconds`
+        (None: the function's); InvocationTimedOut once that has passed."""
+        if not self._environments:
             raise RuntimeError("the execution environments are not started")
+        timeout = self.timeout_seconds if timeout_seconds is None else timeout_seconds
         index = self._idle.get()
         try:
-            try:
-                invocation = self._pools[index].submit(_invoke_loaded_handler, event, timeout_seconds)
-            except BrokenProcessPool:  # it died between invocations: Lambda would not have chosen it
-                invocation = self._replace(index).submit(_invoke_loaded_handler, event, timeout_seconds)
-            try:
-                return invocation.result()
-            except BrokenProcessPool:  # it died running this invocation, which fails; the next gets a new one
-                self._replace(index)
-                raise
+            return self._invoke_in(index, event, timeout)
         finally:
             self._idle.put(index)
 
-    def _replace(self, index: int) -> ProcessPoolExecutor:
+    def _invoke_in(self, index: int, event: dict[str, Any], timeout: float) -> dict[str, Any]:
+        environment = self._environments[index]
+        try:
+            pid = environment.ready.result(timeout=self._load_timeout)  # a new one's init phase, then the invoke
+            invocation = environment.pool.submit(_invoke_loaded_handler, event, timeout)
+        # It died between invocations (or while the others started): Lambda would not have chosen it.
+        except (BrokenProcessPool, threading.BrokenBarrierError):
+            environment = self._replace(index)
+            pid = environment.ready.result(timeout=self._load_timeout)
+            invocation = environment.pool.submit(_invoke_loaded_handler, event, timeout)
+        try:
+            return invocation.result(timeout=timeout)
+        except FutureTimeout:
+            # Lambda ends an invocation at the function's timeout and resets its execution environment (AWS Lambda
+            # Developer Guide, "Understand the Lambda execution environment lifecycle", "Failures during the
+            # invoke phase": https://docs.aws.amazon.com/lambda/latest/dg/lambda-runtime-environment.html).
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            self._replace(index)
+            raise InvocationTimedOut(timeout) from None
+        except BrokenProcessPool:  # it died running this invocation, which fails; the next gets a new one
+            self._replace(index)
+            raise
+
+    def _replace(self, index: int) -> _Environment:
         """A new environment in place of the dead one at `index`, its process started (by this thread)."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("the execution environments are closed")
-            self._pools[index].shutdown(wait=False)
+            self._environments[index].pool.shutdown(wait=False)
             with _stop_signals_blocked():
-                pool = self._pools[index] = self._environment()
-                pool.submit(os.getpid)  # its process starts now, with the stop signals blocked
-            return pool
+                pool = self._pool()
+                # Its process starts now, with the stop signals blocked, and answers once it has loaded the handler.
+                environment = self._environments[index] = _Environment(pool, pool.submit(os.getpid))
+            return environment
 
-    def handler(self, event: dict[str, Any], context: LocalLambdaContext) -> dict[str, Any]:
-        """`invoke` as a handler is called (what a local event source mapping invokes): the invocation gets the
-        timeout of `context`, its own context made in the environment when it starts there."""
-        return self.invoke(event, context.timeout_seconds)
+    def handler(self, event: dict[str, Any], _context: LocalLambdaContext) -> dict[str, Any]:
+        """`invoke` as a handler is called (what a local event source mapping invokes): under the function's
+        timeout, whatever the caller's context says, as the function's configuration sets it on Lambda; the
+        invocation's context is made in the environment when it starts there."""
+        return self.invoke(event)
 
     def close(self) -> None:
         with self._lock:
-            if not self._pools or self._closed:
+            if not self._environments or self._closed:
                 return
             self._closed = True
         self._loaded.abort()  # environments still waiting for the others give up: shutdown is prompt
-        for pool in self._pools:  # all asked to stop at once, then waited for
-            pool.shutdown(wait=False, cancel_futures=True)
-        for pool in self._pools:
-            pool.shutdown(wait=True)
+        for environment in self._environments:  # all asked to stop at once, then waited for
+            environment.pool.shutdown(wait=False, cancel_futures=True)
+        for environment in self._environments:
+            environment.pool.shutdown(wait=True)
+
+
+class InvocationTimedOut(TimeoutError):
+    """The invocation ran past the function's timeout and was ended (Lambda's "Task timed out")."""
+
+    def __init__(self, timeout_seconds: float) -> None:
+        super().__init__(f"Task timed out after {timeout_seconds:.2f} seconds")
 
 
 class EnvironmentsNotReady(RuntimeError):
@@ -403,21 +459,29 @@ _all_loaded: Any = None  # the environments' shared barrier (multiprocessing.syn
 
 
 def _start_environment(
-    template_path: str, logical_id: str, all_loaded: Any, parent_pid: int, parent_death_signal: bool
+    template_path: str,
+    logical_id: str,
+    variables: Mapping[str, str],
+    all_loaded: Any,
+    parent_pid: int,
+    parent_death_signal: bool,
 ) -> None:
-    """An execution environment's init phase: outlive nothing, ignore stop signals, import the handler."""
+    """An execution environment's init phase: outlive nothing, ignore stop signals, take the function's
+    variables (before the handler's modules read them at import), import the handler."""
     _die_with_parent(parent_pid, parent_death_signal=parent_death_signal)
     # Ctrl-C reaches the whole process group; the environments are stopped by their owner instead.
     for stop in _STOP_SIGNALS:
         signal.signal(stop, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # one that came meanwhile is dropped
+    os.environ.update(variables)
     global _all_loaded
     _all_loaded = all_loaded
     _load_handler(template_path, logical_id)
 
 
-def _wait_until_all_loaded(timeout: float) -> None:
+def _wait_until_all_loaded(timeout: float) -> int:
     _all_loaded.wait(timeout)
+    return os.getpid()
 
 
 def _load_handler(template_path: str, logical_id: str) -> None:

@@ -2,13 +2,14 @@
 
 It consumes `poimen.<tenant>.dispatch` topics and their replicas from other Regions
 (`<alias>.poimen.<tenant>.dispatch`) with a consumer group, builds events in the `aws:kafka`
-shape (poimen_tools.local.msk), one topic per event as a mapping per tenant topic would, invokes the
-*same* relay handler, the batches of several topics at once (`concurrency`: as each tenant's mapping invokes
-the function on its own, each in an execution environment of its own), and commits a batch's offsets only
-once it is handled: the handler
-returned, or, after `max_attempts` failures, it went to the on-failure destination in the record
-Lambda writes to an S3 destination (metadata plus the whole event). Stopping while a batch is still
-failing commits nothing: it comes again.
+shape (poimen_tools.local.msk), one topic per event, and invokes the *same* relay handler. Each topic
+progresses on its own, as the mapping per tenant topic the template declares does: one batch of a topic at a
+time (its order kept), several topics' batches at once (`concurrency`, each in an execution environment of its
+own), a busy topic's partitions paused while the consumer goes on polling the others. A batch's offsets are
+committed as soon as it is handled: the handler returned, or, after `max_attempts` failures (an invocation past
+the function's timeout is one: its execution environment ends it), it went to the on-failure destination in the
+record Lambda writes to an S3 destination (metadata plus the whole event). Nothing is committed past a record
+not handled; stopping while a batch is still failing commits nothing of it: it comes again.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, Message, TopicPartition
@@ -28,7 +31,9 @@ from poimen_tools.local.msk import KafkaRecord, msk_event
 
 log = logging.getLogger(__name__)
 SESSION_TIMEOUT_MS = 6000
-MAX_POLL_INTERVAL_MS = 86_400_000  # librdkafka's largest max.poll.interval.ms
+# librdkafka's default: the consumer is polled at least every batching window whatever its batches do (a busy
+# topic is paused, not waited for), so only a polling thread that hangs is evicted from the group.
+MAX_POLL_INTERVAL_MS = 300_000
 # Not errors: the end of a partition, and no dispatch topic yet (no tenant has published), which the
 # subscription picks up once one is created.
 _NOT_YET = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
@@ -74,9 +79,9 @@ class LocalMskEventSource(LocalMapping):
         # Names, or ^patterns (librdkafka): every tenant's dispatch topic, local or replicated, unless told
         # otherwise.
         self._topics = topics or [DISPATCH_TOPIC_PATTERN]
-        # Topic batches of one poll invoked at once: more than 1 only for a handler whose invocations do not
-        # share a process (poimen_tools.local.devserver.ExecutionEnvironments); Powertools' logger and
-        # metrics are one per process and were never meant for two invocations at a time.
+        # Topic batches invoked at once: more than 1 only for a handler whose invocations do not share a
+        # process (poimen_tools.local.devserver.ExecutionEnvironments); Powertools' logger and metrics are one
+        # per process and were never meant for two invocations at a time.
         self._concurrency = concurrency
 
     def _run(self) -> None:
@@ -86,7 +91,7 @@ class LocalMskEventSource(LocalMapping):
                 "group.id": self.group_id,
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
-                "max.poll.interval.ms": self.max_poll_interval_ms(),
+                "max.poll.interval.ms": MAX_POLL_INTERVAL_MS,
                 # New tenant topics are picked up within a second, as a new mapping would start them.
                 "topic.metadata.refresh.interval.ms": 1000,
                 # A member that died without leaving (`poimen dev` killed) keeps its partitions until its
@@ -96,102 +101,155 @@ class LocalMskEventSource(LocalMapping):
                 # partitions for the timeout unless restarted under the same id, and two `poimen dev`s
                 # sharing one broker with one id would fence each other. Heartbeats come from
                 # librdkafka's own thread, so a slow relay cannot miss them (max.poll.interval.ms bounds
-                # the handling).
+                # the time between polls).
                 "session.timeout.ms": SESSION_TIMEOUT_MS,
                 "heartbeat.interval.ms": SESSION_TIMEOUT_MS // 3,
             }
         )
         try:
             consumer.subscribe(self._topics)
-            while not self._stop.is_set():
+            with ThreadPoolExecutor(max_workers=self._concurrency, thread_name_prefix="local-msk-batch") as pool:
+                topics = _TopicMappings(consumer, lambda batch: pool.submit(self._deliver_batch, batch))
                 try:
-                    self._poll_once(consumer)
-                except Exception:  # keep the relay alive: log, back off, go on (uncommitted records return)
-                    log.exception("local MSK event source failed a cycle")
-                    self._stop.wait(1.0)
+                    while not self._stop.is_set():
+                        try:
+                            topics.poll(self._batch_size, self._window)
+                        except Exception:  # keep the relay alive: log, back off, go on (uncommitted records return)
+                            log.exception("local MSK event source failed a cycle")
+                            self._stop.wait(1.0)
+                finally:
+                    # The batches in flight end (one still failing gives up at its next backoff, committing
+                    # nothing); those handled are committed.
+                    topics.settle(wait=True)
         finally:
             consumer.close()
-
-    def max_poll_interval_ms(self) -> int:
-        """How long one poll may take before the group evicts this member (and its records come again, a keyless
-        one admitted twice): a batch may take max_attempts invocations plus backoff, and a poll holds up to
-        batch_size topics' batches, relayed `concurrency` at a time, all of them failing through an API outage.
-        At most librdkafka's bound (24 h)."""
-        batch_ms = self._max_attempts * (self._timeout + self._retry_base * 2**self._max_attempts) * 1000
-        rounds = -(-self._batch_size // self._concurrency)
-        return min(int(rounds * batch_ms) + 60_000, MAX_POLL_INTERVAL_MS)
-
-    def _poll_once(self, consumer: Consumer) -> None:
-        messages = []
-        for message in consumer.consume(self._batch_size, self._window):
-            error = message.error()
-            if error is None:
-                messages.append(message)
-            elif error.code() in _NOT_YET:
-                log.debug("consumer: %s", error)
-            else:
-                log.warning("consumer: %s", error)
-        by_topic: dict[str, list[Message]] = {}
-        for message in messages:
-            by_topic.setdefault(message.topic() or "", []).append(message)
-        batches = list(by_topic.values())  # one topic per event, as one mapping per tenant topic delivers
-        if not batches:
-            return
-        # Each topic's batch is one invocation, several at a time; the consumer is this thread's alone, so
-        # the offsets are committed (or rewound) here once every invocation of the poll has ended. Topics
-        # share no partition: the order within each partition is the poll's.
-        with ThreadPoolExecutor(max_workers=min(self._concurrency, len(batches))) as pool:
-            delivered = [pool.submit(self._deliver_batch, batch) for batch in batches]
-        handled: list[Message] = []
-        failed: list[Message] = []
-        first_error: BaseException | None = None
-        for batch, outcome in zip(batches, delivered, strict=True):
-            if (raised := outcome.exception()) is not None:
-                failed.extend(batch)
-                first_error = first_error or raised
-            elif outcome.result():
-                handled.extend(batch)
-        self._commit(consumer, handled)
-        # E.g. the on-failure destination unreachable: that batch is not committed. Rewind it, or the
-        # consumer's position would move past its records and a later commit would skip them.
-        if first_error is not None:
-            _rewind(consumer, failed)
-            raise first_error
-        # A batch not handled: stopping; it is not committed and comes again after a restart.
 
     def _deliver_batch(self, batch: list[Message]) -> bool:
         event = msk_event((_record(message) for message in batch), self.bootstrap_servers)
         return self._deliver(event, functools.partial(on_failure_record, event))
 
-    @staticmethod
-    def _commit(consumer: Consumer, messages: list[Message]) -> None:
-        # Only partitions this member still owns: a commit for a revoked one could rewind its new owner.
-        owned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
-        last: dict[tuple[str, int], int] = {}
+
+@dataclass
+class _TopicMapping:
+    """One topic's share of the consumer, as the mapping of that topic: the records read and not yet invoked, and
+    the batch being invoked, at most one (the order of each partition is kept)."""
+
+    pending: list[Message] = field(default_factory=list)
+    batch: list[Message] = field(default_factory=list)
+    invocation: Future[bool] | None = None
+
+
+class _TopicMappings:
+    """The topics of one consumer, each progressing on its own; every call on the consumer is from its thread."""
+
+    def __init__(self, consumer: Consumer, invoke: Callable[[list[Message]], Future[bool]]) -> None:
+        self._consumer = consumer
+        self._invoke = invoke
+        self._topics: dict[str, _TopicMapping] = {}
+        # The offset after the last record taken into a batch, by partition: a rebalance resumes a partition at
+        # its committed offset, and the records of a batch in flight or handled since are not taken twice.
+        self._next: dict[tuple[str, int], int] = {}
+
+    def poll(self, batch_size: int, window: float) -> None:
+        """Read what the consumer has (waiting up to `window`), settle the batches that have ended, and invoke
+        the next batch of each topic that has none in flight."""
+        arrived: set[str] = set()
+        for message in self._consumer.consume(batch_size, window):
+            error = message.error()
+            if error is not None:
+                if error.code() in _NOT_YET:
+                    log.debug("consumer: %s", error)
+                else:
+                    log.warning("consumer: %s", error)
+                continue
+            key = _partition_of(message)
+            offset = message.offset() or 0
+            if offset < self._next.get(key, 0):
+                continue
+            self._next[key] = offset + 1
+            self._topics.setdefault(key[0], _TopicMapping()).pending.append(message)
+            arrived.add(key[0])
+        self.settle(wait=False)
+        for topic, mapping in self._topics.items():
+            if mapping.invocation is None and mapping.pending:
+                mapping.batch, mapping.pending = mapping.pending[:batch_size], mapping.pending[batch_size:]
+                mapping.invocation = self._invoke(mapping.batch)
+                self._pause(topic)
+            elif mapping.invocation is not None and topic in arrived:
+                self._pause(topic)  # a rebalance assigned its partitions anew, unpaused
+
+    def settle(self, *, wait: bool) -> None:
+        """Commit each batch handled, rewind each that failed (it is read again), resume each topic left idle.
+        With `wait`, first wait for every batch in flight."""
+        handled: list[Message] = []
+        failed: dict[str, list[Message]] = {}
+        for topic, mapping in self._topics.items():
+            invocation = mapping.invocation
+            if invocation is None or not (wait or invocation.done()):
+                continue
+            batch, mapping.invocation, mapping.batch = mapping.batch, None, []
+            raised = invocation.exception()
+            if raised is not None:
+                # E.g. the on-failure destination unreachable: the batch is not committed. Read it again from its
+                # first record, and what followed it, or the consumer's position would move past its records and
+                # a later commit would skip them.
+                log.error("%s: a batch was neither handled nor parked: %s", topic, raised)
+                failed[topic], mapping.pending = batch + mapping.pending, []
+            elif invocation.result():
+                handled.extend(batch)
+            # (Else stopping while it still failed: not committed, it comes again after a restart.)
+            if not mapping.pending:
+                self._resume(topic)  # before a rewind's seek: a paused partition resumes where consume() left it
+        commit(self._consumer, handled)
+        for messages in failed.values():
+            self._rewind(messages)
+
+    def _partitions(self, topic: str) -> list[TopicPartition]:
+        return [tp for tp in self._consumer.assignment() if tp.topic == topic]
+
+    def _pause(self, topic: str) -> None:
+        # librdkafka drops what it fetched of them, and resumes each after the last record consume() returned.
+        if partitions := self._partitions(topic):
+            self._consumer.pause(partitions)
+
+    def _resume(self, topic: str) -> None:
+        if partitions := self._partitions(topic):
+            self._consumer.resume(partitions)
+
+    def _rewind(self, messages: list[Message]) -> None:
+        first: dict[tuple[str, int], int] = {}
         for message in messages:
-            key = (message.topic() or "", message.partition() or 0)
-            if key in owned:
-                last[key] = max(last.get(key, -1), message.offset() or 0)
-        if not last:
-            return
-        offsets = [TopicPartition(topic, partition, offset + 1) for (topic, partition), offset in last.items()]
-        try:
-            results = consumer.commit(offsets=offsets, asynchronous=False) or []
-        except Exception as error:  # the broker is away: the records come again after a restart
-            log.warning("offset commit failed: %s", error)
-            return
-        for result in results:
-            if result.error is not None:
-                log.warning("offset commit failed for %s-%d: %s", result.topic, result.partition, result.error)
+            key = _partition_of(message)
+            first[key] = min(first.get(key, message.offset() or 0), message.offset() or 0)
+        for (topic, partition), offset in first.items():
+            self._next[(topic, partition)] = offset
+            self._consumer.seek(TopicPartition(topic, partition, offset))
 
 
-def _rewind(consumer: Consumer, messages: list[Message]) -> None:
-    first: dict[tuple[str, int], int] = {}
+def commit(consumer: Consumer, messages: list[Message]) -> None:
+    """Commit the offset after the last of `messages` on each partition this member still owns (a commit for a
+    revoked one could rewind its new owner)."""
+    owned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+    last: dict[tuple[str, int], int] = {}
     for message in messages:
-        key = (message.topic() or "", message.partition() or 0)
-        first[key] = min(first.get(key, message.offset() or 0), message.offset() or 0)
-    for (topic, partition), offset in first.items():
-        consumer.seek(TopicPartition(topic, partition, offset))
+        key = _partition_of(message)
+        if key in owned:
+            last[key] = max(last.get(key, -1), message.offset() or 0)
+    if not last:
+        return
+    offsets = [TopicPartition(topic, partition, offset + 1) for (topic, partition), offset in last.items()]
+    try:
+        results = consumer.commit(offsets=offsets, asynchronous=False) or []
+    except Exception as error:  # the broker is away: the records come again after a restart
+        log.warning("offset commit failed: %s", error)
+        return
+    for result in results:
+        if result.error is not None:
+            log.warning("offset commit failed for %s-%d: %s", result.topic, result.partition, result.error)
+
+
+def _partition_of(message: Message) -> tuple[str, int]:
+    return (message.topic() or "", message.partition() or 0)
 
 
 def _record(message: Message) -> KafkaRecord:

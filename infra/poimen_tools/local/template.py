@@ -156,6 +156,15 @@ class Template:
         resolved = {name: self.resolve(value, refs) for name, value in merged.items()}
         return {name: value for name, value in resolved.items() if value is not None}
 
+    def function_timeout(self, logical_id: str) -> float:
+        """The function's Timeout in seconds: its own, else Globals', else Lambda's default, 3 s (AWS Lambda
+        Developer Guide, "Configure Lambda function timeout":
+        https://docs.aws.amazon.com/lambda/latest/dg/configuration-timeout.html)."""
+        declared = self.properties(logical_id).get("Timeout")
+        if declared is None:
+            declared = self.document.get("Globals", {}).get("Function", {}).get("Timeout", 3)
+        return float(self.evaluate(declared))
+
     def create_table_request(self, logical_id: str, table_name: str) -> dict[str, Any]:
         """CreateTable parameters for an AWS::DynamoDB::Table resource, exactly as declared."""
         props = self.properties(logical_id)

@@ -90,6 +90,8 @@ PEER_CLUSTER_ALIAS_1 ?=
 PEER_CLUSTER_ALIAS_2 ?=
 PEER_REGION_1_KMS_KEY_ARN ?=
 PEER_REGION_2_KMS_KEY_ARN ?=
+# The DispatchSources parameter the cell check derives from the aliases the stack will have, for sam deploy.
+DISPATCH_SOURCES := .aws-sam/dispatch-sources.parameter
 # The numbers of the aliases given empty on the command line: cleared, passed as '' (SAM CLI refuses an override
 # with nothing after its '=').
 CLEARED_PEER_CLUSTER_ALIASES = $(foreach n,1 2,$(if $(and $(filter command line,$(origin PEER_CLUSTER_ALIAS_$(n))),$(if \
@@ -244,14 +246,14 @@ deploy: build $(STAMP)
 			"TABLE_MODE=global-replica needs PEER_REGION_1, PEER_REGION_2 and REPLICA_STREAM_LABEL (docs/operations.md, Multi-Region)" >&2; exit 1; } ;; \
 		*) echo "make deploy: TABLE_MODE is single, global-home or global-replica, not '$(TABLE_MODE)'" >&2; exit 1 ;; \
 	esac
-	DISPATCH_SOURCES="$$($(DEPLOY_CHECK) cells --stack-name "$(STACK_NAME)" --cell "$(CELL)" --tenants "$(TENANTS)" \
+	$(DEPLOY_CHECK) cells --stack-name "$(STACK_NAME)" --cell "$(CELL)" --tenants "$(TENANTS)" \
 		--msk-cluster-arn "$(MSK_CLUSTER_ARN)" --stage "$(STAGE)" --peer-regions "$(PEER_REGION_1),$(PEER_REGION_2)" \
 		--peer-cluster-aliases "$(PEER_CLUSTER_ALIAS_1),$(PEER_CLUSTER_ALIAS_2)" \
-		--cleared-peer-cluster-aliases "$(strip $(CLEARED_PEER_CLUSTER_ALIASES))")" && \
+		--cleared-peer-cluster-aliases "$(strip $(CLEARED_PEER_CLUSTER_ALIASES))" > $(DISPATCH_SOURCES)
 	RETENTION_PARAMETERS="$$($(RETENTION_CHANGE) $(RUN_RETENTION_OPTION))" && \
-	$(SAM_DEPLOY) "$$DISPATCH_SOURCES" $$RETENTION_PARAMETERS && \
+	$(SAM_DEPLOY) "$$(cat $(DISPATCH_SOURCES))" $$RETENTION_PARAMETERS && \
 	SETTLED_PARAMETERS="$$($(RETENTION_CHANGE) --settle)" && { test -z "$$SETTLED_PARAMETERS" || \
-		$(SAM_DEPLOY) "$$DISPATCH_SOURCES" $$SETTLED_PARAMETERS; }
+		$(SAM_DEPLOY) "$$(cat $(DISPATCH_SOURCES))" $$SETTLED_PARAMETERS; }
 
 # The local Kafka broker's jars, from Maven Central into .cache/kafka (needs Java 17 and Maven).
 kafka-jars: $(STAMP)

@@ -365,8 +365,9 @@ def _make_deploy(*assignments: str, environment: dict[str, str] | None = None) -
         check=True,
         env={"PATH": "/usr/bin:/bin", **(environment or {})},
     )
-    (deploy,) = [line for line in result.stdout.splitlines() if "sam deploy" in line and "RETENTION" in line]
-    (check,) = [line for line in result.stdout.splitlines() if "deploy_check.py" in line and " cells " in line]
+    commands = result.stdout.replace("\\\n", " ").splitlines()  # a command continued over lines is one
+    (deploy,) = [line for line in commands if "sam deploy" in line and "RETENTION" in line]
+    (check,) = [line for line in commands if "deploy_check.py" in line and " cells " in line]
     return check + "\n" + deploy
 
 
@@ -382,7 +383,8 @@ def test_make_deploy_clears_a_peer_cluster_alias_given_empty_by_name() -> None:
     assert "\"PeerClusterAlias1=''\"" in cleared
     assert "PeerClusterAlias2=" not in cleared
     assert '--cleared-peer-cluster-aliases "1"' in cleared
-    assert '"$DISPATCH_SOURCES"' in cleared
+    assert "> .aws-sam/dispatch-sources.parameter" in cleared
+    assert '"$(cat .aws-sam/dispatch-sources.parameter)"' in cleared
 
 
 def test_sam_deploy_takes_an_empty_parameter_override_as_an_empty_value() -> None:

@@ -225,7 +225,7 @@ def _references(value: Any, parameters: set[str], kind: str | None = None) -> se
 def test_the_offline_transform_keeps_the_references_sam_build_hands_cloudformation(built: Path) -> None:
     # Given sam build's template (what sam package and deploy hand CloudFormation) and the transform's
     document = Template(built / "template.yaml").document
-    parameters = set(document["Parameters"]) | {"TenantId"}  # parameters, and the Fn::ForEach identifier
+    parameters = set(document["Parameters"]) | {"TenantId", "DispatchSource"}  # parameters, the loops' identifiers
     # Every condition true in one of two stacks (single-Region, and a multi-Region home stack: their tables
     # exclude each other), so that every resource is one CloudFormation creates (those of a false condition
     # are left out of the transform's output: CloudFormation never reads them).
@@ -325,7 +325,12 @@ def test_deploy_command_hands_sam_the_stages_the_accounts_and_the_cells_paramete
     stack = f"poimen-admission-staging{f'-{cell}' if cell else ''}"
     assert f'--stack-name "{stack}" --cell "{cell}" --tenants "{variables["TENANTS"]}"' in lines[check]
     # The Stage's other cells count on any cluster, and (multi-Region mode, none here) in the peer Regions.
-    assert " ".join(lines[check].split()).endswith('--stage "staging" --peer-regions "," --peer-cluster-aliases ","')
+    assert " ".join(lines[check].split()).endswith(
+        '--stage "staging" --peer-regions "," --peer-cluster-aliases "," --cleared-peer-cluster-aliases ""'
+        " > .aws-sam/dispatch-sources.parameter"
+    )
+    # sam deploy gets the DispatchSources the check derived from the aliases the stack will have.
+    assert '"$(cat .aws-sam/dispatch-sources.parameter)"' in lines[deploy]
     deploy_line = lines[deploy]
     assert f"--config-env {variables['CONFIG_ENV']} --stack-name {stack}" in deploy_line
     assert "--parameter-overrides Stage=staging TableDeletionProtection=true LogRetentionDays=30" in deploy_line

@@ -22,9 +22,10 @@ CHECKOV_PARAMETERS := Tenants=acme,globex SnapStart=PublishedVersions AdmissionR
 CHECKOV_HOME_PARAMETERS := $(CHECKOV_PARAMETERS) TableMode=global-home PeerRegion1=us-east-2 PeerRegion2=us-west-2 \
 	PeerRegion1KmsKeyArn=arn:aws:kms:us-east-2:111122223333:key/00000000-0000-0000-0000-000000000000 \
 	PeerRegion2KmsKeyArn=arn:aws:kms:us-west-2:111122223333:key/00000000-0000-0000-0000-000000000000 \
-	PeerClusterAlias1=east2 PeerClusterAlias2=west2
+	PeerClusterAlias1=east2 PeerClusterAlias2=west2 DispatchSources=Source,Peer1Source,Peer2Source
 CHECKOV_REPLICA_PARAMETERS := $(CHECKOV_PARAMETERS) TableMode=global-replica PeerRegion1=us-east-1 PeerRegion2=us-west-2 \
-	ReplicaStreamLabel=2026-12-01T10:00:00.000 PeerClusterAlias1=east1 PeerClusterAlias2=west2
+	ReplicaStreamLabel=2026-12-01T10:00:00.000 PeerClusterAlias1=east1 PeerClusterAlias2=west2 \
+	DispatchSources=Source,Peer1Source,Peer2Source
 # template.yaml as the stack receives it, offline (Fn::ForEach expanded, SAM transformed, every intrinsic
 # it cannot resolve kept): infra/poimen_tools/sam_transform.py, run by the SAM CLI's interpreter.
 SAM_TRANSFORM := .venv-sam/bin/python infra/poimen_tools/sam_transform.py
@@ -76,7 +77,10 @@ CELL ?=
 # PEER_REGION_2 (WITNESS_REGION: one of them, or empty for three replicas), then TABLE_MODE=global-replica in
 # each replica Region with the same three and REPLICA_STREAM_LABEL. PEER_CLUSTER_ALIAS_1/_2: the peer Kafka
 # clusters whose dispatch topics are replicated here (any mode); PEER_REGION_1_KMS_KEY_ARN/_2_: the replicas'
-# keys, home stack with a KmsKeyArn. Empty: not passed (the template's defaults: single Region, no alias).
+# keys, home stack with a KmsKeyArn. Empty: not passed (the template's defaults: single Region, no alias; on a
+# deployed stack, sam deploy keeps the deployed value). PEER_CLUSTER_ALIAS_1= (given empty on the command line)
+# clears the deployed alias, and with it its mappings; so does PEER_CLUSTER_ALIAS_2=. The deploy passes the
+# template's DispatchSources for the aliases the stack will have (deploy_check.py cells derives it).
 TABLE_MODE ?=
 PEER_REGION_1 ?=
 PEER_REGION_2 ?=
@@ -86,11 +90,17 @@ PEER_CLUSTER_ALIAS_1 ?=
 PEER_CLUSTER_ALIAS_2 ?=
 PEER_REGION_1_KMS_KEY_ARN ?=
 PEER_REGION_2_KMS_KEY_ARN ?=
+# The DispatchSources parameter the cell check derives from the aliases the stack will have, for sam deploy.
+DISPATCH_SOURCES := .aws-sam/dispatch-sources.parameter
+# The numbers of the aliases given empty on the command line: cleared, passed as '' (SAM CLI refuses an override
+# with nothing after its '=').
+CLEARED_PEER_CLUSTER_ALIASES = $(foreach n,1 2,$(if $(and $(filter command line,$(origin PEER_CLUSTER_ALIAS_$(n))),$(if \
+	$(PEER_CLUSTER_ALIAS_$(n)),,cleared)),$(n)))
 MULTI_REGION_PARAMETERS = $(if $(TABLE_MODE),"TableMode=$(TABLE_MODE)") $(if $(PEER_REGION_1),"PeerRegion1=$(PEER_REGION_1)") \
 	$(if $(PEER_REGION_2),"PeerRegion2=$(PEER_REGION_2)") $(if $(WITNESS_REGION),"WitnessRegion=$(WITNESS_REGION)") \
 	$(if $(REPLICA_STREAM_LABEL),"ReplicaStreamLabel=$(REPLICA_STREAM_LABEL)") \
-	$(if $(PEER_CLUSTER_ALIAS_1),"PeerClusterAlias1=$(PEER_CLUSTER_ALIAS_1)") \
-	$(if $(PEER_CLUSTER_ALIAS_2),"PeerClusterAlias2=$(PEER_CLUSTER_ALIAS_2)") \
+	$(if $(PEER_CLUSTER_ALIAS_1),"PeerClusterAlias1=$(PEER_CLUSTER_ALIAS_1)",$(if $(filter 1,$(CLEARED_PEER_CLUSTER_ALIASES)),"PeerClusterAlias1=''")) \
+	$(if $(PEER_CLUSTER_ALIAS_2),"PeerClusterAlias2=$(PEER_CLUSTER_ALIAS_2)",$(if $(filter 2,$(CLEARED_PEER_CLUSTER_ALIASES)),"PeerClusterAlias2=''")) \
 	$(if $(PEER_REGION_1_KMS_KEY_ARN),"PeerRegion1KmsKeyArn=$(PEER_REGION_1_KMS_KEY_ARN)") \
 	$(if $(PEER_REGION_2_KMS_KEY_ARN),"PeerRegion2KmsKeyArn=$(PEER_REGION_2_KMS_KEY_ARN)")
 # RunRetentionDays (docs/architecture.md#run-retention): RUN_RETENTION_DAYS=<days> sets it (empty: runs kept
@@ -238,10 +248,12 @@ deploy: build $(STAMP)
 	esac
 	$(DEPLOY_CHECK) cells --stack-name "$(STACK_NAME)" --cell "$(CELL)" --tenants "$(TENANTS)" \
 		--msk-cluster-arn "$(MSK_CLUSTER_ARN)" --stage "$(STAGE)" --peer-regions "$(PEER_REGION_1),$(PEER_REGION_2)" \
-		--peer-cluster-aliases "$(PEER_CLUSTER_ALIAS_1),$(PEER_CLUSTER_ALIAS_2)"
-	RETENTION_PARAMETERS="$$($(RETENTION_CHANGE) $(RUN_RETENTION_OPTION))" && $(SAM_DEPLOY) $$RETENTION_PARAMETERS && \
+		--peer-cluster-aliases "$(PEER_CLUSTER_ALIAS_1),$(PEER_CLUSTER_ALIAS_2)" \
+		--cleared-peer-cluster-aliases "$(strip $(CLEARED_PEER_CLUSTER_ALIASES))" > $(DISPATCH_SOURCES)
+	RETENTION_PARAMETERS="$$($(RETENTION_CHANGE) $(RUN_RETENTION_OPTION))" && \
+	$(SAM_DEPLOY) "$$(cat $(DISPATCH_SOURCES))" $$RETENTION_PARAMETERS && \
 	SETTLED_PARAMETERS="$$($(RETENTION_CHANGE) --settle)" && { test -z "$$SETTLED_PARAMETERS" || \
-		$(SAM_DEPLOY) $$SETTLED_PARAMETERS; }
+		$(SAM_DEPLOY) "$$(cat $(DISPATCH_SOURCES))" $$SETTLED_PARAMETERS; }
 
 # The local Kafka broker's jars, from Maven Central into .cache/kafka (needs Java 17 and Maven).
 kafka-jars: $(STAMP)

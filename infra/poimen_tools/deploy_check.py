@@ -2,10 +2,13 @@
 a tenant another cell already serves on the same MSK cluster or in the same Stage.
 
 One stack serves at most MAX_EVENT_SOURCE_MAPPINGS MSK event source mappings (one per tenant and dispatch
-topic: the tenant's own, and one per peer cluster alias) and a `Tenants` list of at most
-MAX_TENANT_CHARACTERS characters (the admission function carries it in its environment, 4 KB for all its
-variables). tests/unit/test_template_quotas.py transforms the template at these maxima and checks every
-quota AWS enforces at deploy; docs/operations.md#how-many-tenants-a-stack-serves gives the reasons.
+topic: the tenant's own, and one per peer cluster alias: the kinds of `dispatch_sources`, which the deploy
+passes as the template's DispatchSources) and a `Tenants` list of at most MAX_TENANT_CHARACTERS characters
+(the admission function carries it in its environment, 4 KB for all its variables). The mappings are what the
+500 resources of a stack leave: CloudFormation counts the resources declared, conditions not yet evaluated,
+and the template declares no mapping it does not create. tests/unit/test_template_quotas.py transforms the
+template at these maxima and one past them and checks every quota AWS enforces at deploy;
+docs/operations.md#how-many-tenants-a-stack-serves gives the reasons.
 
 Cells (docs/operations.md#cells) are stacks of this template on one MSK cluster, each serving its own
 tenants: two cells serving one tenant would admit its spawns in two tables (twice), and their mappings would
@@ -22,6 +25,10 @@ Run by the SAM CLI's interpreter (the Makefile's build and deploy need nothing e
     .venv-sam/bin/python infra/poimen_tools/deploy_check.py --prog "make build" limits --tenants a,b --peer-aliases 2
     .venv-sam/bin/python infra/poimen_tools/deploy_check.py --prog "make deploy" cells --stack-name S --cell C \
         --tenants a,b --msk-cluster-arn arn:aws:kafka:... --stage dev --peer-regions us-east-2,us-west-2
+
+`cells` prints, once it refuses nothing, the DispatchSources parameter to deploy with (`DispatchSources=Source,
+Peer1Source`): the kinds of the peer cluster aliases the stack will have, those given, else the deployed stack's
+(sam deploy keeps a parameter it is not given), none for one cleared (`--cleared-peer-cluster-aliases 1`).
 """
 
 from __future__ import annotations
@@ -35,8 +42,15 @@ from typing import Any
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-# CloudFormation's 500 resources per stack, less 100 for everything else (about 50 today): room to grow.
-MAX_EVENT_SOURCE_MAPPINGS = 400
+# CloudFormation's resources a stack, counted on the template as declared (Resource and Outputs quotas:
+# https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/cloudformation-limits.html).
+RESOURCES_A_STACK = 500
+# The template's resources other than the relay's MSK mappings, declared (every Condition'd one counted, and
+# SAM's own), with every option on; tests/unit/test_template_quotas.py holds this to template.yaml.
+OTHER_RESOURCES = 54
+MAX_EVENT_SOURCE_MAPPINGS = RESOURCES_A_STACK - OTHER_RESOURCES
+# The template's DispatchSources kinds: each tenant's own topic, and one per peer cluster alias (1, 2).
+DISPATCH_SOURCES = ("Source", "Peer1Source", "Peer2Source")
 # The admission function's variables are 4 KB in all (Lambda quotas); TENANTS is the Tenants list, and
 # the other variables take at most about 600 bytes (the quota test renders them at their longest).
 MAX_TENANT_CHARACTERS = 3000
@@ -71,6 +85,15 @@ def max_tenants(peer_aliases: int) -> int:
     return MAX_EVENT_SOURCE_MAPPINGS // (1 + peer_aliases)
 
 
+def dispatch_sources(peer_cluster_aliases: tuple[str, str]) -> str:
+    """The template's DispatchSources for these PeerClusterAlias1/2 values (empty: none): the kinds of dispatch
+    topic each tenant has a mapping on."""
+    kinds = [DISPATCH_SOURCES[0]] + [
+        kind for kind, alias in zip(DISPATCH_SOURCES[1:], peer_cluster_aliases, strict=True) if alias
+    ]
+    return ",".join(kinds)
+
+
 def limit_refusal(tenants: list[str], peer_aliases: int) -> str | None:
     """Why one stack cannot serve `tenants` (one line that says how to split them, or which id the template
     would refuse), or None if it can."""
@@ -86,8 +109,9 @@ def limit_refusal(tenants: list[str], peer_aliases: int) -> str | None:
     if len(tenants) > most:
         return (
             f"{len(tenants)} tenants, and one stack serves at most {most} with {aliases} (one MSK event source"
-            f" mapping per tenant and dispatch topic, {MAX_EVENT_SOURCE_MAPPINGS} a stack): split them into cells"
-            f" of at most {most} tenants, one stack each (CELL=<name>, {CELLS})"
+            f" mapping per tenant and dispatch topic: {len(tenants) * (1 + peer_aliases)} mappings and the template's"
+            f" {OTHER_RESOURCES} other resources are over CloudFormation's {RESOURCES_A_STACK} a stack): split them"
+            f" into cells of at most {most} tenants, one stack each (CELL=<name>, {CELLS})"
         )
     characters = len(",".join(tenants))
     if characters > MAX_TENANT_CHARACTERS:
@@ -183,20 +207,42 @@ def _listed(tenants: list[str]) -> str:
     return shown if len(tenants) <= 5 else f"{shown} and {len(tenants) - 5} more"
 
 
-def kept_aliases_refusal(
-    deployed: list[DeployedCell], stack_name: str, tenants: list[str], given: tuple[str, str]
-) -> str | None:
-    """limit_refusal for the peer cluster aliases the stack will have: those given, and those of the deployed
-    stack that are not (sam deploy passes UsePreviousValue for a parameter it is not given, so an alias stays
-    and its mappings with it, while make build counted only the aliases given)."""
+def peer_cluster_aliases(
+    deployed: list[DeployedCell], stack_name: str, given: tuple[str, str], cleared: frozenset[int] = frozenset()
+) -> tuple[tuple[str, str], list[tuple[int, str]]]:
+    """The PeerClusterAlias1/2 the stack will have, and those of them kept from the deployed stack (number,
+    alias): each given, else cleared (`cleared` numbers it: make deploy passes it empty), else the deployed
+    stack's (sam deploy passes UsePreviousValue for a parameter it is not given)."""
     stack = [c for c in deployed if c.region == "" and c.stack_name == stack_name and not c.change_set]
     previous = stack[0].peer_cluster_aliases if stack else ("", "")
-    kept = [(n, old) for n, (new, old) in enumerate(zip(given, previous, strict=True), 1) if old and not new]
-    refusal = limit_refusal(tenants, sum(bool(new or old) for new, old in zip(given, previous, strict=True)))
+    kept = [
+        (n, old)
+        for n, (new, old) in enumerate(zip(given, previous, strict=True), 1)
+        if old and not new and n not in cleared
+    ]
+    kept_numbers = {n for n, _ in kept}
+    first, second = (given[n - 1] or (previous[n - 1] if n in kept_numbers else "") for n in (1, 2))
+    return (first, second), kept
+
+
+def kept_aliases_refusal(
+    deployed: list[DeployedCell],
+    stack_name: str,
+    tenants: list[str],
+    given: tuple[str, str],
+    cleared: frozenset[int] = frozenset(),
+) -> str | None:
+    """limit_refusal for the peer cluster aliases the stack will have (peer_cluster_aliases): an alias not given
+    stays, and its mappings with it, while make build counted only the aliases given."""
+    aliases, kept = peer_cluster_aliases(deployed, stack_name, given, cleared)
+    refusal = limit_refusal(tenants, sum(bool(alias) for alias in aliases))
     if refusal is None or not kept:
         return refusal
     names = " and ".join(f"PeerClusterAlias{n} ({alias})" for n, alias in kept)
-    return f"{refusal}; {names} kept from the deployed stack, as sam deploy keeps a parameter it is not given"
+    return (
+        f"{refusal}; {names} kept from the deployed stack, as sam deploy keeps a parameter it is not given"
+        " (PEER_CLUSTER_ALIAS_<n>= clears it)"
+    )
 
 
 def _shares_tenants(other: DeployedCell, stack_name: str, cell: str, msk_cluster_arn: str, stage: str) -> bool:
@@ -275,6 +321,11 @@ def main(arguments: list[str]) -> int:
         help="PEER_CLUSTER_ALIAS_1,PEER_CLUSTER_ALIAS_2 as given (an empty one: the deployed stack's stays)",
     )
     cells.add_argument(
+        "--cleared-peer-cluster-aliases",
+        default="",
+        help="the numbers (1, 2; separated by spaces or commas) of the peer cluster aliases the deploy clears",
+    )
+    cells.add_argument(
         "--peer-regions", default="", help="multi-Region mode: the comma-separated peer Regions, whose cells count too"
     )
     options = parser.parse_args(arguments)
@@ -294,9 +345,14 @@ def main(arguments: list[str]) -> int:
             )
             return 3
         first, _, second = options.peer_cluster_aliases.partition(",")
-        refusal = kept_aliases_refusal(deployed, options.stack_name, tenants, (first, second)) or cell_refusal(
+        cleared = frozenset(int(n) for n in options.cleared_peer_cluster_aliases.replace(",", " ").split())
+        given = (first, second)
+        refusal = kept_aliases_refusal(deployed, options.stack_name, tenants, given, cleared) or cell_refusal(
             deployed, options.stack_name, options.cell, tenants, options.msk_cluster_arn, options.stage
         )
+        if refusal is None:
+            aliases, _ = peer_cluster_aliases(deployed, options.stack_name, given, cleared)
+            print(f"DispatchSources={dispatch_sources(aliases)}")
     if refusal is not None:
         print(f"{options.prog}: {refusal}", file=sys.stderr)
         return 2

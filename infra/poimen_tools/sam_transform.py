@@ -5,7 +5,7 @@ Run by the SAM CLI's interpreter, which has samcli and samtranslator (`make lint
 checkov; tests/unit/test_template_posture.py reads it):
 
     .venv-sam/bin/python infra/poimen_tools/sam_transform.py template.yaml Name=value ...
-    .venv-sam/bin/python infra/poimen_tools/sam_transform.py --batch template.yaml < parameter-sets.json
+    .venv-sam/bin/python infra/poimen_tools/sam_transform.py --batch [--declared] template.yaml < parameter-sets.json
 
 `--batch` reads a JSON list of parameter sets ({"Name": "value", ...}) and prints the JSON list of their
 templates, in one interpreter (tests/unit/test_template_quotas.py transforms dozens of sets).
@@ -14,7 +14,9 @@ SAM CLI's own expansion resolves every Fn::Sub it meets to a string, even when a
 resource or a pseudo parameter it cannot know: `!Sub https://${AdmissionApi}.execute-api...` became that
 literal text, which CloudFormation would never produce. Here an Fn::Sub whose placeholders are not all
 resolved stays an Fn::Sub (what is known substituted into it), as CloudFormation's transform leaves it.
-A resource whose Condition the given parameters make false is left out, as the stack would not have it.
+A resource whose Condition the given parameters make false is left out, as the stack would not have it;
+with `--declared`, every resource is kept, its Condition with it: the template as CloudFormation receives and
+validates it, before any condition is evaluated (its quota of 500 resources counts these).
 """
 
 from __future__ import annotations
@@ -75,8 +77,9 @@ class NoManagedPolicies:
         return {}
 
 
-def expand(template: dict[str, Any], parameters: dict[str, str]) -> dict[str, Any]:
-    """SAM CLI's expansion of AWS::LanguageExtensions (partial resolution), with Fn::Sub kept when unresolved."""
+def expand(template: dict[str, Any], parameters: dict[str, str], *, declared: bool = False) -> dict[str, Any]:
+    """SAM CLI's expansion of AWS::LanguageExtensions (partial resolution), with Fn::Sub kept when unresolved;
+    without the resources whose Condition is false unless `declared`."""
     context = TemplateProcessingContext(
         fragment=template, parameter_values=parameters, resolution_mode=ResolutionMode.PARTIAL
     )
@@ -93,6 +96,8 @@ def expand(template: dict[str, Any], parameters: dict[str, str]) -> dict[str, An
         ]
     )
     expanded: dict[str, Any] = pipeline.process_template(context)
+    if declared:
+        return expanded
     # As the Fn::If above, a resource's Condition is decided by the parameters given: a resource whose
     # condition is false is not in the stack (the single-Region table in multi-Region mode, say).
     absent = [
@@ -105,9 +110,10 @@ def expand(template: dict[str, Any], parameters: dict[str, str]) -> dict[str, An
     return expanded
 
 
-def transformed(template_text: str, parameters: dict[str, str]) -> dict[str, Any]:
-    """The CloudFormation template SAM's translator makes of `template_text` with these parameter values."""
-    template = expand(yaml_parse(template_text), parameters)
+def transformed(template_text: str, parameters: dict[str, str], *, declared: bool = False) -> dict[str, Any]:
+    """The CloudFormation template SAM's translator makes of `template_text` with these parameter values (every
+    resource declared if `declared`, else those the stack creates)."""
+    template = expand(yaml_parse(template_text), parameters, declared=declared)
     for name, resource in template["Resources"].items():
         properties = resource.get("Properties", {})
         for key in ("CodeUri", "ContentUri"):
@@ -121,9 +127,10 @@ def transformed(template_text: str, parameters: dict[str, str]) -> dict[str, Any
 def main(arguments: list[str]) -> None:
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")  # SAM's translator needs a region, offline
     if arguments[0] == "--batch":
-        with open(arguments[1]) as source:
+        declared = arguments[1] == "--declared"
+        with open(arguments[2 if declared else 1]) as source:
             text = source.read()
-        print(json.dumps([transformed(text, parameters) for parameters in json.load(sys.stdin)]))
+        print(json.dumps([transformed(text, given, declared=declared) for given in json.load(sys.stdin)]))
         return
     path, *pairs = arguments
     parameters = dict(pair.split("=", 1) for pair in pairs)

@@ -148,7 +148,7 @@ def test_the_arm64_build_holds_the_files_of_the_x86_64_build_the_rie_tests_run(b
 def test_built_template_declares_one_mapping_per_tenant(built: Path, commands: list[str]) -> None:
     tenants = _make_variables(commands[0])["TENANTS"].split(",")
     aliases = {"PeerClusterAlias1": "east2", "PeerClusterAlias2": "west2"}
-    parameters = {"Tenants": ",".join(tenants), **aliases}
+    parameters = {"Tenants": ",".join(tenants), **aliases, "DispatchSources": "Source,Peer1Source,Peer2Source"}
     result = subprocess.run(
         [str(SAM_PYTHON), "-c", EXPAND, str(built / "template.yaml"), json.dumps(parameters)],
         capture_output=True,
@@ -161,18 +161,19 @@ def test_built_template_declares_one_mapping_per_tenant(built: Path, commands: l
         for name, res in resources.items()
         if res["Type"] == "AWS::Lambda::EventSourceMapping" and name != "OutboxRelaySource"
     }
-    mappings = {name: res["Properties"] for name, res in relay_sources.items() if "Condition" not in res}
-    peers = {name: res for name, res in relay_sources.items() if "Condition" in res}
+    mappings = {name: res["Properties"] for name, res in relay_sources.items() if name.startswith("RelaySource")}
+    peers = {name: res for name, res in relay_sources.items() if name.startswith("RelayPeer")}
 
     assert len(tenants) == 2
     assert "OutboxRelaySource" in resources  # the outbox's one stream mapping, whatever the tenants
     assert sorted(mappings) == sorted(f"RelaySource{tenant.replace('-', '')}" for tenant in tenants)
-    # And one more per tenant and peer cluster alias, on its replicated topic, only when the alias is given
+    # And one more per tenant and peer cluster alias, on its replicated topic, declared only when the alias is
+    # given (DispatchSources): none is conditional, CloudFormation counts every one declared
+    assert not [name for name, res in relay_sources.items() if "Condition" in res]
     assert sorted(peers) == sorted(f"RelayPeer{n}Source{tenant.replace('-', '')}" for n in (1, 2) for tenant in tenants)
     for n in (1, 2):
         for tenant in tenants:
             peer = peers[f"RelayPeer{n}Source{tenant.replace('-', '')}"]
-            assert peer["Condition"] == f"HasPeerClusterAlias{n}"
             alias = aliases[f"PeerClusterAlias{n}"]
             assert [_substituted(topic) for topic in peer["Properties"]["Topics"]] == [
                 f"{alias}.poimen.{tenant}.dispatch"
@@ -224,7 +225,7 @@ def _references(value: Any, parameters: set[str], kind: str | None = None) -> se
 def test_the_offline_transform_keeps_the_references_sam_build_hands_cloudformation(built: Path) -> None:
     # Given sam build's template (what sam package and deploy hand CloudFormation) and the transform's
     document = Template(built / "template.yaml").document
-    parameters = set(document["Parameters"]) | {"TenantId"}  # parameters, and the Fn::ForEach identifier
+    parameters = set(document["Parameters"]) | {"TenantId", "DispatchSource"}  # parameters, the loops' identifiers
     # Every condition true in one of two stacks (single-Region, and a multi-Region home stack: their tables
     # exclude each other), so that every resource is one CloudFormation creates (those of a false condition
     # are left out of the transform's output: CloudFormation never reads them).
@@ -236,6 +237,7 @@ def test_the_offline_transform_keeps_the_references_sam_build_hands_cloudformati
         "RelayReservedConcurrency=5",
         "PeerClusterAlias1=east2",
         "PeerClusterAlias2=west2",
+        "DispatchSources=Source,Peer1Source,Peer2Source",
     ]
     home = [
         "TableMode=global-home",
@@ -271,7 +273,7 @@ def test_the_offline_transform_keeps_the_references_sam_build_hands_cloudformati
 def test_built_template_keeps_the_loop_for_cloudformation(built: Path) -> None:
     text = (built / "template.yaml").read_text()
 
-    assert "Fn::ForEach::TenantDispatchSources" in text
+    assert "Fn::ForEach::RelaySources" in text
     assert "RelaySourceacme" not in text  # CloudFormation expands it with the deploy's Tenants
 
 
@@ -323,7 +325,12 @@ def test_deploy_command_hands_sam_the_stages_the_accounts_and_the_cells_paramete
     stack = f"poimen-admission-staging{f'-{cell}' if cell else ''}"
     assert f'--stack-name "{stack}" --cell "{cell}" --tenants "{variables["TENANTS"]}"' in lines[check]
     # The Stage's other cells count on any cluster, and (multi-Region mode, none here) in the peer Regions.
-    assert " ".join(lines[check].split()).endswith('--stage "staging" --peer-regions "," --peer-cluster-aliases ","')
+    assert " ".join(lines[check].split()).endswith(
+        '--stage "staging" --peer-regions "," --peer-cluster-aliases "," --cleared-peer-cluster-aliases ""'
+        " > .aws-sam/dispatch-sources.parameter"
+    )
+    # sam deploy gets the DispatchSources the check derived from the aliases the stack will have.
+    assert '"$(cat .aws-sam/dispatch-sources.parameter)"' in lines[deploy]
     deploy_line = lines[deploy]
     assert f"--config-env {variables['CONFIG_ENV']} --stack-name {stack}" in deploy_line
     assert "--parameter-overrides Stage=staging TableDeletionProtection=true LogRetentionDays=30" in deploy_line
@@ -450,7 +457,7 @@ def test_sam_package_uploads_to_s3_and_keeps_the_loop(built: Path, tmp_path: Pat
     uris = re.findall(r"(?:CodeUri|ContentUri): (s3://\S+)", text)
     assert len(uris) == len([path for path in built.iterdir() if path.is_dir()])  # each layer and function
     assert {uri.rsplit("/", 1)[1] for uri in uris} <= {item["Key"] for item in uploaded["Contents"]}
-    assert "Fn::ForEach::TenantDispatchSources" in text
+    assert "Fn::ForEach::RelaySources" in text
     # What is uploaded carries the bytecode `make build` compiled.
     for name, archive in archives.items():
         assert any(entry.endswith(f".{BYTECODE_TAG}.pyc") for entry in archive), name

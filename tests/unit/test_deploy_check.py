@@ -5,6 +5,7 @@ list of deployed stacks; a stack keeps its cell. The tenant maximum: tests/unit/
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +16,8 @@ from moto import mock_aws
 
 from poimen_tools.deploy_check import TENANT_PATTERN, DeployedCell, cell_refusal, deployed_cells, main, max_tenants
 from poimen_tools.local.template import Template
+from tests.conftest import REPO
+from tests.unit.test_template_posture import SAM_PYTHON
 
 CLUSTER = "arn:aws:kafka:us-east-1:111122223333:cluster/poimen/5f0c3a1e-8d2b-4c6a-9e1f-2b7d4c8a6e30-2"
 OTHER_CLUSTER = "arn:aws:kafka:us-east-1:111122223333:cluster/other/00000000-0000-0000-0000-000000000000-1"
@@ -304,9 +307,96 @@ def test_the_peer_cluster_aliases_a_stack_keeps_count_against_its_maximum(
 
     # Then it is refused by the aliases the stack will have, in one line that says which it keeps
     assert (kept, halved) == (2, 0)
-    assert refusal.startswith("make deploy: 400 tenants, and one stack serves at most 200 with one peer cluster alias")
+    most = max_tenants(1)
+    assert refusal.startswith(f"make deploy: {max_tenants(0)} tenants, and one stack serves at most {most} with one")
     assert "PeerClusterAlias1 (east1) kept from the deployed stack" in refusal
     assert refusal.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("given", "cleared", "expected"),
+    [
+        (",", "", "DispatchSources=Source,Peer1Source"),  # not given: the deployed alias stays, its mappings too
+        (",", "1", "DispatchSources=Source"),  # cleared by name: its mappings go
+        (",west2", "1", "DispatchSources=Source,Peer2Source"),
+        ("east9,west2", "", "DispatchSources=Source,Peer1Source,Peer2Source"),
+    ],
+)
+def test_the_deploy_is_given_the_dispatch_sources_of_the_aliases_the_stack_will_have(
+    cloudformation: Any, capsys: pytest.CaptureFixture[str], given: str, cleared: str, expected: str
+) -> None:
+    # Given a stack deployed with one peer cluster alias
+    _deploy(cloudformation, "poimen-admission-dev", "acme", cell="", PeerClusterAlias1="east1")
+
+    # When make deploy checks it with the aliases given and those cleared
+    arguments = ["--prog", "make deploy", "cells", "--stack-name", "poimen-admission-dev", "--cell", ""]
+    arguments += ["--tenants", "acme", "--msk-cluster-arn", CLUSTER, "--stage", "dev"]
+    code = main([*arguments, "--peer-cluster-aliases", given, "--cleared-peer-cluster-aliases", cleared])
+
+    # Then it prints the DispatchSources that the template's Rules hold equal to those aliases
+    assert (code, capsys.readouterr().out) == (0, expected + "\n")
+
+
+def test_a_cleared_alias_no_longer_counts_against_the_maximum(
+    cloudformation: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a stack deployed with one peer cluster alias
+    _deploy(cloudformation, "poimen-admission-dev", "acme", cell="", PeerClusterAlias1="east1")
+    arguments = ["--prog", "make deploy", "cells", "--stack-name", "poimen-admission-dev", "--cell", ""]
+    arguments += ["--msk-cluster-arn", CLUSTER, "--stage", "dev", "--peer-cluster-aliases", ","]
+    tenants = ["--tenants", ",".join(f"t{n}" for n in range(max_tenants(0)))]
+
+    # When the most tenants a stack without alias serves are deployed with the alias cleared
+    code = main([*arguments, *tenants, "--cleared-peer-cluster-aliases", "1"])
+
+    # Then they are accepted, and the stack is deployed without the alias's mappings
+    assert (code, capsys.readouterr().out) == (0, "DispatchSources=Source\n")
+
+
+def _make_deploy(*assignments: str, environment: dict[str, str] | None = None) -> str:
+    """The commands `make deploy` would run (make -n: nothing runs, nothing is called)."""
+    given = ["TENANTS=acme", "MSK_CLUSTER_ARN=x", "KAFKA_BOOTSTRAP_SERVERS=b", "OUTBOX_SUBNET_IDS=s"]
+    result = subprocess.run(
+        ["make", "-n", "deploy", *given, "OUTBOX_SECURITY_GROUP_IDS=g", *assignments],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={"PATH": "/usr/bin:/bin", **(environment or {})},
+    )
+    commands = result.stdout.replace("\\\n", " ").splitlines()  # a command continued over lines is one
+    (deploy,) = [line for line in commands if "sam deploy" in line and "RETENTION" in line]
+    (check,) = [line for line in commands if "deploy_check.py" in line and " cells " in line]
+    return check + "\n" + deploy
+
+
+def test_make_deploy_clears_a_peer_cluster_alias_given_empty_by_name() -> None:
+    kept, cleared = _make_deploy(), _make_deploy("PEER_CLUSTER_ALIAS_1=")
+    from_environment = _make_deploy(environment={"PEER_CLUSTER_ALIAS_1": ""})
+
+    # Not given (or empty in the environment, as a workflow's unset variable is): sam deploy keeps the deployed one
+    for commands in (kept, from_environment):
+        assert "PeerClusterAlias1=" not in commands
+        assert '--cleared-peer-cluster-aliases ""' in commands
+    # Given empty on the command line: passed empty, so CloudFormation clears it, and the check counts it gone
+    assert "\"PeerClusterAlias1=''\"" in cleared
+    assert "PeerClusterAlias2=" not in cleared
+    assert '--cleared-peer-cluster-aliases "1"' in cleared
+    assert "> .aws-sam/dispatch-sources.parameter" in cleared
+    assert '"$(cat .aws-sam/dispatch-sources.parameter)"' in cleared
+
+
+def test_sam_deploy_takes_an_empty_parameter_override_as_an_empty_value() -> None:
+    # make deploy's PeerClusterAlias1='' (one argument, as the shell hands it over) must reach CloudFormation as
+    # the value "": SAM CLI refuses PeerClusterAlias1= alone ("is not a valid format").
+    script = (
+        "from samcli.cli.types import CfnParameterOverridesType;"
+        "print(CfnParameterOverridesType().convert((\"PeerClusterAlias1=''\", 'Tenants=acme'), None, None))"
+    )
+    result = subprocess.run([str(SAM_PYTHON), "-c", script], capture_output=True, text=True, check=True)
+
+    assert "'PeerClusterAlias1': ''" in result.stdout
 
 
 # --- what make build hands SAM ----------------------------------------------------------------------------

@@ -70,6 +70,18 @@ def test_deploy_workflow_runs_only_the_makefile_commands() -> None:
     }
 
 
+def test_the_deploy_workflow_passes_every_variable_make_deploy_reads() -> None:
+    workflow = yaml.safe_load((REPO / ".github/workflows/deploy.yml").read_text())
+
+    for job in ("staging", "prod"):
+        (step,) = [step for step in workflow["jobs"][job]["steps"] if "run" in step]
+        # CELL among them: without it an environment's cell would be deployed as the unnamed cell's stack.
+        assert {"TENANTS", "MSK_CLUSTER_ARN", "CELL"} <= set(step["env"]), job
+        assert step["env"]["CELL"] == "${{ vars.CELL }}"
+    # One group for every deploy: two cells' deploys never overlap (the cell check reads before it writes).
+    assert workflow["concurrency"] == {"group": "deploy", "cancel-in-progress": False}
+
+
 def test_the_cli_loads_no_powertools_object_before_poimen_dev_sets_the_functions_environment() -> None:
     # Powertools' Logger and Metrics read POWERTOOLS_* when created: created at the CLI's import, the
     # relay that `poimen dev` runs in-process had no metrics namespace and failed every batch.

@@ -10,7 +10,7 @@ import pytest
 from poimen.store import HASH_KEY, RunRecord
 from poimen.wire import TENANT_PATTERN
 from poimen_tools.local.template import Template
-from tests.unit.test_template_posture import _in_single_region
+from tests.unit.test_template_posture import _in_single_region, _transformed
 
 # Actions that take no resource ARN (IAM's "*" is the only possible resource for them).
 RESOURCELESS_ACTIONS = {
@@ -82,6 +82,7 @@ def test_every_route_needs_iam_authorization(template: Template) -> None:
 
 def test_one_msk_event_source_per_tenant_topic(template: Template) -> None:
     resources = template.expanded_resources({"Tenants": TENANTS})
+    transformed = _transformed(Tenants=",".join(TENANTS))["Resources"]
     mappings = {
         name: res["Properties"]
         for name, res in resources.items()
@@ -92,10 +93,10 @@ def test_one_msk_event_source_per_tenant_topic(template: Template) -> None:
     for tenant in TENANTS:
         mapping = mappings[f"RelaySource{tenant.replace('-', '')}"]
         assert mapping["FunctionName"] == {"Ref": "InboxRelayFunction.Alias"}  # the published version
-        assert mapping["Topics"] == [{"Fn::Sub": f"poimen.{tenant}.dispatch"}]
-        assert mapping["AmazonManagedKafkaEventSourceConfig"]["ConsumerGroupId"] == {
-            "Fn::Sub": f"poimen-relay-{tenant}"
-        }
+        # The topic and the group as CloudFormation resolves them (the loop's Fn::Select over the aliases).
+        deployed = transformed[f"RelaySource{tenant.replace('-', '')}"]["Properties"]
+        assert deployed["Topics"] == [f"poimen.{tenant}.dispatch"]
+        assert deployed["AmazonManagedKafkaEventSourceConfig"]["ConsumerGroupId"] == f"poimen-relay-{tenant}"
         assert mapping["StartingPosition"] == "TRIM_HORIZON"
         assert mapping["DestinationConfig"]["OnFailure"]["Destination"] == {
             "Fn::GetAtt": ["FailedBatchesBucket", "Arn"]

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from poimen.kafka import CLUSTER_ALIAS_PATTERN, replicated_dispatch_topic, tenant_of_dispatch_topic
+from poimen_tools.deploy_check import dispatch_sources
 from poimen_tools.local.template import Template
 from tests.conftest import REPO
 from tests.unit.test_template_posture import SAM_PYTHON, SAM_TRANSFORM, _literal_placeholders
@@ -52,6 +53,10 @@ STACKS: dict[str, tuple[str, dict[str, str]]] = {
     ),
     "home-with-witness": ("us-east-1", {**HOME, "WitnessRegion": "us-west-2", "PeerClusterAlias1": "east2"}),
 }
+for _region, _given in STACKS.values():  # the kinds make deploy derives from the aliases (deploy_check)
+    _given["DispatchSources"] = dispatch_sources(
+        (_given.get("PeerClusterAlias1", ""), _given.get("PeerClusterAlias2", ""))
+    )
 MODES = [("single", ("us-east-1", {})), *STACKS.items()]
 ALIASES = {"home": ["east2", "west2"], "replica-east-2": ["east1", "west2"], "home-with-witness": ["east2"]}
 # What differs between a tenant's mappings: the topic and its consumer group.
@@ -300,7 +305,7 @@ def test_make_lint_scans_the_multi_region_stacks_as_transformed() -> None:
 # --- the refusals at deploy (CloudFormation Rules) -------------------------------------------------------
 
 
-def _value(expression: Any, parameters: dict[str, str], region: str) -> Any:
+def _value(expression: Any, parameters: dict[str, Any], region: str) -> Any:
     """A Rules expression as CloudFormation evaluates it: Ref (parameters with their defaults, AWS::Region),
     Fn::Equals, Fn::Not, Fn::And, Fn::Or and Fn::Contains (the functions the template's Rules use)."""
     if not isinstance(expression, dict):
@@ -324,8 +329,13 @@ def _value(expression: Any, parameters: dict[str, str], region: str) -> Any:
 
 def _refusals(template: Template, region: str, **given: str) -> dict[str, list[str]]:
     """Rule name -> the AssertDescriptions of its failing assertions, for a deploy with `given` in `region`."""
-    parameters = {name: str(p.get("Default", "")) for name, p in template.document["Parameters"].items()}
+    parameters: dict[str, Any] = {
+        name: str(p.get("Default", "")) for name, p in template.document["Parameters"].items()
+    }
     parameters.update(given)
+    for name, declared in template.document["Parameters"].items():  # a list parameter's Ref is its list
+        if declared["Type"] == "CommaDelimitedList":
+            parameters[name] = parameters[name].split(",")
     refused: dict[str, list[str]] = {}
     for name, rule in template.document["Rules"].items():
         if "RuleCondition" in rule and not _value(rule["RuleCondition"], parameters, region):
@@ -375,6 +385,17 @@ def test_run_retention_is_refused_in_multi_region_mode_because_mrsc_has_no_ttl(t
         ("us-east-1", {**HOME, "ReplicaStreamLabel": LABEL}, "HomeStreamIsItsOwn"),
         ("us-east-1", {**HOME, "KmsKeyArn": KEY.format("us-east-1")}, "HomeKeysEveryReplica"),
         ("us-east-1", {"PeerClusterAlias1": "west", "PeerClusterAlias2": "west"}, "PeerClusterAliasesDiffer"),
+        # DispatchSources (the loop of the relay's mappings) and the aliases disagree: a mapping on a topic
+        # without an alias, or an alias without its mappings.
+        ("us-east-1", {"PeerClusterAlias1": "east1"}, "DispatchSourcesMatchPeerClusterAlias1"),
+        ("us-east-1", {"DispatchSources": "Source,Peer1Source"}, "DispatchSourcesMatchPeerClusterAlias1"),
+        ("us-east-1", {"DispatchSources": "Source,Peer2Source"}, "DispatchSourcesMatchPeerClusterAlias2"),
+        ("us-east-1", {"PeerClusterAlias2": "west2"}, "DispatchSourcesMatchPeerClusterAlias2"),
+        (
+            "us-east-1",
+            {"DispatchSources": "Peer1Source", "PeerClusterAlias1": "east1"},
+            "DispatchSourcesHaveTheTenantsOwn",
+        ),
     ],
 )
 def test_inconsistent_regions_are_refused_with_a_reason(

@@ -1,9 +1,13 @@
 """What AWS enforces at deploy, checked on template.yaml as CloudFormation gets it (SAM-transformed offline)
-for 1, 50 and 200 tenants and the most one stack serves (poimen_tools.deploy_check), in every mode (single
+for 1, 50 and 200 tenants and the most one stack serves (poimen_tools.deploy_check), and one more, in every mode (single
 Region, the multi-Region home and replica stacks) with 0, 1 and 2 peer cluster aliases, every option that adds
 resources or policies on, tenant ids as long as the character maximum allows and the other values at their
 longest: resources, outputs, mappings, parameters and their values, the template's size, each role's
 policies and each function's environment. Each quota and its page: docs/operations.md#what-aws-enforces-at-deploy.
+The template's quotas (resources, outputs, size) are counted on the template as declared, every Condition'd
+resource kept: CloudFormation refuses "Number of resources, N, is greater than maximum allowed, 500" when it
+validates the processed template, before any condition is evaluated. A role's policies and a function's
+environment are measured on what the stack creates.
 """
 
 from __future__ import annotations
@@ -12,11 +16,19 @@ import json
 import re
 import subprocess
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from poimen_tools.deploy_check import MAX_EVENT_SOURCE_MAPPINGS, MAX_TENANT_CHARACTERS, limit_refusal, max_tenants
+from poimen_tools.deploy_check import (
+    MAX_EVENT_SOURCE_MAPPINGS,
+    MAX_TENANT_CHARACTERS,
+    OTHER_RESOURCES,
+    dispatch_sources,
+    limit_refusal,
+    max_tenants,
+)
 from tests.conftest import REPO
 from tests.unit.test_template_posture import SAM_PYTHON, SAM_TRANSFORM
 
@@ -92,6 +104,7 @@ def _tenants(count: int) -> list[str]:
 def _scenario(mode: str, aliases: int, count: int) -> dict[str, str]:
     given = {**HARDENED, **MODES[mode], "Tenants": ",".join(_tenants(count))}
     given.update({f"PeerClusterAlias{n + 1}": ALIASES[n] for n in range(aliases)})
+    given["DispatchSources"] = dispatch_sources((ALIASES[0] if aliases > 0 else "", ALIASES[1] if aliases > 1 else ""))
     return given
 
 
@@ -104,20 +117,42 @@ SCENARIOS = {
 }
 
 
-@cache
-def _transformed_all() -> dict[str, dict[str, Any]]:
-    """Every scenario as CloudFormation gets it: one run of poimen_tools.sam_transform --batch."""
+# One tenant more than the most a stack serves, with each number of aliases: the template must be over.
+OVER = {
+    f"single-{aliases}-aliases-over": _scenario("single", aliases, max_tenants(aliases) + 1) for aliases in (0, 1, 2)
+}
+
+
+def _batch(template: str, scenarios: list[dict[str, str]], *, declared: bool) -> list[dict[str, Any]]:
+    """`scenarios` as CloudFormation gets them: one run of poimen_tools.sam_transform --batch, every resource
+    declared kept (`declared`) or only those the stack creates."""
     assert SAM_PYTHON.exists(), "needs the SAM CLI venv: make .venv-sam/bin/sam (make test creates it)"
     result = subprocess.run(
-        [str(SAM_PYTHON), str(SAM_TRANSFORM), "--batch", str(REPO / "template.yaml")],
-        input=json.dumps(list(SCENARIOS.values())),
+        [str(SAM_PYTHON), str(SAM_TRANSFORM), "--batch", *(["--declared"] if declared else []), template],
+        input=json.dumps(scenarios),
         capture_output=True,
         text=True,
         check=False,
         env={"PATH": "/usr/bin:/bin", "AWS_DEFAULT_REGION": "us-east-1", "SAM_CLI_TELEMETRY": "0"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return dict(zip(SCENARIOS, json.loads(result.stdout), strict=True))
+    templates: list[dict[str, Any]] = json.loads(result.stdout)
+    return templates
+
+
+@cache
+def _declared_all() -> dict[str, dict[str, Any]]:
+    """Every scenario (and OVER) as CloudFormation receives and validates it: conditions not evaluated."""
+    every = {**SCENARIOS, **OVER}
+    return dict(zip(every, _batch(str(REPO / "template.yaml"), list(every.values()), declared=True), strict=True))
+
+
+@cache
+def _transformed_all() -> dict[str, dict[str, Any]]:
+    """Every scenario as the stack creates it: the resources whose Condition is false left out."""
+    return dict(
+        zip(SCENARIOS, _batch(str(REPO / "template.yaml"), list(SCENARIOS.values()), declared=False), strict=True)
+    )
 
 
 # --- values as long as a deploy can make them -----------------------------------------------------------
@@ -277,20 +312,64 @@ def _function_violations(template: dict[str, Any], given: dict[str, str]) -> lis
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_the_stack_deploys_within_every_quota(scenario: str) -> None:
-    template, given = _transformed_all()[scenario], SCENARIOS[scenario]
+    declared, created, given = _declared_all()[scenario], _transformed_all()[scenario], SCENARIOS[scenario]
 
     violations = (
-        _template_violations(template, given)
-        + _role_violations(template, given)
-        + _function_violations(template, given)
+        _template_violations(declared, given) + _role_violations(created, given) + _function_violations(created, given)
     )
 
     assert violations == [], scenario
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_every_resource_declared_is_one_the_stack_creates(scenario: str) -> None:
+    declared, created = _declared_all()[scenario], _transformed_all()[scenario]
+    msk = [
+        resource
+        for resource in declared["Resources"].values()
+        if resource["Type"] == "AWS::Lambda::EventSourceMapping" and "Topics" in resource["Properties"]
+    ]
+
+    # What loops per tenant declares nothing conditional: only the fixed resources may be Condition'd, and
+    # they are the OTHER_RESOURCES the maximum leaves room for (the outbox's stream mapping among them).
+    assert not [resource for resource in msk if "Condition" in resource], scenario
+    assert len(msk) == len([r for r in created["Resources"].values() if "Topics" in r.get("Properties", {})])
+    assert len(declared["Resources"]) - len(msk) == OTHER_RESOURCES
+
+
+@pytest.mark.parametrize("scenario", list(OVER))
+def test_one_tenant_more_than_the_maximum_would_not_deploy(scenario: str) -> None:
+    declared = _declared_all()[scenario]
+
+    # The maximum is exact: one tenant more is over CloudFormation's resources a stack.
+    assert _template_violations(declared, OVER[scenario])[0].endswith(f"resources, over {RESOURCES}")
+    tenants, aliases = OVER[scenario]["Tenants"].split(","), scenario.split("-")[1]
+    assert limit_refusal(tenants, int(aliases)) is not None
+
+
+def test_the_resource_count_refuses_a_conditional_per_tenant_loop_at_the_maximum(tmp_path: Path) -> None:
+    # Given the template with a per-tenant loop whose Condition is false, as the peer cluster loops once were
+    text = (REPO / "template.yaml").read_text()
+    loop = (
+        "  Fn::ForEach::ConditionalSources:\n    - TenantId\n    - !Ref Tenants\n    - Conditional&{TenantId}:\n"
+        "        Type: AWS::SQS::Queue\n        Condition: HasPeerClusterAlias1\n"
+    )
+    broken = tmp_path / "template.yaml"
+    broken.write_text(text.replace("\nResources:\n", f"\nResources:\n{loop}", 1))
+    given = _scenario("single", 0, max_tenants(0))
+
+    # When it is counted as CloudFormation receives it, and as the stack would create it
+    (declared,) = _batch(str(broken), [given], declared=True)
+    (created,) = _batch(str(broken), [given], declared=False)
+
+    # Then the declared count refuses it, though what would be created fits
+    assert _template_violations(declared, given) == [f"{len(declared['Resources'])} resources, over {RESOURCES}"]
+    assert _template_violations(created, given) == []
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_one_mapping_per_tenant_and_topic_as_the_maximum_counts_them(scenario: str) -> None:
-    template, given = _transformed_all()[scenario], SCENARIOS[scenario]
+    template, given = _declared_all()[scenario], SCENARIOS[scenario]
     tenants = given["Tenants"].split(",")
     aliases = sum(f"PeerClusterAlias{n}" in given for n in (1, 2))
 

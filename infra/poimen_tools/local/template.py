@@ -32,12 +32,20 @@ _CloudFormationLoader.add_multi_constructor("!", _intrinsic)
 
 
 def _substitute(value: Any, identifier: str, replacement: str) -> Any:
+    """`value` with a loop's identifier replaced, as AWS::LanguageExtensions does: `${Id}` in strings, `&{Id}`
+    (the value's alphanumerics) in strings and keys, and `{"Ref": Id}`."""
     if isinstance(value, str):
-        return value.replace(f"${{{identifier}}}", replacement)
+        alphanumeric = "".join(ch for ch in replacement if ch.isalnum())
+        return value.replace(f"${{{identifier}}}", replacement).replace(f"&{{{identifier}}}", alphanumeric)
     if isinstance(value, list):
         return [_substitute(item, identifier, replacement) for item in value]
     if isinstance(value, dict):
-        return {key: _substitute(item, identifier, replacement) for key, item in value.items()}
+        if value == {"Ref": identifier}:
+            return replacement
+        return {
+            _substitute(key, identifier, replacement): _substitute(item, identifier, replacement)
+            for key, item in value.items()
+        }
     return value
 
 
@@ -59,19 +67,28 @@ class Template:
         return {name: body for name, body in declared.items() if not name.startswith("Fn::ForEach::")}
 
     def expanded_resources(self, parameters: Mapping[str, list[str]]) -> dict[str, Any]:
-        """Every resource, with each Fn::ForEach loop (AWS::LanguageExtensions) expanded over the list
-        given for its collection parameter: `&{Id}` in logical ids, `${Id}` in strings."""
+        """Every resource, with each Fn::ForEach loop (AWS::LanguageExtensions) expanded, nested ones too, over
+        the list given for its collection parameter (else the parameter's default): `&{Id}` in logical ids,
+        `${Id}` in strings, `Ref: Id`."""
         expanded = dict(self.resources)
         for name, loop in self.document["Resources"].items():
-            if not name.startswith("Fn::ForEach::"):
-                continue
-            identifier, collection, templates = loop
-            for value in parameters[collection["Ref"]]:
-                for logical_id, body in templates.items():
-                    alphanumeric = "".join(ch for ch in value if ch.isalnum())
-                    expanded[logical_id.replace(f"&{{{identifier}}}", alphanumeric)] = _substitute(
-                        body, identifier, value
-                    )
+            if name.startswith("Fn::ForEach::"):
+                expanded.update(self._expand(loop, parameters))
+        return expanded
+
+    def _expand(self, loop: list[Any], parameters: Mapping[str, list[str]]) -> dict[str, Any]:
+        identifier, collection, templates = loop
+        name = collection["Ref"]
+        values = (
+            parameters[name] if name in parameters else str(self.document["Parameters"][name]["Default"]).split(",")
+        )
+        expanded: dict[str, Any] = {}
+        for value in values:
+            for key, body in _substitute(templates, identifier, value).items():
+                if key.startswith("Fn::ForEach::"):
+                    expanded.update(self._expand(body, parameters))
+                else:
+                    expanded[key] = body
         return expanded
 
     def properties(self, logical_id: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, Message
 from poimen.dead_letter import is_dead_letter
 from poimen.kafka import dispatch_topic, events_topic, tenant_of_dispatch_topic
 from poimen.outbox import PARKED_PREFIX
-from tests.history.pipeline import DeadLetter, EventRecord, Parked, StoredRun
+from tests.history.pipeline import DeadLetter, EventRecord, Parked, Spawn, StoredRun, canonical
 
 Partition = tuple[str, int]
 
@@ -79,7 +79,8 @@ def scan_runs(dynamodb: Any, table: str) -> list[StoredRun]:
                     attempt_id=str(fields["attempt_id"]),
                     dispatch_key=fields.get("dispatch_key"),
                     marker=marker if isinstance(marker, str) else None,
-                    created_at=fields.get("created_at") or "",
+                    created_at=str(fields["created_at"]),
+                    spawn=Spawn(str(fields["workflow_ref"]), canonical(run_input), fields.get("goal_id")),
                 )
             )
     return runs

@@ -28,6 +28,7 @@ from tests.history.pipeline import (
     Parked,
     Pipeline,
     Report,
+    Spawn,
     StoredRun,
     check,
 )
@@ -36,9 +37,18 @@ CREATED = "2026-12-01T12:00:00.482Z"
 STACK = "poimen-test"  # the stack whose outbox published the events
 
 
+def spawn_of(marker: str | None) -> Spawn:
+    """What the dispatches of these pipelines ask for: a keyless one its marker, a keyed one n=1."""
+    return Spawn.of("wf/pipeline", {"marker": marker} if marker else {"n": 1})
+
+
+def dispatch(tenant: str, key: str | None, marker: str | None = None, copies: int = 1) -> Dispatched:
+    return Dispatched(tenant, key, marker, copies, spawn=spawn_of(marker))
+
+
 def stored(tenant: str, key: str | None = None, marker: str | None = None, attempt: str = "a-1") -> StoredRun:
     run_id = keyed_run_id(tenant, key) if key is not None else unkeyed_run_id()
-    return StoredRun(tenant, run_id, attempt, key, marker, CREATED)
+    return StoredRun(tenant, run_id, attempt, key, marker, CREATED, spawn=spawn_of(marker))
 
 
 def event(run: StoredRun, **changes: str) -> EventRecord:
@@ -48,9 +58,10 @@ def event(run: StoredRun, **changes: str) -> EventRecord:
         "tenant_id": run.tenant,
         "run_id": run.run_id,
         "attempt_id": run.attempt_id,
-        "workflow_ref": "wf/pipeline",
-        "input": json.dumps({"marker": run.marker} if run.marker else {"n": 1}),
-        "created_at": CREATED,
+        "workflow_ref": run.spawn.workflow_ref,
+        "input": run.spawn.input,
+        **({"goal_id": run.spawn.goal_id} if run.spawn.goal_id else {}),
+        "created_at": run.created_at,
         "fingerprint": "f" * 64,
         "status": "admitted",
         **({"dispatch_key": run.dispatch_key} if run.dispatch_key else {}),
@@ -63,9 +74,9 @@ def event(run: StoredRun, **changes: str) -> EventRecord:
 def good() -> Pipeline:
     """Two tenants, keyed dispatches (one published twice), a keyless one; every run its event."""
     dispatched = [
-        Dispatched("acme", "k-1", copies=2),
-        Dispatched("globex", "k-1"),
-        Dispatched("acme", None, "m-1"),
+        dispatch("acme", "k-1", copies=2),
+        dispatch("globex", "k-1"),
+        dispatch("acme", None, "m-1"),
     ]
     runs = [stored("acme", "k-1"), stored("globex", "k-1"), stored("acme", marker="m-1")]
     return Pipeline(dispatched, runs, [event(run) for run in runs], stack=STACK)
@@ -181,13 +192,13 @@ def test_a_keyless_record_dead_lettered_as_outcome_unknown_must_not_be_sent_agai
 
 def test_a_record_neither_admitted_nor_dead_lettered_fails() -> None:
     pipeline = good()
-    pipeline.dispatched.append(Dispatched("globex", None, "m-2"))
+    pipeline.dispatched.append(dispatch("globex", None, "m-2"))
     failed(pipeline, "lost", "globex/marker:m-2")
 
 
 def test_a_valid_record_dead_lettered_fails_with_its_reason() -> None:
     pipeline = good()
-    pipeline.dispatched.append(Dispatched("globex", "k-2"))
+    pipeline.dispatched.append(dispatch("globex", "k-2"))
     pipeline.dead_letters.append(DeadLetter("globex", "k-2", None, "relay-error", "KeyError: 'x'"))
     report = failed(pipeline, "dead-lettered", "globex/k-2")
     assert "relay-error: KeyError" in report.summary()
@@ -240,7 +251,7 @@ def test_an_event_with_two_ce_ids_fails() -> None:
 def test_an_outcome_unknown_letter_naming_no_run_fails() -> None:
     # Given a keyless record dead-lettered as outcome-unknown, but naming no run it may have admitted
     pipeline = good()
-    pipeline.dispatched.append(Dispatched("globex", None, "m-2"))
+    pipeline.dispatched.append(dispatch("globex", None, "m-2"))
     pipeline.dead_letters.append(DeadLetter("globex", None, "m-2", "outcome-unknown", "GET /v1/runs/?"))
     # Then nobody can find out what became of it
     failed(pipeline, "dead-lettered", "globex/marker:m-2")
@@ -271,7 +282,7 @@ def test_a_pipeline_with_nothing_dispatched_fails() -> None:
 def test_a_key_spelled_like_a_marker_is_not_that_keyless_dispatch() -> None:
     # Given a keyed dispatch whose opaque key reads "marker:m-2", and a keyless one carrying marker m-2
     pipeline = good()
-    pipeline.dispatched += [Dispatched("acme", None, "m-2"), Dispatched("acme", "marker:m-2")]
+    pipeline.dispatched += [dispatch("acme", None, "m-2"), dispatch("acme", "marker:m-2")]
     keyed = stored("acme", "marker:m-2")
     pipeline.runs.append(keyed)
     pipeline.events.append(event(keyed))
@@ -450,3 +461,82 @@ def test_a_partition_whose_committed_offset_is_an_error_fails_the_look_up() -> N
     # Then the look-up fails (its caller asks again) rather than answer 0 for it
     with pytest.raises(KafkaException):
         committed(admin, "group", [TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)])  # type: ignore[arg-type]
+
+
+def _valued(record: EventRecord, **fields: object) -> EventRecord:
+    """`record` with its value's fields set as given (its headers and key unchanged)."""
+    return dataclasses.replace(record, value=json.dumps({**json.loads(record.value or b"{}"), **fields}).encode())
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"workflow_ref": "wf/other"},
+        {"input": {"n": 2}},
+        {"goal_id": "g-9"},
+        {"created_at": "2026-12-01T12:00:09.000Z"},
+        {"status": "cancelled"},
+        {"attempt_id": "a-1"},
+    ],
+    ids=lambda fields: next(iter(fields)),
+)
+def test_an_event_whose_value_is_not_its_runs_fails(fields: dict[str, object]) -> None:
+    # Given acme/k-1's event, its key and headers right, its value (the run as the API answers it) another run's
+    pipeline = good()
+    pipeline.events[0] = _valued(pipeline.events[0], **fields)
+    # Then it is not its stored run's event, and the check says which field
+    report = failed(pipeline, "event-value", "acme/k-1")
+    assert next(iter(fields)) in report.summary()
+
+
+def test_a_copy_of_an_event_with_another_value_is_a_distinct_event() -> None:
+    # Given acme/k-1's event, and a copy whose value differs in workflow_ref only
+    pipeline = good()
+    pipeline.events.append(_valued(pipeline.events[0], workflow_ref="wf/other"))
+    # Then the check fails: the copy is no byte-identical copy, and not its run's event
+    failed(pipeline, "distinct-events", "acme/k-1")
+    failed(pipeline, "event-value", "acme/k-1")
+
+
+def test_an_outcome_unknown_letter_naming_another_dispatchs_run_fails() -> None:
+    # Given a keyless record of globex dead-lettered as outcome-unknown, naming acme/k-1's run: an operator who GETs
+    # it finds a run and redrives nothing, and the record is lost
+    pipeline = good()
+    pipeline.dispatched.append(dispatch("globex", None, "m-2"))
+    named = pipeline.runs[0].run_id
+    pipeline.dead_letters.append(DeadLetter("globex", None, "m-2", "outcome-unknown", f"GET /v1/runs/{named}", named))
+    # Then the letter names a run that is not its record's
+    report = failed(pipeline, "letter-misnamed", "globex/marker:m-2")
+    assert named in report.summary()
+
+
+def test_a_dead_letter_sent_twice_is_one_ending() -> None:
+    # Given a keyless record dead-lettered as outcome-unknown whose SendMessage was answered late and sent again
+    # (the relay retries a send that timed out; both landed: two identical letters)
+    pipeline = good()
+    pipeline.dispatched.append(dispatch("globex", None, "m-2"))
+    maybe = unkeyed_run_id()
+    letter = DeadLetter("globex", None, "m-2", "outcome-unknown", f"GET /v1/runs/{maybe}", maybe)
+    pipeline.dead_letters += [letter, letter]
+    # Then it holds: one delivery, dead-lettered once, its named run never written, nothing sent again
+    report = check(pipeline)
+    assert report.ok, report.summary()
+
+
+@pytest.mark.parametrize(
+    "spawn",
+    [
+        Spawn.of("wf/other", {"n": 1}),
+        Spawn.of("wf/pipeline", {"n": 2}),
+        Spawn.of("wf/pipeline", {"n": 1}, "g-9"),
+    ],
+    ids=["workflow_ref", "input", "goal_id"],
+)
+def test_a_run_unlike_its_dispatch_fails(spawn: Spawn) -> None:
+    # Given acme/k-1's run (and its event, the run's) carrying another workflow_ref, input or goal_id than dispatched
+    pipeline = good()
+    pipeline.runs[0] = dataclasses.replace(pipeline.runs[0], spawn=spawn)
+    pipeline.events[0] = event(pipeline.runs[0])
+    # Then the run is not what was dispatched
+    report = failed(pipeline, "run-unlike-its-dispatch", "acme/k-1")
+    assert repr(spawn) in report.summary()

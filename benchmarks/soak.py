@@ -418,9 +418,9 @@ def _count_runs(dynamodb: Any) -> int:
     return sum(page["Count"] for page in pages)
 
 
-def dispatched(stream: list[Dispatch], redelivered: dict[str, list[str]]) -> list[Dispatched]:
+def dispatched(stream: list[Dispatch], redelivered: dict[tuple[str, str], list[str]]) -> list[Dispatched]:
     """The stream as the pipeline check reads it: each dispatch once, with its copies and, for a keyless one
-    (told by the `marker` of its input), why the relay may have been given it again."""
+    (told by its tenant and the `marker` of its input), why the relay may have been given it again."""
     found: dict[tuple[str, str | None, str | None], int] = {}
     spawns: dict[tuple[str, str | None, str | None], Spawn] = {}
     for dispatch in stream:
@@ -437,7 +437,7 @@ def dispatched(stream: list[Dispatch], redelivered: dict[str, list[str]]) -> lis
             key,
             marker,
             copies,
-            tuple(redelivered.get(marker or "", ())) if key is None else (),
+            tuple(redelivered.get((tenant, marker or ""), ())) if key is None else (),
             spawn=spawns[(tenant, key, marker)],
         )
         for (tenant, key, marker), copies in found.items()
@@ -471,7 +471,7 @@ def _observe_and_check(
     records = read_dispatches(bootstrap, soaked.tenants, soaked.publisher.published, timeout)
     again = redeliveries(records, [d.uncommitted for d in soaked.disruptions if d.uncommitted is not None])
     pipeline = Pipeline(
-        dispatched(soaked.stream, again.by_marker),
+        dispatched(soaked.stream, again.by_dispatch),
         runs,
         events,
         letters,

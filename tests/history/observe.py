@@ -38,11 +38,11 @@ class Uncommitted:
 
 @dataclass(frozen=True)
 class Redeliveries:
-    """The keyless records the relay may have been given again, by marker, one reason for each time; and what
-    could not be known, as (what, why): a disruption whose committed offsets were not looked up, or whose
-    look-up left out a record's partition."""
+    """The keyless records the relay may have been given again, by (tenant, marker), one reason for each time;
+    and what could not be known, as (what, why): a disruption whose committed offsets were not looked up, or
+    whose look-up left out a record's partition. By tenant too: a marker is unique in its tenant's stream only."""
 
-    by_marker: dict[str, list[str]]
+    by_dispatch: dict[tuple[str, str], list[str]]
     unobserved: list[tuple[str, str]]
 
 
@@ -153,10 +153,10 @@ def read_dispatches(bootstrap: str, tenants: Iterable[str], records: int, timeou
 
 
 def redeliveries(records: list[DispatchRecord], disruptions: list[Uncommitted]) -> Redeliveries:
-    """Keyless records (by marker) the relay may have been given again: produced before a disruption and
+    """Keyless records (by tenant and marker) the relay may have been given again: produced before a disruption and
     past its committed offset then, so its batch (handled or not) came again, once. Where that offset is not
     known, no record is taken to have come again (a guess would loosen the check): it is unobserved."""
-    found: dict[str, list[str]] = {}
+    found: dict[tuple[str, str], list[str]] = {}
     unobserved: dict[str, str] = {}
     for disruption in disruptions:
         if disruption.committed is None:
@@ -174,7 +174,7 @@ def redeliveries(records: list[DispatchRecord], disruptions: list[Uncommitted]) 
                     disruption.what, f"the look-up of committed offsets left out {topic}[{partition}]"
                 )
             elif record.offset >= committed:
-                found.setdefault(record.marker, []).append(f"uncommitted at {disruption.what}")
+                found.setdefault((record.tenant, record.marker), []).append(f"uncommitted at {disruption.what}")
     return Redeliveries(found, sorted(unobserved.items()))
 
 

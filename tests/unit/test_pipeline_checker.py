@@ -15,7 +15,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from benchmarks.committed import committed
-from benchmarks.soak import Relay
+from benchmarks.soak import Dispatch, Relay, dispatched
+from poimen.contract import RunRequest
 from poimen.ids import keyed_run_id, unkeyed_run_id
 from poimen.outbox import run_event
 from tests.asyncapi_contract import document
@@ -390,7 +391,7 @@ def observed(again: Redeliveries, runs_of_m1: int) -> Pipeline:
     """good(), its keyless dispatch m-1 redelivered as `again` says and admitted `runs_of_m1` times."""
     pipeline = good()
     pipeline.dispatched[2] = dataclasses.replace(
-        pipeline.dispatched[2], redelivered=tuple(again.by_marker.get("m-1", ()))
+        pipeline.dispatched[2], redelivered=tuple(again.by_dispatch.get(("acme", "m-1"), ()))
     )
     pipeline.unobserved = again.unobserved
     for _ in range(runs_of_m1 - 1):
@@ -414,10 +415,10 @@ def test_a_keyless_record_comes_again_once_for_each_disruption_it_was_past_the_c
     ]
     # Then each record may have come again once for each disruption it was produced before and past the offset of
     again = redeliveries(records, disruptions)
-    assert again.by_marker == {
-        "past-one": ["uncommitted at kill"],
-        "past-both": ["uncommitted at kill", "uncommitted at broker"],
-        "after-the-kill": ["uncommitted at broker"],
+    assert again.by_dispatch == {
+        ("acme", "past-one"): ["uncommitted at kill"],
+        ("acme", "past-both"): ["uncommitted at kill", "uncommitted at broker"],
+        ("acme", "after-the-kill"): ["uncommitted at broker"],
     }
     assert again.unobserved == []
 
@@ -431,7 +432,7 @@ def test_a_failed_committed_offset_look_up_fails_the_check(monkeypatch: pytest.M
     again = redeliveries([keyless_record(7)], [at_kill])
     pipeline = observed(again, runs_of_m1=2)
     # Then no redelivery is taken for granted, and the check fails for what it could not observe
-    assert again.by_marker == {}
+    assert again.by_dispatch == {}
     report = failed(pipeline, "unobserved", "SIGKILL #1")
     assert "committed offsets could not be looked up" in report.summary()
     failed(pipeline, "keyless-admitted-twice", "acme/marker:m-1")
@@ -443,7 +444,7 @@ def test_a_look_up_that_leaves_out_a_records_partition_fails_the_check() -> None
     # Given a look-up at a kill that answered no offset of the keyless record's partition
     again = redeliveries([keyless_record(7)], [Uncommitted("SIGKILL #1", AT_KILL_MS, {("poimen.acme.dispatch", 1): 3})])
     # Then its partition is not taken to be uncommitted: the check fails, naming it
-    assert again.by_marker == {}
+    assert again.by_dispatch == {}
     report = failed(observed(again, runs_of_m1=1), "unobserved", "SIGKILL #1")
     assert "poimen.acme.dispatch[0]" in report.summary()
 
@@ -540,3 +541,15 @@ def test_a_run_unlike_its_dispatch_fails(spawn: Spawn) -> None:
     # Then the run is not what was dispatched
     report = failed(pipeline, "run-unlike-its-dispatch", "acme/k-1")
     assert repr(spawn) in report.summary()
+
+
+def test_a_redelivery_is_its_own_tenants_dispatchs_not_another_of_the_same_marker() -> None:
+    # Given two tenants' keyless dispatches carrying one marker, only acme's record past the committed offset at a kill
+    request = RunRequest(workflow_ref="wf/soak", input={"marker": "m-1"})
+    stream = [Dispatch("acme", request, duplicate=False), Dispatch("globex", request, duplicate=False)]
+    records = [keyless_record(7), DispatchRecord(("poimen.globex.dispatch", 0), 2, 1_000, "globex", None, "m-1")]
+    at_kill = Uncommitted("kill", AT_KILL_MS, {(TOPIC, 0): 5, ("poimen.globex.dispatch", 0): 3})
+    # When the soak reads the stream with what may have come again
+    judged = {each.tenant: each.redelivered for each in dispatched(stream, redeliveries(records, [at_kill]).by_dispatch)}
+    # Then only acme's dispatch may have been given again: globex's admitted twice would be a defect
+    assert judged == {"acme": ("uncommitted at kill",), "globex": ()}

@@ -550,6 +550,7 @@ def test_a_redelivery_is_its_own_tenants_dispatchs_not_another_of_the_same_marke
     records = [keyless_record(7), DispatchRecord(("poimen.globex.dispatch", 0), 2, 1_000, "globex", None, "m-1")]
     at_kill = Uncommitted("kill", AT_KILL_MS, {(TOPIC, 0): 5, ("poimen.globex.dispatch", 0): 3})
     # When the soak reads the stream with what may have come again
-    judged = {each.tenant: each.redelivered for each in dispatched(stream, redeliveries(records, [at_kill]).by_dispatch)}
+    again = redeliveries(records, [at_kill])
+    judged = {each.tenant: each.redelivered for each in dispatched(stream, again.by_dispatch)}
     # Then only acme's dispatch may have been given again: globex's admitted twice would be a defect
     assert judged == {"acme": ("uncommitted at kill",), "globex": ()}

@@ -66,7 +66,7 @@ from tests.history.observe import (
     redeliveries,
     scan_runs,
 )
-from tests.history.pipeline import Dispatched, Pipeline, Spawn
+from tests.history.pipeline import Dispatched, Pipeline, Redelivery, Spawn
 from tests.history.pipeline import Report as PipelineReport
 from tests.history.pipeline import check as check_pipeline
 
@@ -418,7 +418,7 @@ def _count_runs(dynamodb: Any) -> int:
     return sum(page["Count"] for page in pages)
 
 
-def dispatched(stream: list[Dispatch], redelivered: dict[tuple[str, str], list[str]]) -> list[Dispatched]:
+def dispatched(stream: list[Dispatch], redelivered: dict[tuple[str, str], list[Redelivery]]) -> list[Dispatched]:
     """The stream as the pipeline check reads it: each dispatch once, with its copies and, for a keyless one
     (told by its tenant and the `marker` of its input), why the relay may have been given it again."""
     found: dict[tuple[str, str | None, str | None], int] = {}

@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, Message
 from poimen.dead_letter import is_dead_letter
 from poimen.kafka import dispatch_topic, events_topic, tenant_of_dispatch_topic
 from poimen.outbox import PARKED_PREFIX
-from tests.history.pipeline import DeadLetter, EventRecord, Parked, Spawn, StoredRun, canonical
+from tests.history.pipeline import DeadLetter, EventRecord, Parked, Redelivery, Spawn, StoredRun, canonical
 
 Partition = tuple[str, int]
 
@@ -42,7 +42,7 @@ class Redeliveries:
     and what could not be known, as (what, why): a disruption whose committed offsets were not looked up, or
     whose look-up left out a record's partition. By tenant too: a marker is unique in its tenant's stream only."""
 
-    by_dispatch: dict[tuple[str, str], list[str]]
+    by_dispatch: dict[tuple[str, str], list[Redelivery]]
     unobserved: list[tuple[str, str]]
 
 
@@ -156,7 +156,7 @@ def redeliveries(records: list[DispatchRecord], disruptions: list[Uncommitted]) 
     """Keyless records (by tenant and marker) the relay may have been given again: produced before a disruption and
     past its committed offset then, so its batch (handled or not) came again, once. Where that offset is not
     known, no record is taken to have come again (a guess would loosen the check): it is unobserved."""
-    found: dict[tuple[str, str], list[str]] = {}
+    found: dict[tuple[str, str], list[Redelivery]] = {}
     unobserved: dict[str, str] = {}
     for disruption in disruptions:
         if disruption.committed is None:
@@ -174,7 +174,8 @@ def redeliveries(records: list[DispatchRecord], disruptions: list[Uncommitted]) 
                     disruption.what, f"the look-up of committed offsets left out {topic}[{partition}]"
                 )
             elif record.offset >= committed:
-                found.setdefault((record.tenant, record.marker), []).append(f"uncommitted at {disruption.what}")
+                again = Redelivery(f"uncommitted at {disruption.what}", disruption.at_ms)
+                found.setdefault((record.tenant, record.marker), []).append(again)
     return Redeliveries(found, sorted(unobserved.items()))
 
 

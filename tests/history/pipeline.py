@@ -19,8 +19,10 @@ The rules (issue 29, part 2), each a `check` of the report:
   dispatch's workflow_ref, input and goal_id.
 - `keyless-admitted-twice`: a keyless dispatch (told by its unique marker) at most one run for each delivery
   of it the observation proves: one for each copy published, and one more each time the relay may have been
-  given a record of it again with its outcome unknown to it (`redelivered`, one entry a time, with why: a
-  disruption during which the record was past its group's committed offset);
+  given a record of it again with its outcome unknown to it (`redelivered`, one entry a time, with why and
+  when: a disruption during which the record was past its group's committed offset); and a redelivery comes
+  after its disruption, so of the runs admitted before a disruption, at most one for each copy and each
+  earlier redelivery;
   `resent-after-unknown-outcome`: a keyless record dead-lettered as `outcome-unknown` names the run it may
   have admitted (`dead-lettered` if it names none; `letter-misnamed` if that run is another dispatch's), and
   is not sent again: the runs no such letter names are no more than the deliveries not dead-lettered. A letter
@@ -41,6 +43,7 @@ import abc
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from poimen.ids import admission_id
@@ -95,6 +98,15 @@ class _Named(abc.ABC):
 
 
 @dataclass(frozen=True)
+class Redelivery:
+    """One time the relay may have been given a record again: why (the disruption), and when it was (epoch ms,
+    the clock of the runs' created_at): the record came again after it."""
+
+    why: str
+    at_ms: float
+
+
+@dataclass(frozen=True)
 class Dispatched(_Named):
     """One dispatch of the workload: a keyed one, or a keyless one carrying a unique `marker` in its input."""
 
@@ -104,7 +116,7 @@ class Dispatched(_Named):
     copies: int = 1  # records published with this body (a keyed duplicate is a replay)
     # Each time the relay may have been given a record of it again, its outcome unknown, and why: one delivery
     # more each (a record past its group's committed offset at a kill is delivered again once after it).
-    redelivered: tuple[str, ...] = ()
+    redelivered: tuple[Redelivery, ...] = ()
     spawn: Spawn = field(kw_only=True)
 
     def _who(self) -> tuple[str | None, str | None, str | None]:
@@ -429,6 +441,27 @@ def _outcomes(pipeline: Pipeline, failures: list[Failure]) -> int:
             again = len(dispatch.redelivered)
             detail = f"{len(mine)} runs of {dispatch.copies} record(s), redelivered {again} time(s): {ids}"
             failures.append(Failure("keyless-admitted-twice", name, detail))
+        elif dispatch.key is None and (early := _before_redelivery(dispatch, mine)):
+            failures.append(Failure("keyless-admitted-twice", name, early))
         elif dispatch.key is None and len(mine) > dispatch.copies:
             admitted_again += 1
     return admitted_again
+
+
+def _before_redelivery(dispatch: Dispatched, runs: list[StoredRun]) -> str:
+    """Why `runs` are more than the deliveries of `dispatch` before one of its redeliveries ("" if they are not):
+    before the j-th redelivery's disruption (in time) it was delivered once for each copy and each earlier one."""
+    created = sorted(epoch_ms(run.created_at) for run in runs)
+    for earlier, redelivery in enumerate(sorted(dispatch.redelivered, key=lambda each: each.at_ms)):
+        before = sum(at < redelivery.at_ms for at in created)
+        if before > dispatch.copies + earlier:
+            return (
+                f"{before} runs admitted before {redelivery.why}, which redelivered it after them: "
+                f"{dispatch.copies} record(s), {earlier} earlier redelivery(ies)"
+            )
+    return ""
+
+
+def epoch_ms(timestamp: str) -> float:
+    """A run's created_at (ISO 8601, UTC, "Z") in epoch milliseconds."""
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp() * 1000

@@ -28,13 +28,18 @@ from tests.history.pipeline import (
     EventRecord,
     Parked,
     Pipeline,
+    Redelivery,
     Report,
     Spawn,
     StoredRun,
     check,
+    epoch_ms,
 )
 
 CREATED = "2026-12-01T12:00:00.482Z"
+# A kill after CREATED, and a run admitted after it (a record redelivered by it)
+KILLED = Redelivery("uncommitted at a kill", epoch_ms(CREATED) + 1_000)
+AFTER = "2026-12-01T12:00:05.000Z"
 STACK = "poimen-test"  # the stack whose outbox published the events
 
 
@@ -47,9 +52,11 @@ def dispatch(tenant: str, key: str | None, marker: str | None = None, copies: in
     return Dispatched(tenant, key, marker, copies, spawn=spawn_of(marker))
 
 
-def stored(tenant: str, key: str | None = None, marker: str | None = None, attempt: str = "a-1") -> StoredRun:
+def stored(
+    tenant: str, key: str | None = None, marker: str | None = None, attempt: str = "a-1", created_at: str = CREATED
+) -> StoredRun:
     run_id = keyed_run_id(tenant, key) if key is not None else unkeyed_run_id()
-    return StoredRun(tenant, run_id, attempt, key, marker, CREATED, spawn=spawn_of(marker))
+    return StoredRun(tenant, run_id, attempt, key, marker, created_at, spawn=spawn_of(marker))
 
 
 def event(run: StoredRun, **changes: str) -> EventRecord:
@@ -167,8 +174,8 @@ def test_a_keyless_dispatch_admitted_twice_without_an_unknown_outcome_fails() ->
 def test_a_keyless_dispatch_redelivered_with_its_outcome_unknown_may_be_admitted_again() -> None:
     # Given a keyless record the relay was given again after a kill mid-batch, admitted by both deliveries
     pipeline = good()
-    pipeline.dispatched[2] = dataclasses.replace(pipeline.dispatched[2], redelivered=("uncommitted at a kill",))
-    again = stored("acme", marker="m-1")
+    pipeline.dispatched[2] = dataclasses.replace(pipeline.dispatched[2], redelivered=(KILLED,))
+    again = stored("acme", marker="m-1", created_at=AFTER)
     pipeline.runs.append(again)
     pipeline.events.append(event(again))
     # Then it holds, and says so
@@ -303,10 +310,10 @@ def test_a_keyless_body_published_twice_and_admitted_once_lost_a_record() -> Non
 def test_a_keyless_dispatch_redelivered_once_may_be_admitted_once_more_not_five_times() -> None:
     # Given a keyless record past its group's committed offset at one kill: two deliveries at most
     pipeline = good()
-    pipeline.dispatched[2] = dataclasses.replace(pipeline.dispatched[2], redelivered=("uncommitted at a kill",))
+    pipeline.dispatched[2] = dataclasses.replace(pipeline.dispatched[2], redelivered=(KILLED,))
     # When it left five runs
     for _ in range(4):
-        again = stored("acme", marker="m-1")
+        again = stored("acme", marker="m-1", created_at=AFTER)
         pipeline.runs.append(again)
         pipeline.events.append(event(again))
     # Then three of them came from deliveries no disruption explains
@@ -317,17 +324,17 @@ def test_a_keyless_dispatch_redelivered_once_may_be_admitted_once_more_not_five_
 def test_a_keyless_record_past_the_committed_offset_at_two_disruptions_may_be_admitted_three_times() -> None:
     # Given a keyless record the relay may have been given again at a kill and again at the broker's restart
     pipeline = good()
-    why = ("uncommitted at a kill", "uncommitted at a broker restart")
+    why = (KILLED, Redelivery("uncommitted at a broker restart", KILLED.at_ms + 1_000))
     pipeline.dispatched[2] = dataclasses.replace(pipeline.dispatched[2], redelivered=why)
     for _ in range(2):
-        again = stored("acme", marker="m-1")
+        again = stored("acme", marker="m-1", created_at=AFTER)
         pipeline.runs.append(again)
         pipeline.events.append(event(again))
     # Then three runs hold (one a delivery), and a fourth does not
     report = check(pipeline)
     assert report.ok, report.summary()
     assert report.keyless_admitted_again == 1
-    fourth = stored("acme", marker="m-1")
+    fourth = stored("acme", marker="m-1", created_at=AFTER)
     pipeline.runs.append(fourth)
     pipeline.events.append(event(fourth))
     failed(pipeline, "keyless-admitted-twice", "acme/marker:m-1")
@@ -415,10 +422,11 @@ def test_a_keyless_record_comes_again_once_for_each_disruption_it_was_past_the_c
     ]
     # Then each record may have come again once for each disruption it was produced before and past the offset of
     again = redeliveries(records, disruptions)
+    at_kill, at_broker = Redelivery("uncommitted at kill", AT_KILL_MS), Redelivery("uncommitted at broker", 3_000.0)
     assert again.by_dispatch == {
-        ("acme", "past-one"): ["uncommitted at kill"],
-        ("acme", "past-both"): ["uncommitted at kill", "uncommitted at broker"],
-        ("acme", "after-the-kill"): ["uncommitted at broker"],
+        ("acme", "past-one"): [at_kill],
+        ("acme", "past-both"): [at_kill, at_broker],
+        ("acme", "after-the-kill"): [at_broker],
     }
     assert again.unobserved == []
 
@@ -553,4 +561,23 @@ def test_a_redelivery_is_its_own_tenants_dispatchs_not_another_of_the_same_marke
     again = redeliveries(records, [at_kill])
     judged = {each.tenant: each.redelivered for each in dispatched(stream, again.by_dispatch)}
     # Then only acme's dispatch may have been given again: globex's admitted twice would be a defect
-    assert judged == {"acme": ("uncommitted at kill",), "globex": ()}
+    assert judged == {"acme": (Redelivery("uncommitted at kill", AT_KILL_MS),), "globex": ()}
+
+
+def test_a_keyless_record_admitted_twice_before_the_kill_that_redelivers_it_fails() -> None:
+    # Given a keyless record past the committed offset at a kill, so that it may come once again after the kill
+    pipeline = good()
+    kill_ms = epoch_ms(CREATED) + 1_000
+    redelivered = (Redelivery("uncommitted at a kill", kill_ms),)
+    pipeline.dispatched[2] = dataclasses.replace(pipeline.dispatched[2], redelivered=redelivered)
+    # When it left two runs, both admitted before that kill (a relay admitting it twice in one delivery)
+    again = stored("acme", marker="m-1")
+    pipeline.runs.append(again)
+    pipeline.events.append(event(again))
+    # Then the redelivery explains neither: it came after them
+    report = failed(pipeline, "keyless-admitted-twice", "acme/marker:m-1")
+    assert "2 runs admitted before uncommitted at a kill" in report.summary()
+    # But the same second run admitted after the kill (its redelivery's) holds
+    later = dataclasses.replace(again, created_at="2026-12-01T12:00:05.000Z")
+    pipeline.runs[-1], pipeline.events[-1] = later, event(later)
+    assert check(pipeline).ok, check(pipeline).summary()

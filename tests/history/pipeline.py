@@ -371,7 +371,8 @@ def _value(event: EventRecord, run: StoredRun) -> list[str]:
     return [
         f"{name} {body.get(name, '(absent)')!r}, not {expected.get(name, '(absent)')!r}"
         for name in sorted(expected.keys() | body.keys())
-        if name not in body or name not in expected or body[name] != expected[name]
+        # as JSON, not as Python: true is not 1, nor 1.0 the number 1 as admitted
+        if name not in body or name not in expected or canonical(body[name]) != canonical(expected[name])
     ]
 
 

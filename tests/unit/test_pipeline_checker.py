@@ -482,12 +482,23 @@ def _valued(record: EventRecord, **fields: object) -> EventRecord:
     [
         {"workflow_ref": "wf/other"},
         {"input": {"n": 2}},
+        {"input": {"n": True}},  # equal to 1 in Python, not in JSON
+        {"input": {"n": 1.0}},  # not the number as admitted
         {"goal_id": "g-9"},
         {"created_at": "2026-12-01T12:00:09.000Z"},
         {"status": "cancelled"},
         {"attempt_id": "a-1"},
     ],
-    ids=lambda fields: next(iter(fields)),
+    ids=[
+        "workflow_ref",
+        "input",
+        "input-true-for-1",
+        "input-1.0-for-1",
+        "goal_id",
+        "created_at",
+        "status",
+        "attempt_id",
+    ],
 )
 def test_an_event_whose_value_is_not_its_runs_fails(fields: dict[str, object]) -> None:
     # Given acme/k-1's event, its key and headers right, its value (the run as the API answers it) another run's

@@ -81,6 +81,7 @@ def scan_runs(dynamodb: Any, table: str) -> list[StoredRun]:
                     marker=marker if isinstance(marker, str) else None,
                     created_at=str(fields["created_at"]),
                     spawn=Spawn(str(fields["workflow_ref"]), canonical(run_input), fields.get("goal_id")),
+                    traceparent=fields.get("traceparent"),
                 )
             )
     return runs

@@ -11,10 +11,10 @@ The rules (issue 29, part 2), each a `check` of the report:
   naming its run (`ce_subject`, and the tenant, run and key its value announces), its Kafka key and
   CloudEvents attributes its run's as infra/asyncapi.yaml's `runAdmitted` says (key `<tenant_id>/<run_id>`,
   `ce_source` `urn:poimen:<stack>:<tenant_id>`, `ce_time` its `created_at`, `ce_type`, `ce_specversion` and
-  `content-type` the document's constants), its value the run as the API answers it (`event-value`: every
-  field of the stored run, none other); copies of it only byte-identical (key, headers, value); no event
-  without a stored admission. A header given twice (two `ce_id`s) is no header: such an event is of no one
-  admission, and an event with two `ce_type`s has no type.
+  `content-type` the document's constants, `traceparent` its run's, if it has one), its value the run as
+  the API answers it (`event-value`: every field of the stored run, none other); copies of it only
+  byte-identical (key, headers, value); no event without a stored admission. A header given twice (two
+  `ce_id`s) is no header: such an event is of no one admission, and an event with two `ce_type`s has no type.
 - `keyed-admitted-twice`: one run per (tenant, dispatch_key); `run-unlike-its-dispatch`: a run carries its
   dispatch's workflow_ref, input and goal_id.
 - `keyless-admitted-twice`: a keyless dispatch (told by its unique marker) at most one run for each delivery
@@ -134,6 +134,7 @@ class StoredRun(_Named):
     marker: str | None
     created_at: str
     spawn: Spawn = field(kw_only=True)
+    traceparent: str | None = field(kw_only=True)  # the admission request's, which its event carries on
 
     @property
     def admission(self) -> str:
@@ -343,6 +344,9 @@ def _attributes(event: EventRecord, run: StoredRun, stack: str) -> list[str]:
         for name, value in expected.items()
         if event.header(name) != value
     ]
+    traces = [value for header, value in event.headers if header == "traceparent"]
+    if traces != ([run.traceparent.encode()] if run.traceparent else []):
+        wrong.append(f"traceparent {traces}, not {run.traceparent!r} (the run's admission request's)")
     key = f"{run.tenant}/{run.run_id}".encode()
     if event.key != key:
         wrong.insert(0, f"key {event.key!r}, not {key!r}")

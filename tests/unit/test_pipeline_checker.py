@@ -56,7 +56,7 @@ def stored(
     tenant: str, key: str | None = None, marker: str | None = None, attempt: str = "a-1", created_at: str = CREATED
 ) -> StoredRun:
     run_id = keyed_run_id(tenant, key) if key is not None else unkeyed_run_id()
-    return StoredRun(tenant, run_id, attempt, key, marker, created_at, spawn=spawn_of(marker))
+    return StoredRun(tenant, run_id, attempt, key, marker, created_at, spawn=spawn_of(marker), traceparent=None)
 
 
 def event(run: StoredRun, **changes: str) -> EventRecord:
@@ -69,6 +69,7 @@ def event(run: StoredRun, **changes: str) -> EventRecord:
         "workflow_ref": run.spawn.workflow_ref,
         "input": run.spawn.input,
         **({"goal_id": run.spawn.goal_id} if run.spawn.goal_id else {}),
+        **({"traceparent": run.traceparent} if run.traceparent else {}),
         "created_at": run.created_at,
         "fingerprint": "f" * 64,
         "status": "admitted",
@@ -591,4 +592,33 @@ def test_a_keyless_record_admitted_twice_before_the_kill_that_redelivers_it_fail
     # But the same second run admitted after the kill (its redelivery's) holds
     later = dataclasses.replace(again, created_at="2026-12-01T12:00:05.000Z")
     pipeline.runs[-1], pipeline.events[-1] = later, event(later)
+    assert check(pipeline).ok, check(pipeline).summary()
+
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.mark.parametrize(
+    ("stored_trace", "header"),
+    [
+        (TRACEPARENT, None),  # the run's trace dropped
+        (TRACEPARENT, b"00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01"),  # another span's
+        (None, TRACEPARENT.encode()),  # a trace the run never had
+    ],
+    ids=["dropped", "another", "invented"],
+)
+def test_an_event_whose_traceparent_is_not_its_runs_fails(stored_trace: str | None, header: bytes | None) -> None:
+    # Given acme/k-1's run admitted with (or without) a traceparent, and its event carrying another (or none)
+    pipeline = good()
+    pipeline.runs[0] = dataclasses.replace(pipeline.runs[0], traceparent=stored_trace)
+    pipeline.events[0] = _changed(event(pipeline.runs[0]), "traceparent", header)
+    # Then the event does not carry its run's trace on
+    report = failed(pipeline, "event-attributes", "acme/k-1")
+    assert "traceparent" in report.summary()
+
+
+def test_an_event_carrying_its_runs_traceparent_holds() -> None:
+    pipeline = good()
+    pipeline.runs[0] = dataclasses.replace(pipeline.runs[0], traceparent=TRACEPARENT)
+    pipeline.events[0] = event(pipeline.runs[0])
     assert check(pipeline).ok, check(pipeline).summary()

@@ -26,7 +26,7 @@ The rules (issue 29, part 2), each a `check` of the report:
   `resent-after-unknown-outcome`: a keyless record dead-lettered as `outcome-unknown` names the run it may
   have admitted (`dead-lettered` if it names none; `letter-misnamed` if that run is another dispatch's), and
   is not sent again: the runs no such letter names are no more than the deliveries not dead-lettered. A letter
-  sent twice (identical: the relay sends again a SendMessage whose answer was lost) is one ending.
+  naming a run sent twice (identical: the relay sends again a SendMessage whose answer was lost) is one ending.
 - `lost`: every dispatch ends admitted or dead-lettered, a keyless one once for each copy published;
   `dead-lettered`: every dispatch of this workload is a valid spawn, so the only dead letter it may end as
   is a keyless `outcome-unknown` (with its reason);
@@ -407,7 +407,10 @@ def _outcomes(pipeline: Pipeline, failures: list[Failure]) -> int:
     by_id = {run.run_id: run for run in pipeline.runs}
     letters: dict[Identity, list[DeadLetter]] = defaultdict(list)
     dispatched = {dispatch.identity: dispatch for dispatch in pipeline.dispatched}
-    for letter in dict.fromkeys(pipeline.dead_letters):  # a letter sent twice (identical) is one ending
+    # A letter naming a run, sent twice (identical), is one ending: each POST names a run of its own. Letters that
+    # name none may be of two copies of one body, alike.
+    once = [letter for letter in dict.fromkeys(pipeline.dead_letters) if letter.run_id]
+    for letter in once + [letter for letter in pipeline.dead_letters if not letter.run_id]:
         letters[letter.identity].append(letter)
         if letter.identity not in dispatched:
             failures.append(Failure("dead-letter-of-no-dispatch", letter.name, f"{letter.kind}: {letter.detail}"))

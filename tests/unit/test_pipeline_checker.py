@@ -622,3 +622,14 @@ def test_an_event_carrying_its_runs_traceparent_holds() -> None:
     pipeline.runs[0] = dataclasses.replace(pipeline.runs[0], traceparent=TRACEPARENT)
     pipeline.events[0] = event(pipeline.runs[0])
     assert check(pipeline).ok, check(pipeline).summary()
+
+
+def test_two_identical_letters_naming_no_run_are_two_records_endings() -> None:
+    # Given a keyless body published twice, both copies dead-lettered alike (a letter naming no run is no one POST's)
+    pipeline = good()
+    pipeline.dispatched.append(dispatch("globex", None, "m-2", copies=2))
+    letter = DeadLetter("globex", None, "m-2", "relay-error", "KeyError: 'x'")
+    pipeline.dead_letters += [letter, letter]
+    # Then each copy ended (dead-lettered, which fails by itself), none was lost
+    report = failed(pipeline, "dead-lettered", "globex/marker:m-2")
+    assert "lost" not in {failure.check for failure in report.failures}, report.summary()

@@ -66,7 +66,7 @@ from tests.history.observe import (
     redeliveries,
     scan_runs,
 )
-from tests.history.pipeline import Dispatched, Pipeline
+from tests.history.pipeline import Dispatched, Pipeline, Redelivery, Spawn
 from tests.history.pipeline import Report as PipelineReport
 from tests.history.pipeline import check as check_pipeline
 
@@ -423,17 +423,28 @@ def _count_runs(dynamodb: Any) -> int:
     return sum(page["Count"] for page in pages)
 
 
-def dispatched(stream: list[Dispatch], redelivered: dict[str, list[str]]) -> list[Dispatched]:
+def dispatched(stream: list[Dispatch], redelivered: dict[tuple[str, str], list[Redelivery]]) -> list[Dispatched]:
     """The stream as the pipeline check reads it: each dispatch once, with its copies and, for a keyless one
-    (told by the `marker` of its input), why the relay may have been given it again."""
+    (told by its tenant and the `marker` of its input), why the relay may have been given it again."""
     found: dict[tuple[str, str | None, str | None], int] = {}
+    spawns: dict[tuple[str, str | None, str | None], Spawn] = {}
     for dispatch in stream:
         request = dispatch.request
         marker = None if request.dispatch_key is not None else str(request.input.get("marker"))
         name = (dispatch.tenant, request.dispatch_key, marker)
         found[name] = found.get(name, 0) + 1
+        spawn = Spawn.of(request.workflow_ref, request.input, request.goal_id)
+        if spawns.setdefault(name, spawn) != spawn:  # its copies are replays: the same body
+            raise ValueError(f"{name} is dispatched with two bodies: {spawns[name]}, {spawn}")
     return [
-        Dispatched(tenant, key, marker, copies, tuple(redelivered.get(marker or "", ())) if key is None else ())
+        Dispatched(
+            tenant,
+            key,
+            marker,
+            copies,
+            tuple(redelivered.get((tenant, marker or ""), ())) if key is None else (),
+            spawn=spawns[(tenant, key, marker)],
+        )
         for (tenant, key, marker), copies in found.items()
     ]
 
@@ -465,7 +476,7 @@ def _observe_and_check(
     records = read_dispatches(bootstrap, soaked.tenants, soaked.publisher.published, timeout)
     again = redeliveries(records, [d.uncommitted for d in soaked.disruptions if d.uncommitted is not None])
     pipeline = Pipeline(
-        dispatched(soaked.stream, again.by_marker),
+        dispatched(soaked.stream, again.by_dispatch),
         runs,
         events,
         letters,

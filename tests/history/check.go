@@ -1,9 +1,9 @@
 package main
 
 // From a history to Porcupine's operations per partition, and the checks that are not linearizability:
-// what each answer may be, the final scan's counts (one run per key, every answered run stored, every
-// keyless run the write of one request of its marker: the run an answer named, or one run of a request
-// whose outcome is unknown and which named none).
+// what each answer may be, the final scan's counts (every stored run admitted, one run per key, every
+// answered run stored in its tenant, every keyless run the write of one request of its marker: the run an
+// answer named, or one run of a request whose outcome is unknown and which named none, that request's).
 
 import (
 	"encoding/json"
@@ -73,7 +73,8 @@ type keylessCount struct {
 	created, unknown int
 	named            map[string]bool // the runs its 201s and outcome-unknown answers named
 	anonymous        int             // unknown outcomes naming no run
-	stored           []string        // the runs of the marker the scan holds
+	requests         map[string]bool // the (tenant, fingerprint) of each such request: what its run must be
+	stored           []Run           // the runs of the marker the scan holds
 	ops              []int
 }
 
@@ -247,7 +248,7 @@ func (c *checker) operations() {
 		marker := text(op.Marker)
 		count := c.keyless[marker]
 		if count == nil {
-			count = &keylessCount{named: map[string]bool{}}
+			count = &keylessCount{named: map[string]bool{}, requests: map[string]bool{}}
 			c.keyless[marker] = count
 		}
 		count.ops = append(count.ops, op.ID)
@@ -262,6 +263,7 @@ func (c *checker) operations() {
 			count.named[out.runID] = true
 		case out.outcome == unknown:
 			count.anonymous++
+			count.requests[op.Tenant+"\x00"+fp] = true
 		}
 		if out.runID != "" { // 201, or outcome-unknown naming the run: its own register
 			c.add(runLabel(op.Tenant, out.runID), out.runID, c.operation(op, in, out), op.ID)
@@ -290,9 +292,16 @@ func (c *checker) scan() {
 	c.report.ScannedRuns = len(scan.Runs)
 	c.report.Fences = scan.Fences
 	byKey := map[string][]Run{}
-	byID := map[string]Run{}
+	byRun := map[string]Run{} // by runLabel: a run is found in its own tenant only
 	for _, run := range scan.Runs {
-		byID[run.RunID] = run
+		byRun[runLabel(run.TenantID, run.RunID)] = run
+		if run.Status != "admitted" { // the only status admission writes; a run is never modified otherwise
+			label := runLabel(run.TenantID, run.RunID)
+			if run.DispatchKey != nil {
+				label = keyLabel(run.TenantID, *run.DispatchKey)
+			}
+			c.fail("stored-run", label, fmt.Sprintf("run %s has status %q, not admitted", run.RunID, run.Status))
+		}
 		if run.DispatchKey != nil {
 			label := keyLabel(run.TenantID, *run.DispatchKey)
 			byKey[label] = append(byKey[label], run)
@@ -307,7 +316,7 @@ func (c *checker) scan() {
 			c.fail("unexplained-run", runLabel(run.TenantID, run.RunID), "a keyless run of no request of this history")
 			continue
 		}
-		count.stored = append(count.stored, run.RunID)
+		count.stored = append(count.stored, run)
 	}
 	for label, runs := range byKey {
 		if len(runs) > 1 {
@@ -319,12 +328,12 @@ func (c *checker) scan() {
 		}
 	}
 	for runID, op := range c.answered {
-		if _, stored := byID[runID]; !stored {
+		if _, stored := byRun[runLabel(op.Tenant, runID)]; !stored {
 			label := c.labelOf(op)
 			if op.Key == nil {
 				label = runLabel(op.Tenant, runID)
 			}
-			c.fail("answered-run-exists", label, fmt.Sprintf("run %s, answered by op %d, is not in the table",
+			c.fail("answered-run-exists", label, fmt.Sprintf("run %s, answered by op %d, is not in its tenant's table",
 				runID, op.ID), op.ID)
 		}
 	}
@@ -335,18 +344,27 @@ func (c *checker) scan() {
 	sort.Strings(markers)
 	for _, marker := range markers {
 		count := c.keyless[marker]
-		// A run an answer named is that request's write (its partition checks when); each other run needs a
-		// request of unknown outcome that named none. An outcome-unknown naming X explains X, never another run.
-		unnamed := []string{}
-		for _, runID := range count.stored {
-			if !count.named[runID] {
-				unnamed = append(unnamed, runID)
+		// A run an answer named is that request's write (its partition checks when, and what); each other run
+		// needs a request of unknown outcome that named none, and is that request's (its tenant, workflow_ref,
+		// input and goal_id): no partition checks it. An outcome-unknown naming X explains X, never another run.
+		unnamed, unlike := []string{}, []string{}
+		for _, run := range count.stored {
+			if count.named[run.RunID] {
+				continue
+			}
+			unnamed = append(unnamed, run.RunID)
+			if fp, err := run.fingerprint(); err != nil || !count.requests[run.TenantID+"\x00"+fp] {
+				unlike = append(unlike, run.RunID)
 			}
 		}
 		if len(unnamed) > count.anonymous {
 			c.fail("keyless-runs", "marker:"+marker, fmt.Sprintf("%d runs stored for %d 201s and %d unknown answers "+
 				"(%d naming no run); runs no answer named: %v", len(count.stored), count.created, count.unknown,
 				count.anonymous, unnamed), count.ops...)
+		}
+		if len(unlike) > 0 {
+			c.fail("keyless-runs", "marker:"+marker, fmt.Sprintf("runs no answer named, of no request of the marker "+
+				"whose outcome is unknown (its tenant, workflow_ref, input, goal_id): %v", unlike), count.ops...)
 		}
 	}
 	final := input{kind: readOp}
@@ -355,7 +373,7 @@ func (c *checker) scan() {
 		var run *Run
 		if runs := byKey[label]; len(runs) > 0 {
 			run = &runs[0]
-		} else if stored, ok := byID[p.runID]; ok && p.runID != "" {
+		} else if stored, ok := byRun[label]; ok && p.runID != "" {
 			run = &stored
 		}
 		in := final

@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, Message
 from poimen.dead_letter import is_dead_letter
 from poimen.kafka import dispatch_topic, events_topic, tenant_of_dispatch_topic
 from poimen.outbox import PARKED_PREFIX
-from tests.history.pipeline import DeadLetter, EventRecord, Parked, StoredRun
+from tests.history.pipeline import DeadLetter, EventRecord, Parked, Redelivery, Spawn, StoredRun, canonical
 
 Partition = tuple[str, int]
 
@@ -38,11 +38,11 @@ class Uncommitted:
 
 @dataclass(frozen=True)
 class Redeliveries:
-    """The keyless records the relay may have been given again, by marker, one reason for each time; and what
-    could not be known, as (what, why): a disruption whose committed offsets were not looked up, or whose
-    look-up left out a record's partition."""
+    """The keyless records the relay may have been given again, by (tenant, marker), one reason for each time;
+    and what could not be known, as (what, why): a disruption whose committed offsets were not looked up, or
+    whose look-up left out a record's partition. By tenant too: a marker is unique in its tenant's stream only."""
 
-    by_marker: dict[str, list[str]]
+    by_dispatch: dict[tuple[str, str], list[Redelivery]]
     unobserved: list[tuple[str, str]]
 
 
@@ -79,7 +79,9 @@ def scan_runs(dynamodb: Any, table: str) -> list[StoredRun]:
                     attempt_id=str(fields["attempt_id"]),
                     dispatch_key=fields.get("dispatch_key"),
                     marker=marker if isinstance(marker, str) else None,
-                    created_at=fields.get("created_at") or "",
+                    created_at=str(fields["created_at"]),
+                    spawn=Spawn(str(fields["workflow_ref"]), canonical(run_input), fields.get("goal_id")),
+                    traceparent=fields.get("traceparent"),
                 )
             )
     return runs
@@ -152,10 +154,10 @@ def read_dispatches(bootstrap: str, tenants: Iterable[str], records: int, timeou
 
 
 def redeliveries(records: list[DispatchRecord], disruptions: list[Uncommitted]) -> Redeliveries:
-    """Keyless records (by marker) the relay may have been given again: produced before a disruption and
+    """Keyless records (by tenant and marker) the relay may have been given again: produced before a disruption and
     past its committed offset then, so its batch (handled or not) came again, once. Where that offset is not
     known, no record is taken to have come again (a guess would loosen the check): it is unobserved."""
-    found: dict[str, list[str]] = {}
+    found: dict[tuple[str, str], list[Redelivery]] = {}
     unobserved: dict[str, str] = {}
     for disruption in disruptions:
         if disruption.committed is None:
@@ -173,7 +175,8 @@ def redeliveries(records: list[DispatchRecord], disruptions: list[Uncommitted]) 
                     disruption.what, f"the look-up of committed offsets left out {topic}[{partition}]"
                 )
             elif record.offset >= committed:
-                found.setdefault(record.marker, []).append(f"uncommitted at {disruption.what}")
+                again = Redelivery(f"uncommitted at {disruption.what}", disruption.at_ms)
+                found.setdefault((record.tenant, record.marker), []).append(again)
     return Redeliveries(found, sorted(unobserved.items()))
 
 

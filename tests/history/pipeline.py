@@ -11,17 +11,22 @@ The rules (issue 29, part 2), each a `check` of the report:
   naming its run (`ce_subject`, and the tenant, run and key its value announces), its Kafka key and
   CloudEvents attributes its run's as infra/asyncapi.yaml's `runAdmitted` says (key `<tenant_id>/<run_id>`,
   `ce_source` `urn:poimen:<stack>:<tenant_id>`, `ce_time` its `created_at`, `ce_type`, `ce_specversion` and
-  `content-type` the document's constants); copies of it only byte-identical (key, headers, value); no event
-  without a stored admission. A header given twice (two `ce_id`s) is no header: such an event is of no one
-  admission, and an event with two `ce_type`s has no type.
-- `keyed-admitted-twice`: one run per (tenant, dispatch_key).
+  `content-type` the document's constants, `traceparent` its run's, if it has one), its value the run as
+  the API answers it (`event-value`: every field of the stored run, none other); copies of it only
+  byte-identical (key, headers, value); no event without a stored admission. A header given twice (two
+  `ce_id`s) is no header: such an event is of no one admission, and an event with two `ce_type`s has no type.
+- `keyed-admitted-twice`: one run per (tenant, dispatch_key); `run-unlike-its-dispatch`: a run carries its
+  dispatch's workflow_ref, input and goal_id.
 - `keyless-admitted-twice`: a keyless dispatch (told by its unique marker) at most one run for each delivery
   of it the observation proves: one for each copy published, and one more each time the relay may have been
-  given a record of it again with its outcome unknown to it (`redelivered`, one entry a time, with why: a
-  disruption during which the record was past its group's committed offset);
+  given a record of it again with its outcome unknown to it (`redelivered`, one entry a time, with why and
+  when: a disruption during which the record was past its group's committed offset); and a redelivery comes
+  after its disruption, so of the runs admitted before a disruption, at most one for each copy and each
+  earlier redelivery;
   `resent-after-unknown-outcome`: a keyless record dead-lettered as `outcome-unknown` names the run it may
-  have admitted (`dead-lettered` if it names none), and is not sent again: the runs no such letter names are
-  no more than the deliveries not dead-lettered.
+  have admitted (`dead-lettered` if it names none; `letter-misnamed` if that run is another dispatch's), and
+  is not sent again: the runs no such letter names are no more than the deliveries not dead-lettered. A letter
+  naming a run sent twice (identical: the relay sends again a SendMessage whose answer was lost) is one ending.
 - `lost`: every dispatch ends admitted or dead-lettered, a keyless one once for each copy published;
   `dead-lettered`: every dispatch of this workload is a valid spawn, so the only dead letter it may end as
   is a keyless `outcome-unknown` (with its reason);
@@ -38,6 +43,8 @@ import abc
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
 from poimen.ids import admission_id
 from poimen.kafka import events_topic
@@ -49,6 +56,24 @@ Headers = tuple[tuple[str, bytes | None], ...]
 Identity = tuple[str | None, bool, str | None]
 # The attributes infra/asyncapi.yaml's runAdmitted gives every event, whatever its run (a test holds them equal).
 CONSTANT_ATTRIBUTES = {"ce_specversion": "1.0", "ce_type": "poimen.run.admitted", "content-type": "application/json"}
+
+
+def canonical(value: Any) -> str:
+    """A JSON value's text with its objects' keys sorted: two inputs equal as the API compares them are one."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """What a dispatch asks for, and so what its run must carry: its workflow_ref, input and goal_id."""
+
+    workflow_ref: str
+    input: str  # canonical JSON text (canonical())
+    goal_id: str | None = None
+
+    @classmethod
+    def of(cls, workflow_ref: str, value: Any, goal_id: str | None = None) -> Spawn:
+        return cls(workflow_ref, canonical(value), goal_id)
 
 
 def identity(tenant: str | None, key: str | None, marker: str | None) -> Identity:
@@ -73,6 +98,15 @@ class _Named(abc.ABC):
 
 
 @dataclass(frozen=True)
+class Redelivery:
+    """One time the relay may have been given a record again: why (the disruption), and when it was (epoch ms,
+    the clock of the runs' created_at): the record came again after it."""
+
+    why: str
+    at_ms: float
+
+
+@dataclass(frozen=True)
 class Dispatched(_Named):
     """One dispatch of the workload: a keyed one, or a keyless one carrying a unique `marker` in its input."""
 
@@ -82,7 +116,8 @@ class Dispatched(_Named):
     copies: int = 1  # records published with this body (a keyed duplicate is a replay)
     # Each time the relay may have been given a record of it again, its outcome unknown, and why: one delivery
     # more each (a record past its group's committed offset at a kill is delivered again once after it).
-    redelivered: tuple[str, ...] = ()
+    redelivered: tuple[Redelivery, ...] = ()
+    spawn: Spawn = field(kw_only=True)
 
     def _who(self) -> tuple[str | None, str | None, str | None]:
         return self.tenant, self.key, self.marker
@@ -97,7 +132,9 @@ class StoredRun(_Named):
     attempt_id: str
     dispatch_key: str | None
     marker: str | None
-    created_at: str = ""
+    created_at: str
+    spawn: Spawn = field(kw_only=True)
+    traceparent: str | None = field(kw_only=True)  # the admission request's, which its event carries on
 
     @property
     def admission(self) -> str:
@@ -267,6 +304,9 @@ def _events(pipeline: Pipeline, failures: list[Failure]) -> int:
             wrong = _attributes(event, run, pipeline.stack)
             if wrong:
                 failures.append(Failure("event-attributes", run.name, f"event {event_id}: {'; '.join(wrong)}"))
+            wrong = _value(event, run)
+            if wrong:
+                failures.append(Failure("event-value", run.name, f"event {event_id}'s value: {'; '.join(wrong)}"))
             if event.header("ce_subject") != run.run_id:
                 detail = f"event {event_id} names run {event.header('ce_subject')}, its admission is run {run.run_id}'s"
                 failures.append(Failure("event-misnamed", run.name, detail))
@@ -304,20 +344,54 @@ def _attributes(event: EventRecord, run: StoredRun, stack: str) -> list[str]:
         for name, value in expected.items()
         if event.header(name) != value
     ]
+    traces = [value for header, value in event.headers if header == "traceparent"]
+    if traces != ([run.traceparent.encode()] if run.traceparent else []):
+        wrong.append(f"traceparent {traces}, not {run.traceparent!r} (the run's admission request's)")
     key = f"{run.tenant}/{run.run_id}".encode()
     if event.key != key:
         wrong.insert(0, f"key {event.key!r}, not {key!r}")
     return wrong
 
 
+def _value(event: EventRecord, run: StoredRun) -> list[str]:
+    """What of `event`'s value is not its stored run as the API answers it (infra/asyncapi.yaml's Run: these
+    fields, no other)."""
+    expected: dict[str, Any] = {
+        "run_id": run.run_id,
+        "tenant_id": run.tenant,
+        "workflow_ref": run.spawn.workflow_ref,
+        "input": json.loads(run.spawn.input),
+        "goal_id": run.spawn.goal_id,
+        "dispatch_key": run.dispatch_key,
+        "status": "admitted",
+        "created_at": run.created_at,
+    }
+    try:
+        body = json.loads(event.value or b"null")
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        return [f"not a JSON object: {(event.value or b'')[:80]!r}"]
+    return [
+        f"{name} {body.get(name, '(absent)')!r}, not {expected.get(name, '(absent)')!r}"
+        for name in sorted(expected.keys() | body.keys())
+        # as JSON, not as Python: true is not 1, nor 1.0 the number 1 as admitted
+        if name not in body or name not in expected or canonical(body[name]) != canonical(expected[name])
+    ]
+
+
 def _admissions(pipeline: Pipeline, failures: list[Failure]) -> None:
-    """No keyed dispatch admitted twice, no run of no dispatch."""
-    dispatched = {dispatch.identity for dispatch in pipeline.dispatched}
+    """No keyed dispatch admitted twice, no run of no dispatch, every run its dispatch's request."""
+    dispatched = {dispatch.identity: dispatch for dispatch in pipeline.dispatched}
     by_identity: dict[Identity, list[StoredRun]] = defaultdict(list)
     for run in pipeline.runs:
         by_identity[run.identity].append(run)
-        if run.identity not in dispatched:
+        dispatch = dispatched.get(run.identity)
+        if dispatch is None:
             failures.append(Failure("run-of-no-dispatch", run.name, f"run {run.run_id}: nothing dispatched it"))
+        elif run.spawn != dispatch.spawn:
+            detail = f"run {run.run_id} carries {run.spawn}, its dispatch asked for {dispatch.spawn}"
+            failures.append(Failure("run-unlike-its-dispatch", run.name, detail))
     for runs in by_identity.values():
         if len(runs) > 1 and runs[0].dispatch_key is not None:
             ids = ", ".join(run.run_id for run in runs)
@@ -330,12 +404,20 @@ def _outcomes(pipeline: Pipeline, failures: list[Failure]) -> int:
     runs: dict[Identity, list[StoredRun]] = defaultdict(list)
     for run in pipeline.runs:
         runs[run.identity].append(run)
+    by_id = {run.run_id: run for run in pipeline.runs}
     letters: dict[Identity, list[DeadLetter]] = defaultdict(list)
     dispatched = {dispatch.identity: dispatch for dispatch in pipeline.dispatched}
-    for letter in pipeline.dead_letters:
+    # A letter naming a run, sent twice (identical), is one ending: each POST names a run of its own. Letters that
+    # name none may be of two copies of one body, alike.
+    once = [letter for letter in dict.fromkeys(pipeline.dead_letters) if letter.run_id]
+    for letter in once + [letter for letter in pipeline.dead_letters if not letter.run_id]:
         letters[letter.identity].append(letter)
         if letter.identity not in dispatched:
             failures.append(Failure("dead-letter-of-no-dispatch", letter.name, f"{letter.kind}: {letter.detail}"))
+        other = by_id.get(letter.run_id or "")
+        if other is not None and other.identity != letter.identity:
+            detail = f"{letter.kind} letter names run {other.run_id}, which is {other.name}'s"
+            failures.append(Failure("letter-misnamed", letter.name, detail))
     admitted_again = 0
     for dispatch in dispatched.values():
         name = dispatch.name
@@ -367,6 +449,27 @@ def _outcomes(pipeline: Pipeline, failures: list[Failure]) -> int:
             again = len(dispatch.redelivered)
             detail = f"{len(mine)} runs of {dispatch.copies} record(s), redelivered {again} time(s): {ids}"
             failures.append(Failure("keyless-admitted-twice", name, detail))
+        elif dispatch.key is None and (early := _before_redelivery(dispatch, mine)):
+            failures.append(Failure("keyless-admitted-twice", name, early))
         elif dispatch.key is None and len(mine) > dispatch.copies:
             admitted_again += 1
     return admitted_again
+
+
+def _before_redelivery(dispatch: Dispatched, runs: list[StoredRun]) -> str:
+    """Why `runs` are more than the deliveries of `dispatch` before one of its redeliveries ("" if they are not):
+    before the j-th redelivery's disruption (in time) it was delivered once for each copy and each earlier one."""
+    created = sorted(epoch_ms(run.created_at) for run in runs)
+    for earlier, redelivery in enumerate(sorted(dispatch.redelivered, key=lambda each: each.at_ms)):
+        before = sum(at < redelivery.at_ms for at in created)
+        if before > dispatch.copies + earlier:
+            return (
+                f"{before} runs admitted before {redelivery.why}, which redelivered it after them: "
+                f"{dispatch.copies} record(s), {earlier} earlier redelivery(ies)"
+            )
+    return ""
+
+
+def epoch_ms(timestamp: str) -> float:
+    """A run's created_at (ISO 8601, UTC, "Z") in epoch milliseconds."""
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp() * 1000

@@ -160,6 +160,36 @@ def a_keyless_outcome_unknown_naming_a_run_never_written_while_another_appears(h
     history.stored = [run(Y, None, m1)]
 
 
+def a_keyless_run_of_no_answer_unlike_its_request(history: Builder) -> None:
+    # A spawn never answered may have written one run of its marker: its request's, not another workflow's
+    m1 = keyless("m-1")
+    history.spawn(10, None, None, key=None, request=m1, marker="m-1")
+    history.stored = [run(Y, None, {**m1, "workflow_ref": "wf/other"})]
+
+
+def a_keyless_run_of_no_answer_in_another_tenant(history: Builder) -> None:
+    m1 = keyless("m-1")
+    history.spawn(10, None, None, key=None, request=m1, marker="m-1")
+    history.stored = [{**run(Y, None, m1), "tenant_id": "globex"}]
+
+
+def a_keyless_run_stored_not_admitted(history: Builder) -> None:
+    m1 = keyless("m-1")
+    history.spawn(10, 20, 201, key=None, request=m1, answer=run(X, None, m1), marker="m-1")
+    history.stored = [{**run(X, None, m1), "status": "cancelled"}]
+
+
+def a_keyless_201s_run_stored_in_another_tenant(history: Builder) -> None:
+    m1 = keyless("m-1")
+    history.spawn(10, 20, 201, key=None, request=m1, answer=run(X, None, m1), marker="m-1")
+    history.stored = [{**run(X, None, m1), "tenant_id": "globex"}]
+
+
+def a_keyed_run_stored_not_admitted(history: Builder) -> None:
+    history.spawn(10, 20, 201, answer=run())
+    history.stored = [{**run(), "status": "cancelled"}]
+
+
 def two_keyless_201s_of_one_run(history: Builder) -> None:
     history.spawn(10, 20, 201, key=None, request=keyless("m-1"), answer=run(X, None, keyless("m-1")), marker="m-1")
     history.spawn(30, 40, 201, key=None, request=keyless("m-2"), answer=run(X, None, keyless("m-2")), marker="m-2")
@@ -208,6 +238,11 @@ def an_answered_run_missing_from_the_table(history: Builder) -> None:
         (a_keyless_store_unavailable_whose_run_shows_up_later, "keyless-runs", "marker:m-1"),
         (a_keyless_request_leaving_two_runs, "keyless-runs", "marker:m-1"),
         (a_keyless_outcome_unknown_naming_a_run_never_written_while_another_appears, "keyless-runs", "marker:m-1"),
+        (a_keyless_run_of_no_answer_unlike_its_request, "keyless-runs", "marker:m-1"),
+        (a_keyless_run_of_no_answer_in_another_tenant, "keyless-runs", "marker:m-1"),
+        (a_keyless_run_stored_not_admitted, "stored-run", f"run:{TENANT}/{X}"),
+        (a_keyless_201s_run_stored_in_another_tenant, "linearizable", f"run:{TENANT}/{X}"),
+        (a_keyed_run_stored_not_admitted, "stored-run", f"{TENANT}/{KEY}"),
         (two_keyless_201s_of_one_run, "linearizable", f"run:{TENANT}/{X}"),
         (a_replay_with_another_created_at, "linearizable", f"{TENANT}/{KEY}"),
         (a_422_naming_another_run, "linearizable", f"{TENANT}/{KEY}"),

@@ -219,7 +219,7 @@ def test_a_host_named_with_its_trailing_dot_is_signed_as_the_host_it_is_sent_to(
 ) -> None:
     # Given an endpoint named by its fully qualified name, trailing dot and all (resolved here to the peer):
     # urllib3 sends it the Host header without the dot, as SSL certificates and servers expect
-    peer_port = urlsplit(peer.url).port
+    peer_port = urlsplit(peer.url).port or 80
     connect = urllib3.util.connection.create_connection
     monkeypatch.setattr(
         urllib3.util.connection, "create_connection", lambda _, *a, **k: connect(("127.0.0.1", peer_port), *a, **k)

@@ -343,6 +343,12 @@ ONE = json.dumps({"endpoints": [URL], "tenants": []})  # a cell
             '"b": {"endpoints": ["https://xn--bcher-kva.example/"], "tenants": []}}}',
             "the endpoint https://xn--bcher-kva.example is in cells a and b",
         ),
+        # A path spelled with dot segments or percent-encoded unreserved characters is the path the client calls
+        (
+            '{"cells": {"a": {"endpoints": ["https://api.example.com/v1"], "tenants": []}, '
+            '"b": {"endpoints": ["https://api.example.com/a/../%761/"], "tenants": []}}}',
+            "the endpoint https://api.example.com/a/../%761 is in cells a and b",
+        ),
         # A host name that is no IDNA name (a soft hyphen) cannot be called: refused now, not sent as outcome unknown
         ('{"cells": {"a": {"endpoints": ["https://ab\u00adc.example"], "tenants": []}}}', "is not an http(s) URL"),
         # One endpoint twice in a cell: its Retry-After would hold back one of the two, and the client call the other

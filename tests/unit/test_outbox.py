@@ -243,12 +243,14 @@ def test_a_run_item_lacking_what_an_event_needs_fails_the_batch() -> None:
         _publish(FakeProducer(), event)
 
 
-def test_a_run_item_whose_created_at_is_no_time_fails_the_batch_rather_than_its_set_aside() -> None:
-    # created_at names the event's ce_time and the key an undeliverable event is set aside at
+@pytest.mark.parametrize("created_at", ["yesterday", "2026-11-27T12:00:00.000", "2026-11-27", "2026-W48-5"])
+def test_a_run_item_whose_created_at_is_no_time_fails_the_batch_rather_than_its_set_aside(created_at: str) -> None:
+    # created_at names the event's ce_time and the key an undeliverable event is set aside at: a time without
+    # its offset (which Python reads in the process's own time zone), a date or an ISO week is no RFC 3339 time
     event = load_event("dynamodb_stream_insert.json")
-    event["Records"][0]["dynamodb"]["NewImage"]["created_at"] = {"S": "yesterday"}
+    event["Records"][0]["dynamodb"]["NewImage"]["created_at"] = {"S": created_at}
 
-    with pytest.raises(MalformedRun, match="created_at 'yesterday'"):
+    with pytest.raises(MalformedRun, match=f"created_at '{created_at}'"):
         _publish(FakeProducer(), event)
 
 

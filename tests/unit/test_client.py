@@ -19,9 +19,10 @@ from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
+import urllib3.util.connection
 from botocore.credentials import Credentials, ReadOnlyCredentials
 
 from poimen.client import (
@@ -211,6 +212,27 @@ def test_a_spawn_is_signed_for_execute_api_and_answers_the_run(peer: Peer) -> No
     assert verify({KEY.access_key: KEY}, request.method, request.target, request.headers, request.body) == KEY
     assert request.json == {"workflow_ref": "wf/a", "input": {"n": 1}, "goal_id": "g-1", "dispatch_key": "k-1"}
     assert (spawned.run_id, spawned.replayed, spawned.attempts) == (RUN_ID, False, 1)
+
+
+def test_a_host_named_with_its_trailing_dot_is_signed_as_the_host_it_is_sent_to(
+    peer: Peer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an endpoint named by its fully qualified name, trailing dot and all (resolved here to the peer):
+    # urllib3 sends it the Host header without the dot, as SSL certificates and servers expect
+    peer_port = urlsplit(peer.url).port or 80
+    connect = urllib3.util.connection.create_connection
+    monkeypatch.setattr(
+        urllib3.util.connection, "create_connection", lambda _, *a, **k: connect(("127.0.0.1", peer_port), *a, **k)
+    )
+    url = f"http://admission.example.com.:{peer_port}"
+    # When a spawn is sent to it
+    AdmissionClient(url, region="us-east-1", credentials=Credentials(KEY.access_key, KEY.secret_key)).spawn(
+        TENANT, "wf/a", {}, dispatch_key="k"
+    )
+    # Then the signature is over the Host header the request arrived with, so API Gateway can verify it
+    (request,) = peer.received
+    assert request.header("Host") == f"admission.example.com:{peer_port}"
+    assert verify({KEY.access_key: KEY}, request.method, request.target, request.headers, request.body) == KEY
 
 
 def test_a_base_path_is_kept_and_signed(peer: Peer) -> None:

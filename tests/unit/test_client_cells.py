@@ -337,6 +337,20 @@ ONE = json.dumps({"endpoints": [URL], "tenants": []})  # a cell
             '"b": {"endpoints": ["https://API.example.com./a/"], "tenants": []}}}',
             "the endpoint https://API.example.com./a is in cells a and b",
         ),
+        # An internationalised host name is the host its IDNA (punycode) name is: the one the client calls
+        (
+            '{"cells": {"a": {"endpoints": ["https://B\u00fcCHER.example"], "tenants": []}, '
+            '"b": {"endpoints": ["https://xn--bcher-kva.example/"], "tenants": []}}}',
+            "the endpoint https://xn--bcher-kva.example is in cells a and b",
+        ),
+        # A path spelled with dot segments or percent-encoded unreserved characters is the path the client calls
+        (
+            '{"cells": {"a": {"endpoints": ["https://api.example.com/v1"], "tenants": []}, '
+            '"b": {"endpoints": ["https://api.example.com/a/../%761/"], "tenants": []}}}',
+            "the endpoint https://api.example.com/a/../%761 is in cells a and b",
+        ),
+        # A host name that is no IDNA name (a soft hyphen) cannot be called: refused now, not sent as outcome unknown
+        ('{"cells": {"a": {"endpoints": ["https://ab\u00adc.example"], "tenants": []}}}', "is not an http(s) URL"),
         # One endpoint twice in a cell: its Retry-After would hold back one of the two, and the client call the other
         (
             '{"cells": {"a": {"endpoints": ["https://api.example.com", "https://API.example.com/"], "tenants": []}}}',

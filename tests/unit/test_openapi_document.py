@@ -114,3 +114,18 @@ def test_api_gateways_own_500_and_504_are_declared_as_its_message_with_their_out
             assert "no problem+json" in response["description"]
             assert "outcome is unknown" in response["description"]
             assert "same dispatch_key" in response["description"]
+
+
+def test_the_http_apis_own_503_past_its_integration_timeout_is_declared_as_its_message_of_unknown_outcome(
+    document: dict[str, Any],
+) -> None:
+    # An HTTP API that gives up on its integration answers 503 {"message":"Service Unavailable"}, not a problem
+    # (seen with its apigw-requestid header: cortexlabs/cortex#1225, serverless/serverless#11222): beside
+    # admission's own 503 problems, every operation declares it, and that its outcome is unknown
+    for path, method in OPERATIONS:
+        unavailable = document["paths"][path][method]["responses"]["503"]
+        assert unavailable["content"]["application/json"]["schema"] == GATEWAY_MESSAGE
+        assert unavailable["content"]["application/problem+json"]["schema"] == {"$ref": "#/components/schemas/Problem"}
+        assert '{"message":"Service Unavailable"}' in unavailable["description"]
+        assert "outcome is unknown" in unavailable["description"]
+        assert "Retry-After" in unavailable["headers"]

@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -32,6 +33,7 @@ from poimen.outbox import (
     OutboxBatchFailed,
     OutboxRelay,
     events_of_batch,
+    parked_key,
     run_event,
 )
 from poimen.store import FENCE, ITEM_TYPE, RunRecord
@@ -241,12 +243,14 @@ def test_a_run_item_lacking_what_an_event_needs_fails_the_batch() -> None:
         _publish(FakeProducer(), event)
 
 
-def test_a_run_item_whose_created_at_is_no_time_fails_the_batch_rather_than_its_set_aside() -> None:
-    # created_at names the event's ce_time and the key an undeliverable event is set aside at
+@pytest.mark.parametrize("created_at", ["yesterday", "2026-11-27T12:00:00.000", "2026-11-27", "2026-W48-5"])
+def test_a_run_item_whose_created_at_is_no_time_fails_the_batch_rather_than_its_set_aside(created_at: str) -> None:
+    # created_at names the event's ce_time and the key an undeliverable event is set aside at: a time without
+    # its offset (which Python reads in the process's own time zone), a date or an ISO week is no RFC 3339 time
     event = load_event("dynamodb_stream_insert.json")
-    event["Records"][0]["dynamodb"]["NewImage"]["created_at"] = {"S": "yesterday"}
+    event["Records"][0]["dynamodb"]["NewImage"]["created_at"] = {"S": created_at}
 
-    with pytest.raises(MalformedRun, match="created_at 'yesterday'"):
+    with pytest.raises(MalformedRun, match=f"created_at '{created_at}'"):
         _publish(FakeProducer(), event)
 
 
@@ -651,3 +655,38 @@ def test_the_outbox_publishes_its_metrics_under_its_own_service(environ: dict[st
 
     assert settings.service_name == service
     assert OutboxRelay(settings, cast(Producer, FakeProducer())).metrics.provider.service == service
+
+
+def test_a_batch_of_undeliverable_events_is_set_aside_concurrently_not_one_write_after_another() -> None:
+    # Given a bucket that answers a write only once another is in flight (S3's latency: one write after another,
+    # a batch of a tenant without its topic would hold its shard, every tenant's events behind it, for one S3
+    # round trip per event), and a batch of four runs of a tenant whose topic does not exist
+    lock = threading.Lock()
+    written: list[str] = []
+
+    class SlowBucket:
+        together = threading.Barrier(2, timeout=3)
+
+        def put_object(self, **params: Any) -> None:
+            self.together.wait()
+            with lock:
+                written.append(params["Key"])
+
+    event = load_event("dynamodb_stream_insert.json")
+    for n in range(2, 5):
+        copy = json.loads(json.dumps(event["Records"][0]))
+        copy["dynamodb"]["NewImage"]["run_id"] = {"S": f"0190a0c4-0000-7000-8000-00000000000{n}"}
+        event["Records"].append(copy)
+    events = events_of_batch(event, "test")
+    outcome = BatchOutcome()
+    for published in events:
+        outcome.failed(published, KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+    settings = OutboxSettings("localhost:9", "us-east-1", "test", failed_batches_bucket=PARKED_BUCKET)
+    relay = OutboxRelay(settings, producer=cast("Producer", FakeProducer()), s3=SlowBucket())
+    context: Any = LocalLambdaContext("OutboxRelayFunction", 60)
+    # When it sets them aside
+    relay.set_aside(outcome, context)
+    # Then each is one object at its own key, and counted once
+    assert sorted(written) == sorted(parked_key(published) for published in events)
+    assert len(set(written)) == 4
+    assert outcome.parked == {events[0].tenant_id: 4}

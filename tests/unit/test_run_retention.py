@@ -372,6 +372,23 @@ def test_dead_letters_and_parked_batches_expire_no_later_than_the_runs(
     ] == str(dead_letter_seconds)
 
 
+@pytest.mark.parametrize(("days", "kept_days"), [("", 7), ("1", 1), ("3", 1), ("365", 1)])
+def test_a_parked_objects_replaced_versions_outlive_it_one_day_at_most_under_run_retention(
+    template: Template, days: str, kept_days: int
+) -> None:
+    # Given both parked-batch buckets, versioned (AWS recommends it of an S3 on-failure destination), so that an
+    # object expired, deleted after a backfill, or written again by a retried set-aside (poimen.outbox) stays a
+    # noncurrent version, its stream record and the run's input with it, for NoncurrentDays more
+    parameters = {"RunRetentionDays": days}
+    for bucket in ("FailedBatchesBucket", "OutboxFailedBatchesBucket"):
+        properties = template.properties(bucket)
+        (rule,) = template.evaluate(properties["LifecycleConfiguration"], parameters)["Rules"]
+        # Then under run retention the record outlives its run's RunRetentionDays by one day at most (the
+        # shortest S3 keeps a noncurrent version), not by a week
+        assert properties["VersioningConfiguration"] == {"Status": "Enabled"}
+        assert int(rule["NoncurrentVersionExpiration"]["NoncurrentDays"]) == kept_days
+
+
 # --- poimen dev --------------------------------------------------------------------------------------------
 
 

@@ -24,7 +24,7 @@ from poimen_tools.dlq.errors import ApiRefused, ApiUnavailable, AwsUnavailable, 
 from poimen_tools.dlq.model import Dispatch
 from poimen_tools.dlq.render import problem_summary
 
-# Longer than API Gateway holds a request (30 s): redrive always gets the answer (or its 504).
+# Longer than API Gateway holds a request (30 s): redrive always gets the answer (or its 503).
 HTTP_TIMEOUT_SECONDS = 35.0
 
 

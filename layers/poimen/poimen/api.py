@@ -159,9 +159,12 @@ class ValidationProblem(Problem):
 # HTTP API", http-api-throttling.html) and the payload quota ("Quotas for configuring and running an HTTP API",
 # http-api-quotas.html), a function that failed ("Troubleshooting issues with HTTP API Lambda integrations",
 # http-api-troubleshooting-lambda.html: `{"message":"Internal Server Error"}`; also when Lambda rejects the
-# invocation, https://docs.aws.amazon.com/lambda/latest/dg/services-apigateway-errors.html) and the integration timeout
-# (https://repost.aws/knowledge-center/api-gateway-504-errors: 504 for REST, HTTP and WebSocket APIs alike). Its
-# 404 for a route it does not have is not an answer of any operation listed here.
+# invocation, https://docs.aws.amazon.com/lambda/latest/dg/services-apigateway-errors.html) and the integration timeout:
+# an HTTP API answers it 503 `{"message":"Service Unavailable"}` (its `apigw-requestid` answer, quoted in
+# https://github.com/cortexlabs/cortex/issues/1225 and https://github.com/serverless/serverless/issues/11222),
+# and AWS's knowledge center names 504 (https://repost.aws/knowledge-center/api-gateway-504-errors, for REST,
+# HTTP and WebSocket APIs alike): both declared. Its 404 for a route it does not have is not an answer of any
+# operation listed here.
 _UNKNOWN_OUTCOME = (
     "it carries no problem+json, and the outcome is unknown: a POST /v1/runs may have admitted its run. Send it "
     "again with the same dispatch_key, which answers that run (201 or 200 Idempotent-Replayed) and admits no "
@@ -182,9 +185,13 @@ _GATEWAY_ANSWERS = {
         'API Gateway\'s own `{"message":"Internal Server Error"}` (application/json) when the function failed: it '
         f"crashed, ran out of time, or Lambda refused to invoke it; {_UNKNOWN_OUTCOME}"
     ),
+    HTTPStatus.SERVICE_UNAVAILABLE: (
+        'API Gateway\'s own `{"message":"Service Unavailable"}` (application/json) when the function did not answer '
+        f"within the HTTP API's 30 s integration timeout, though it may still run; {_UNKNOWN_OUTCOME}"
+    ),
     HTTPStatus.GATEWAY_TIMEOUT: (
-        'API Gateway\'s own `{"message"}` (application/json) when the function did not answer within the HTTP '
-        f"API's 30 s integration timeout, though it may still run; {_UNKNOWN_OUTCOME}"
+        "API Gateway's own `{\"message\"}` (application/json) past its integration timeout, as AWS's knowledge center "
+        f"names it (an HTTP API answers it 503, above); {_UNKNOWN_OUTCOME}"
     ),
 }
 # What API Gateway alone answers: no problem of admission's.
@@ -260,13 +267,14 @@ _CREATE_RUN_UNAVAILABLE: OpenAPIResponse = {
         "`outcome-unknown`: the write may have committed; the problem's `run_id` and the Location header "
         "name the run: GET it. With a dispatch_key the request may also be sent again (after Retry-After): "
         "it answers that run (201 if this request wrote it, else 200 Idempotent-Replayed). Without one, "
-        "never send it again before the GET: it could admit a second run (no Retry-After is given)."
+        "never send it again before the GET: it could admit a second run (no Retry-After is given). "
+        + _GATEWAY_ANSWERS[HTTPStatus.SERVICE_UNAVAILABLE]
     ),
     "headers": {
         "Retry-After": _RETRY_AFTER,
         "Location": {"description": "outcome-unknown: the run to GET, /v1/runs/{run_id}", "schema": {"type": "string"}},
     },
-    "content": {PROBLEM_JSON: {"model": Problem}},
+    "content": {PROBLEM_JSON: {"model": Problem}, "application/json": {"model": GatewayMessage}},
 }
 
 TenantHeader = Annotated[TenantId, Header(alias=TENANT_HEADER, description="Tenant the call acts for")]

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import botocore.credentials
 import botocore.exceptions
@@ -75,6 +75,9 @@ TENANT_NOT_SERVED: Final = "urn:poimen:problem:tenant-not-served"
 DEFAULT_TIMEOUT_SECONDS: Final = 15.0
 DEFAULT_MAX_ATTEMPTS: Final = 5
 _TENANT = re.compile(TENANT_PATTERN)
+# A host name's trailing dots (a fully qualified name), before the port if any: urllib3 sends the Host header
+# without them (SSL certificates and servers expect none), so the signature is over the host without them.
+_ROOT_DOTS = re.compile(r"\.+(?=(:[0-9]*)?$)")
 
 
 class AdmissionError(Exception):
@@ -505,8 +508,11 @@ class AdmissionClient:
         return self._rng.uniform(0, ceiling)
 
     def _signed(self, method: str, url: str, headers: dict[str, str], body: bytes, region: str) -> dict[str, str]:
-        """SigV4 (execute-api, `region`): a new signature, and date, for every attempt."""
-        request = AWSRequest(method=method, url=url, data=body, headers=headers)
+        """SigV4 (execute-api, `region`): a new signature, and date, for every attempt, over the Host header
+        urllib3 sends (a host name's trailing dot left out: `_ROOT_DOTS`)."""
+        parts = urlsplit(url)
+        sent = urlunsplit(parts._replace(netloc=_ROOT_DOTS.sub("", parts.netloc)))
+        request = AWSRequest(method=method, url=sent, data=body, headers=headers)
         try:
             credentials = self._credentials.get_frozen_credentials()
         except botocore.exceptions.BotoCoreError as error:

@@ -19,7 +19,7 @@ N = TypeVar("N", int, float)
 # label of letters, digits and inner hyphens, not all digits.
 _REGION_NAME = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)")
 
-# API Gateway HTTP APIs give up on an integration after at most 30 s (and answer 504).
+# API Gateway HTTP APIs give up on an integration after at most 30 s (and answer 503, poimen.api).
 API_GATEWAY_MAX_INTEGRATION_SECONDS = 30.0
 
 
@@ -185,7 +185,7 @@ class RelaySettings:
     # Records with different Kafka keys go out concurrently, at most this many at once.
     max_concurrency: int = 16
     # Longer than API Gateway ever holds a request, so the relay never abandons a call that admission may
-    # still commit (a keyless record would be admitted twice): the answer, or API Gateway's 504, comes first.
+    # still commit (a keyless record would be admitted twice): the answer, or API Gateway's 503, comes first.
     http_timeout_seconds: float = API_GATEWAY_MAX_INTEGRATION_SECONDS + 2.0
     # Nothing is sent before the connection is up, so a short connect timeout cannot admit twice.
     http_connect_timeout_seconds: float = 3.0

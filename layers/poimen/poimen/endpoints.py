@@ -13,42 +13,64 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import botocore.session
+from urllib3.exceptions import LocationParseError
+from urllib3.util import parse_url
 
 _EXECUTE_API_HOST = re.compile(r"[a-z0-9]+\.execute-api\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(\.cn)?")
 # Spaces and control characters: urlsplit silently drops tabs and newlines anywhere and strips leading ones, so
 # the URL it would judge is not the URL called.
 _NOT_IN_A_URL = re.compile(r"[\x00-\x20\x7f-\x9f]")  # as poimen_tools.arguments
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+# A percent-encoded octet; one of an unreserved character is that character (RFC 3986, 6.2.2.2).
+_PERCENT_ENCODED = re.compile(r"%([0-9A-Fa-f]{2})")
+_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 
 
 def is_base_url(url: object) -> bool:
-    """An http(s) URL with a host (and a valid port, if any), no query or fragment, no space or control character."""
+    """An http(s) URL with a host (and a valid port, if any), no query or fragment, no space or control character,
+    that the client can call: urllib3 finds its host an IDNA name (it would refuse to send to it otherwise)."""
     if not isinstance(url, str) or _NOT_IN_A_URL.search(url):
         return False
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
-    except ValueError:  # also an unclosed [ of an IPv6 host
+        parse_url(url)
+    except (ValueError, LocationParseError):  # also an unclosed [ of an IPv6 host
         return False
     return parts.scheme in _DEFAULT_PORTS and bool(parts.hostname) and not (parts.query or parts.fragment)
 
 
 def endpoint_identity(url: str) -> tuple[str, str, int, str]:
-    """What tells two base URLs (is_base_url) apart: scheme and host name case folded, the host's trailing dot (the
-    DNS root: `api.example.com.` is `api.example.com`) dropped, the port (the scheme's default if none is given),
-    the path without trailing slashes. `HTTPS://API.example.com.:443/` is `https://api.example.com`. An execute-api
-    host is one API, of one stack, whatever the path (a custom domain's base paths may be several). Two host names
-    of one API (a custom domain mapped to it, and its execute-api name) are two identities: only DNS and API
-    Gateway's mappings know they are one."""
+    """What tells two base URLs (is_base_url) apart: scheme and host name case folded, the host name as the client
+    calls it (an internationalised name IDNA-encoded: `bücher.example` is `xn--bcher-kva.example`), the host's
+    trailing dot (the DNS root: `api.example.com.` is `api.example.com`) dropped, the port (the scheme's default if
+    none is given), the path as the client calls it (dot segments removed, an unreserved character's percent-encoding
+    decoded: `/a/../%761` is `/v1`) without trailing slashes. `HTTPS://API.example.com.:443/` is
+    `https://api.example.com`.
+    An execute-api host is one API, of one stack, whatever the path (a custom domain's base paths may be several).
+    Two host names of one API (a custom domain mapped to it, and its execute-api name) are two identities: only DNS
+    and API Gateway's mappings know they are one."""
     parts = urlsplit(url)
     host = _host(url)
-    path = "" if _EXECUTE_API_HOST.fullmatch(host) else parts.path.rstrip("/")
+    path = "" if _EXECUTE_API_HOST.fullmatch(host) else _path(url).rstrip("/")
     return parts.scheme, host, parts.port or _DEFAULT_PORTS[parts.scheme], path
 
 
 def _host(url: str) -> str:
-    """A URL's host name, case folded, without the trailing dot a fully qualified name may carry."""
-    return (urlsplit(url).hostname or "").removesuffix(".")
+    """A URL's host name as urllib3 (the client) sends to it: case folded, an internationalised name IDNA-encoded,
+    an IPv6 literal without its brackets; without the trailing dot a fully qualified name may carry."""
+    return (parse_url(url).host or "").removeprefix("[").removesuffix("]").removesuffix(".")
+
+
+def _path(url: str) -> str:
+    """A URL's path as urllib3 (the client) sends it, dot segments removed, with each percent-encoded unreserved
+    character decoded and every other percent-encoding in upper case (RFC 3986, 6.2.2)."""
+
+    def octet(encoded: re.Match[str]) -> str:
+        character = chr(int(encoded[1], 16))
+        return character if character in _UNRESERVED else f"%{encoded[1].upper()}"
+
+    return _PERCENT_ENCODED.sub(octet, parse_url(url).path or "")
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,13 @@ its batch: each event is one object, and counted once.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
@@ -89,10 +91,20 @@ UNDELIVERABLE = frozenset(
 # time-outs and transport errors (the broker away), CLUSTER_AUTHORIZATION_FAILED and SASL failures (the role
 # or its credentials), _FATAL (the producer's state: the retry gets a new one), not-enough-replicas.
 PARKED_PREFIX = "undeliverable"
+# RFC 3339's date-time (section 5.6), as admission writes created_at (poimen.wire.rfc3339).
+_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})", re.ASCII)
 # Lambda's on-failure records say why in requestContext.condition; the outbox's own say this.
 UNDELIVERABLE_CONDITION = "EventsUndeliverable"
+# Set-aside writes in flight at once, one object per event (a batch of 100 of a tenant without its topic is 7
+# rounds of S3's latency, not 100, while the shard waits): the S3 client's connection pool is as large.
+_S3_CONCURRENCY = 16
 # The S3 client of the parking: a few seconds at most, so that a failure still reaches the event source.
-_S3_CONFIG = Config(connect_timeout=1, read_timeout=3, retries={"total_max_attempts": 2, "mode": "standard"})
+_S3_CONFIG = Config(
+    connect_timeout=1,
+    read_timeout=3,
+    retries={"total_max_attempts": 2, "mode": "standard"},
+    max_pool_connections=_S3_CONCURRENCY,
+)
 _S3_WORST_SECONDS = 2 * (1 + 3) + 1
 
 
@@ -154,12 +166,8 @@ def run_event(image: Mapping[str, Mapping[str, Any]], stack_name: str) -> RunEve
         raise MalformedRun(f"run item {_string(image, 'pk')!r} lacks string attributes {missing}")
     text: dict[str, str] = {name: _string(image, name) or "" for name in REQUIRED_ATTRIBUTES}
     tenant_id, run_id, created_at = text["tenant_id"], text["run_id"], text["created_at"]
-    try:  # the event's time, its lag's start and the key it is set aside at (parked_key)
-        datetime.fromisoformat(created_at).astimezone(UTC)
-    except ValueError:
-        raise MalformedRun(
-            f"run item {_string(image, 'pk')!r} has created_at {created_at!r}, not an RFC 3339 time"
-        ) from None
+    if not _is_rfc3339(created_at):  # the event's time, its lag's start and the key it is set aside at (parked_key)
+        raise MalformedRun(f"run item {_string(image, 'pk')!r} has created_at {created_at!r}, not an RFC 3339 time")
     body = run_json(
         run_id=run_id,
         tenant_id=tenant_id,
@@ -192,6 +200,18 @@ def run_event(image: Mapping[str, Mapping[str, Any]], stack_name: str) -> RunEve
         value=body.encode(),
         headers=tuple(headers),
     )
+
+
+def _is_rfc3339(text: str) -> bool:
+    """An RFC 3339 date-time, with its offset: `datetime.fromisoformat` alone would also take a date, an ISO week,
+    or a time without an offset, which it reads in the process's own time zone."""
+    if not _RFC3339.fullmatch(text):
+        return False
+    try:
+        datetime.fromisoformat(text)
+    except ValueError:  # a month 13, a day 32
+        return False
+    return True
 
 
 def _string(image: Mapping[str, Mapping[str, Any]], name: str) -> str | None:
@@ -353,35 +373,57 @@ class OutboxRelay:
 
         A retried batch writes the same objects again (a retry may also be half of the batch, bisected), so
         each event is one object however often it is set aside, and is counted only by the invocation that
-        wrote every one: an invocation that fails here counts none of the events it wrote.
+        wrote every one: an invocation that fails here counts none of the events it wrote. Up to
+        `_S3_CONCURRENCY` are written at once; each write starts only while it surely ends before the deadline,
+        and none starts once one failed.
         """
         bucket = self._settings.failed_batches_bucket
         if bucket is None:
             raise OutboxBatchFailed(
                 f"{len(outcome.undeliverable)} undeliverable event(s), and no bucket to set them aside"
             )
-        parked: dict[str, int] = {}
-        for undeliverable in outcome.undeliverable:
+        s3 = self._s3_client()  # built once, before the writers share it (botocore clients are thread-safe)
+        failed = threading.Event()
+
+        def write(undeliverable: SetAside) -> str | None:
+            """The event's tenant once written; None if skipped, as another write failed."""
+            if failed.is_set():
+                return None
             published = undeliverable.event
             left = context.get_remaining_time_in_millis() / 1000 - self._settings.time_margin_seconds
             if left < _S3_WORST_SECONDS:
+                failed.set()
                 raise OutboxBatchFailed(
                     f"{left:.1f} s left: too little to set aside {len(outcome.undeliverable)} event(s)"
                 )
             key = parked_key(published)
             try:
-                self._s3_client().put_object(
+                s3.put_object(
                     Bucket=bucket,
                     Key=key,
                     Body=json.dumps(_parked_record(undeliverable, context)).encode(),
                     ContentType="application/json",
                 )
             except (BotoCoreError, ClientError) as error:
+                failed.set()
                 raise OutboxBatchFailed(
                     f"could not set aside 1 event of {published.tenant_id} ({published.run_id}): {error}"
                 ) from error
-            parked[published.tenant_id] = parked.get(published.tenant_id, 0) + 1
             logger.warning("event set aside: it cannot be delivered", extra={"key": key, **undeliverable.describe()})
+            return published.tenant_id
+
+        writers = max(1, min(_S3_CONCURRENCY, len(outcome.undeliverable)))
+        with ThreadPoolExecutor(max_workers=writers, thread_name_prefix="outbox-set-aside") as pool:
+            written = [pool.submit(write, undeliverable) for undeliverable in outcome.undeliverable]
+        for future in written:
+            error = future.exception()
+            if error is not None:
+                raise error
+        parked: dict[str, int] = {}
+        for future in written:
+            tenant = future.result()
+            if tenant is not None:
+                parked[tenant] = parked.get(tenant, 0) + 1
         outcome.parked.update(parked)
 
     def _s3_client(self) -> Any:

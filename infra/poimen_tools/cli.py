@@ -425,7 +425,7 @@ def _dispatch_publish(args: argparse.Namespace) -> int:
         print(f"published to {topic}")
         return EXIT_OK
     published = publisher.publish(args.tenant, request)
-    # Known only to this command: a failure to flush names it (_publish_failed), for a retry that admits one run.
+    # Known only to this command: a failure from here on names it (explain), for a retry that admits one run.
     args.generated_dispatch_key = published.dispatch_key if published.generated else None
     publisher.flush()
     generated = f"; dispatch_key {published.dispatch_key} (generated)" if published.generated else ""
@@ -508,6 +508,12 @@ def _configure_logging(debug: bool) -> None:
 def explain(error: BaseException, args: argparse.Namespace) -> tuple[str, int]:
     """A failure as (one line naming the cause and the fix, exit code)."""
     line, code = _explain(error, args)
+    # A dispatch record queued under a generated key (set by _dispatch_publish once queued) may have been written
+    # whatever stopped the command then (a failed flush, Ctrl-C): published again under another generated key, it
+    # would be a second spawn; under this one, a replay.
+    key = getattr(args, "generated_dispatch_key", None)
+    if key is not None:
+        line += f"; publish it again with --dispatch-key {key}, which admits at most one run"
     return " ".join(line.split()), code
 
 
@@ -581,20 +587,16 @@ def _explain(error: BaseException, args: argparse.Namespace) -> tuple[str, int]:
 
 
 def _publish_failed(error: PublishFailed, args: argparse.Namespace) -> tuple[str, int]:
-    # A record not acknowledged may still have been written: published again under another generated key, it
-    # would be a second spawn.
-    key = getattr(args, "generated_dispatch_key", None)
-    again = f"; publish it again with --dispatch-key {key}, which admits at most one run" if key else ""
     if any("Unknown topic" in failure for failure in error.failures):
         return (
             f"Kafka at {error.bootstrap_servers} has no topic {dispatch_topic(args.tenant)}: create it with "
-            f"poimen topics ensure --tenant {args.tenant} --bootstrap-servers {error.bootstrap_servers}{again}",
+            f"poimen topics ensure --tenant {args.tenant} --bootstrap-servers {error.bootstrap_servers}",
             EXIT_NOT_FOUND,
         )
     return (
         f"cannot publish to Kafka at {error.bootstrap_servers} ({error.reason}): {error.records} record(s) not "
         f"acknowledged within {error.timeout_seconds:g} s; start the broker (poimen dev) or pass "
-        f"--bootstrap-servers (--timeout to wait longer){again}",
+        "--bootstrap-servers (--timeout to wait longer)",
         EXIT_UNAVAILABLE,
     )
 

@@ -518,3 +518,25 @@ def test_a_failed_publish_of_a_generated_key_says_how_to_publish_it_again_under_
     assert (code, out) == (cli.EXIT_UNAVAILABLE, "")
     (line,) = err.splitlines()
     assert line.endswith(f"publish it again with --dispatch-key {sent}, which admits at most one run")
+
+
+def test_an_interrupted_publish_of_a_generated_key_says_how_to_publish_it_again_under_that_key(
+    producers: list[FakeProducer], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a publish interrupted (Ctrl-C) while it waits for the broker, its record queued and perhaps written
+    def interrupted(self: FakeProducer, timeout: float) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(FakeProducer, "flush", interrupted)
+    # When a spawn without a key is published
+    code = main(PUBLISH)
+    # Then it names the key generated for the record: published again without it, it would be a second spawn
+    ((producer,),) = [producers]
+    ((_, _, value),) = producer.produced
+    sent = json.loads(value)["dispatch_key"]
+    out, err = capsys.readouterr()
+    assert (code, out) == (cli.EXIT_INTERRUPTED, "")
+    assert err.splitlines() == [
+        f"poimen dispatch publish: interrupted; publish it again with --dispatch-key {sent}, which admits at most "
+        "one run"
+    ]

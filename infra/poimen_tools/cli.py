@@ -418,7 +418,8 @@ def _dispatch_publish(args: argparse.Namespace) -> int:
 
         with warnings.catch_warnings():
             # The publisher's warning as one line on stderr, said once the record is checked, before it is queued.
-            warnings.simplefilter("always", KeylessDispatchWarning)
+            # The warnings filters are the caller's: one that makes it an error (PYTHONWARNINGS=error::UserWarning)
+            # refuses the record before it is queued (explain), one that ignores it silences it.
             warnings.showwarning = warn
             publisher.publish_without_dispatch_key(args.tenant, request)
         publisher.flush()
@@ -520,6 +521,11 @@ def explain(error: BaseException, args: argparse.Namespace) -> tuple[str, int]:
 def _explain(error: BaseException, args: argparse.Namespace) -> tuple[str, int]:
     if isinstance(error, KeyboardInterrupt):
         return "interrupted", EXIT_INTERRUPTED
+    if isinstance(error, KeylessDispatchWarning):
+        return (
+            f"refused, as a warnings filter makes KeylessDispatchWarning an error: {error}; nothing was published",
+            EXIT_USAGE,
+        )
     if isinstance(error, InvalidPrincipal | ConfigurationError | InvalidDispatch | InvalidTemplate | InvalidPrincipals):
         return str(error), EXIT_USAGE
     if isinstance(error, ValidationError):

@@ -540,3 +540,21 @@ def test_an_interrupted_publish_of_a_generated_key_says_how_to_publish_it_again_
         f"poimen dispatch publish: interrupted; publish it again with --dispatch-key {sent}, which admits at most "
         "one run"
     ]
+
+
+@pytest.mark.filterwarnings("error::poimen.dispatch.KeylessDispatchWarning")
+def test_dispatch_publish_without_a_key_queues_nothing_where_its_warning_is_made_an_error(
+    producers: list[FakeProducer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a warnings filter that makes KeylessDispatchWarning an error (PYTHONWARNINGS=error::UserWarning: a policy
+    # that no keyless record be published)
+    # When a keyless record is asked for by name
+    code = main([*PUBLISH, "--no-dispatch-key"])
+    # Then it is refused before anything is queued, in one line
+    ((producer,),) = [producers]
+    assert producer.produced == []
+    out, err = capsys.readouterr()
+    assert (code, out) == (cli.EXIT_USAGE, "")
+    (line,) = err.splitlines()
+    assert line.startswith("poimen dispatch publish: refused, as a warnings filter makes KeylessDispatchWarning")
+    assert line.endswith("nothing was published")

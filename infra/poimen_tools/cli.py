@@ -418,14 +418,15 @@ def _dispatch_publish(args: argparse.Namespace) -> int:
 
         with warnings.catch_warnings():
             # The publisher's warning as one line on stderr, said once the record is checked, before it is queued.
-            warnings.simplefilter("always", KeylessDispatchWarning)
+            # The warnings filters are the caller's: one that makes it an error (PYTHONWARNINGS=error::UserWarning)
+            # refuses the record before it is queued (explain), one that ignores it silences it.
             warnings.showwarning = warn
             publisher.publish_without_dispatch_key(args.tenant, request)
         publisher.flush()
         print(f"published to {topic}")
         return EXIT_OK
     published = publisher.publish(args.tenant, request)
-    # Known only to this command: a failure to flush names it (_publish_failed), for a retry that admits one run.
+    # Known only to this command: a failure from here on names it (explain), for a retry that admits one run.
     args.generated_dispatch_key = published.dispatch_key if published.generated else None
     publisher.flush()
     generated = f"; dispatch_key {published.dispatch_key} (generated)" if published.generated else ""
@@ -508,12 +509,23 @@ def _configure_logging(debug: bool) -> None:
 def explain(error: BaseException, args: argparse.Namespace) -> tuple[str, int]:
     """A failure as (one line naming the cause and the fix, exit code)."""
     line, code = _explain(error, args)
+    # A dispatch record queued under a generated key (set by _dispatch_publish once queued) may have been written
+    # whatever stopped the command then (a failed flush, Ctrl-C): published again under another generated key, it
+    # would be a second spawn; under this one, a replay.
+    key = getattr(args, "generated_dispatch_key", None)
+    if key is not None:
+        line += f"; publish it again with --dispatch-key {key}, which admits at most one run"
     return " ".join(line.split()), code
 
 
 def _explain(error: BaseException, args: argparse.Namespace) -> tuple[str, int]:
     if isinstance(error, KeyboardInterrupt):
         return "interrupted", EXIT_INTERRUPTED
+    if isinstance(error, KeylessDispatchWarning):
+        return (
+            f"refused, as a warnings filter makes KeylessDispatchWarning an error: {error}; nothing was published",
+            EXIT_USAGE,
+        )
     if isinstance(error, InvalidPrincipal | ConfigurationError | InvalidDispatch | InvalidTemplate | InvalidPrincipals):
         return str(error), EXIT_USAGE
     if isinstance(error, ValidationError):
@@ -581,20 +593,16 @@ def _explain(error: BaseException, args: argparse.Namespace) -> tuple[str, int]:
 
 
 def _publish_failed(error: PublishFailed, args: argparse.Namespace) -> tuple[str, int]:
-    # A record not acknowledged may still have been written: published again under another generated key, it
-    # would be a second spawn.
-    key = getattr(args, "generated_dispatch_key", None)
-    again = f"; publish it again with --dispatch-key {key}, which admits at most one run" if key else ""
     if any("Unknown topic" in failure for failure in error.failures):
         return (
             f"Kafka at {error.bootstrap_servers} has no topic {dispatch_topic(args.tenant)}: create it with "
-            f"poimen topics ensure --tenant {args.tenant} --bootstrap-servers {error.bootstrap_servers}{again}",
+            f"poimen topics ensure --tenant {args.tenant} --bootstrap-servers {error.bootstrap_servers}",
             EXIT_NOT_FOUND,
         )
     return (
         f"cannot publish to Kafka at {error.bootstrap_servers} ({error.reason}): {error.records} record(s) not "
         f"acknowledged within {error.timeout_seconds:g} s; start the broker (poimen dev) or pass "
-        f"--bootstrap-servers (--timeout to wait longer){again}",
+        "--bootstrap-servers (--timeout to wait longer)",
         EXIT_UNAVAILABLE,
     )
 

@@ -518,3 +518,43 @@ def test_a_failed_publish_of_a_generated_key_says_how_to_publish_it_again_under_
     assert (code, out) == (cli.EXIT_UNAVAILABLE, "")
     (line,) = err.splitlines()
     assert line.endswith(f"publish it again with --dispatch-key {sent}, which admits at most one run")
+
+
+def test_an_interrupted_publish_of_a_generated_key_says_how_to_publish_it_again_under_that_key(
+    producers: list[FakeProducer], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a publish interrupted (Ctrl-C) while it waits for the broker, its record queued and perhaps written
+    def interrupted(self: FakeProducer, timeout: float) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(FakeProducer, "flush", interrupted)
+    # When a spawn without a key is published
+    code = main(PUBLISH)
+    # Then it names the key generated for the record: published again without it, it would be a second spawn
+    ((producer,),) = [producers]
+    ((_, _, value),) = producer.produced
+    sent = json.loads(value)["dispatch_key"]
+    out, err = capsys.readouterr()
+    assert (code, out) == (cli.EXIT_INTERRUPTED, "")
+    assert err.splitlines() == [
+        f"poimen dispatch publish: interrupted; publish it again with --dispatch-key {sent}, which admits at most "
+        "one run"
+    ]
+
+
+@pytest.mark.filterwarnings("error::poimen.dispatch.KeylessDispatchWarning")
+def test_dispatch_publish_without_a_key_queues_nothing_where_its_warning_is_made_an_error(
+    producers: list[FakeProducer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a warnings filter that makes KeylessDispatchWarning an error (PYTHONWARNINGS=error::UserWarning: a policy
+    # that no keyless record be published)
+    # When a keyless record is asked for by name
+    code = main([*PUBLISH, "--no-dispatch-key"])
+    # Then it is refused before anything is queued, in one line
+    ((producer,),) = [producers]
+    assert producer.produced == []
+    out, err = capsys.readouterr()
+    assert (code, out) == (cli.EXIT_USAGE, "")
+    (line,) = err.splitlines()
+    assert line.startswith("poimen dispatch publish: refused, as a warnings filter makes KeylessDispatchWarning")
+    assert line.endswith("nothing was published")

@@ -193,3 +193,20 @@ def test_a_keyless_publish_of_a_keyed_request_is_refused_and_nothing_is_queued(p
         publisher.publish_without_dispatch_key("acme", SPAWN)
 
     assert produced(publisher) == []
+
+
+def test_a_spawn_that_a_generated_key_takes_over_the_body_limit_is_refused_naming_the_key(
+    publisher: DispatchPublisher,
+) -> None:
+    # Given a spawn without a key whose body, as the caller sends it, is 10 bytes inside the API's limit
+    empty = len(b'{"workflow_ref":"wf/hello","input":{"x":""},"goal_id":null,"dispatch_key":null}')
+    spawn = RunRequest(workflow_ref="wf/hello", input={"x": "a" * (MAX_BODY_BYTES - empty - 10)})
+    # When it is published, given a generated key (50 bytes more than none)
+    with pytest.raises(InvalidDispatch) as refused:
+        publisher.publish("acme", spawn)
+    # Then it is refused, nothing queued, saying that the generated key is what takes it over and what to do
+    assert produced(publisher) == []
+    assert str(refused.value) == (
+        f"the spawn request's body exceeds {MAX_BODY_BYTES} bytes ({MAX_BODY_BYTES + 40}) with the dispatch_key "
+        f"generated for it ({MAX_BODY_BYTES - 10} without a key): give it a shorter dispatch_key of your own"
+    )

@@ -36,6 +36,7 @@ from poimen.kafka import dispatch_topic, tenant_of_dispatch_topic
 from poimen.relay import (
     AdmissionApiRefused,
     AdmissionApiUnavailable,
+    BatchOutcome,
     DeadLetterQueueUnavailable,
     Relay,
     _ordered_groups,
@@ -783,3 +784,31 @@ def test_the_relay_counts_keyless_records_per_tenant_beside_the_inbox_lag(
     # And every record was admitted
     assert len(count_runs(dynamodb, table_name, harness.tenant)) == 4
     assert len(count_runs(dynamodb, table_name, other)) == 1
+
+
+def test_a_keyless_record_is_counted_once_for_each_invocation_that_relayed_it_not_for_each_that_tried(
+    harness: RelayHarness, dynamodb: Any, table_name: str
+) -> None:
+    records = [harness.record(SPAWN, 0)]
+    outcomes = [BatchOutcome() for _ in range(3)]
+
+    def invoke(outcome: BatchOutcome, seconds: float) -> None:
+        """One invocation of the batch, published as `outcome` (handle_batch publishes it, failed or not)."""
+        deadline = time.monotonic() + seconds
+        harness.relay.relay_batch(
+            KafkaEvent(msk_event(records)), lambda: int((deadline - time.monotonic()) * 1000), outcome
+        )
+
+    # Given a batch of one keyless record, tried twice by the event source while the API is down
+    up = harness.relay._http
+    harness.relay._http = DownApi()  # type: ignore[assignment]
+    for outcome in outcomes[:2]:
+        with pytest.raises(AdmissionApiUnavailable):
+            invoke(outcome, 5)
+    # When the API is back and the batch is tried a third time
+    harness.relay._http = up
+    invoke(outcomes[2], 60)
+    # Then the one run it admitted is counted once as keyless, as it is once as relayed (DispatchKeyless counts what
+    # the producer sent, not the event source's tries of it)
+    assert len(count_runs(dynamodb, table_name, harness.tenant)) == 1
+    assert [(outcome.relayed, outcome.keyless) for outcome in outcomes] == [(0, 0), (0, 0), (1, 1)]

@@ -50,7 +50,7 @@ def test_a_keyless_record_of_unknown_outcome_is_dead_lettered_naming_its_run_and
     assert letter["reason"]["kind"] == "outcome-unknown"
     assert letter["reason"]["status"] == 503
     assert f"/v1/runs/{run_id}" in letter["reason"]["detail"]
-    assert (outcome.relayed, outcome.dead_lettered) == (0, 1)
+    assert (outcome.relayed, outcome.dead_lettered, outcome.keyless) == (0, 1, 1)  # counted keyless once sent
 
 
 def test_a_keyed_record_of_unknown_outcome_is_retried_into_its_one_run(

@@ -59,6 +59,14 @@ class InvalidDispatch(ValueError):
     """A dispatch record the relay could only dead-letter: refused before anything is queued."""
 
 
+class DispatchTooLarge(InvalidDispatch):
+    """The record's body is over the API's MAX_BODY_BYTES (`size` bytes)."""
+
+    def __init__(self, message: str, size: int) -> None:
+        super().__init__(message)
+        self.size = size
+
+
 class InvalidDispatchTenant(InvalidTenant, InvalidDispatch):
     """The tenant is no tenant id: no relay consumes its topic, and the API refuses it."""
 
@@ -144,13 +152,25 @@ class DispatchPublisher:
         Raises InvalidDispatch, queueing nothing, for what the relay could only dead-letter: a tenant
         that is no tenant id (InvalidDispatchTenant, an InvalidTenant too: its topic would be auto-created
         and never consumed), or a request the API refuses (fields out of bounds, a body over
-        MAX_BODY_BYTES, nested too deep, not encodable).
+        MAX_BODY_BYTES, DispatchTooLarge, which says when a generated key is what takes it over; nested too
+        deep, not encodable).
         """
         generated = request.dispatch_key is None
         dispatch_key = generated_dispatch_key() if request.dispatch_key is None else request.dispatch_key
         # model_copy does not validate: _body validates the request as the API will.
         keyed = request.model_copy(update={"dispatch_key": dispatch_key}) if generated else request
-        topic, value = _checked(tenant_id, keyed)
+        try:
+            topic, value = _checked(tenant_id, keyed)
+        except DispatchTooLarge as error:
+            if not generated:
+                raise
+            # The key the caller did not choose is what may take it over: say so, and what to do.
+            unkeyed = len(_body(request))  # raises DispatchTooLarge itself for a spawn too large without a key
+            raise DispatchTooLarge(
+                f"{error} with the dispatch_key generated for it ({unkeyed} without a key): give it a shorter "
+                "dispatch_key of your own",
+                error.size,
+            ) from error
         run_id = keyed_run_id(tenant_id, dispatch_key)
         self._produce(topic, partition_key(tenant_id, run_id), value)
         return Published(run_id, dispatch_key, generated)
@@ -227,7 +247,7 @@ def _body(request: RunRequest) -> bytes:
     except (TypeError, ValueError) as error:  # a non-JSON value, NaN, a lone surrogate
         raise InvalidDispatch(f"the spawn request cannot be sent as JSON: {error}") from error
     if len(body) > MAX_BODY_BYTES:
-        raise InvalidDispatch(f"the spawn request's body exceeds {MAX_BODY_BYTES} bytes ({len(body)})")
+        raise DispatchTooLarge(f"the spawn request's body exceeds {MAX_BODY_BYTES} bytes ({len(body)})", len(body))
     try:
         parse_json(text)  # the API's own parse: depth, numbers it would not read back
     except JSONTooDeep as error:

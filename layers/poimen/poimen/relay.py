@@ -77,7 +77,9 @@ class BatchOutcome:
     replayed: int = 0
     dead_lettered: int = 0
     retries: int = 0
-    keyless: int = 0  # records relayed without a dispatch_key, delivered at least once: their producer should key them
+    # Records relayed without a dispatch_key (delivered at least once: their producer should key them), counted as
+    # `relayed` is, once the invocation admitted or dead-lettered them: not for a try of a batch that failed.
+    keyless: int = 0
     max_lag_ms: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -116,6 +118,7 @@ class _DeadLetter:
     body: str
     attributes: dict[str, dict[str, str]]
     log: dict[str, Any]
+    keyless: bool = False  # a keyless record the API answered: counted (BatchOutcome.keyless) once it is sent
 
 
 @dataclass(frozen=True)
@@ -238,7 +241,6 @@ class Relay:
             # Relayed, as the API admits keyless spawns; but a retry after a lost answer, or of the
             # batch, can then admit it twice. Publishers should always set a dispatch_key.
             logger.warning("dispatch without dispatch_key: delivered at least once", topic=record.topic)
-            batch.outcome.count("keyless")
         if spawn.traceparent is None and header(record.raw_event, "traceparent") is not None:
             logger.warning("malformed traceparent header not forwarded", topic=record.topic, offset=record.offset)
         status, answer = self._post(spawn.tenant, spawn.body, spawn.traceparent, batch, keyed=dispatch_key is not None)
@@ -247,6 +249,8 @@ class Relay:
             timestamp_ms = spawn.timestamp_ms
             lag_ms = None if timestamp_ms is None else max(0.0, time.time() * 1000 - timestamp_ms)
             batch.outcome.admitted(replayed=status == 200, lag_ms=lag_ms)
+            if dispatch_key is None:
+                batch.outcome.count("keyless")
             logger.info(
                 "dispatch replayed" if status == 200 else "dispatch relayed",
                 tenant_id=tenant_id,
@@ -261,11 +265,20 @@ class Relay:
             run_id = answer.get("run_id") if isinstance(answer, dict) else None
             detail = f"the admission API may have admitted run {run_id}: GET /v1/runs/{run_id} before sending it again"
             reason = DeadLetterReason("outcome-unknown", detail, status, answer)
-            self._dead_letter(record, reason, batch, tenant_id=tenant_id, dispatch_key=None, run_id=run_id)
+            self._dead_letter(
+                record, reason, batch, keyless=True, tenant_id=tenant_id, dispatch_key=None, run_id=run_id
+            )
             return
         if status not in RECORD_FAULT_STATUSES:
             raise AdmissionApiRefused(f"the admission API refused the relay with {status}: {answer}")
-        self._dead_letter(record, rejected(status, answer), batch, tenant_id=tenant_id, dispatch_key=dispatch_key)
+        self._dead_letter(
+            record,
+            rejected(status, answer),
+            batch,
+            keyless=dispatch_key is None,
+            tenant_id=tenant_id,
+            dispatch_key=dispatch_key,
+        )
 
     def _post(
         self, tenant_id: str, body: bytes, traceparent: str | None, batch: _Batch, *, keyed: bool
@@ -347,8 +360,17 @@ class Relay:
         SigV4Auth(credentials, "execute-api", self._settings.region).add_auth(request)
         return dict(request.headers.items())
 
-    def _dead_letter(self, record: KafkaEventRecord, reason: DeadLetterReason, batch: _Batch, **context: Any) -> None:
-        """Hold the record's dead letter until the whole batch is relayed (see relay_batch)."""
+    def _dead_letter(
+        self,
+        record: KafkaEventRecord,
+        reason: DeadLetterReason,
+        batch: _Batch,
+        *,
+        keyless: bool = False,
+        **context: Any,
+    ) -> None:
+        """Hold the record's dead letter until the whole batch is relayed (see relay_batch); `keyless`: a keyless
+        record the API answered, counted as such once its letter is sent."""
         log = {
             "reason": reason.kind,
             "detail": reason.detail[:MAX_DETAIL_CHARS],
@@ -360,7 +382,7 @@ class Relay:
         }
         raw = record.raw_event
         body = dead_letter_body(raw, reason, self._settings.run_retention)
-        batch.hold(_DeadLetter(body, dead_letter_attributes(raw), log))
+        batch.hold(_DeadLetter(body, dead_letter_attributes(raw), log, keyless))
 
     def _send_dead_letter(self, letter: _DeadLetter, batch: _Batch) -> None:
         """SendMessage, retried while a whole attempt (connect and read timeouts) still fits before the
@@ -377,6 +399,8 @@ class Relay:
                     QueueUrl=self._settings.dlq_url, MessageBody=letter.body, MessageAttributes=letter.attributes
                 )
                 batch.outcome.count("dead_lettered")
+                if letter.keyless:
+                    batch.outcome.count("keyless")
                 logger.warning("dispatch dead-lettered", message_id=(sent or {}).get("MessageId"), **letter.log)
                 return
             except (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError) as error:

@@ -94,6 +94,19 @@ def dispatch_sources(peer_cluster_aliases: tuple[str, str]) -> str:
     return ",".join(kinds)
 
 
+def _shared_logical_id(tenants: list[str]) -> str | None:
+    """Two ids of `tenants` whose mappings would have one logical id, named ("'a-b' and 'ab'", "'acme' twice"):
+    Fn::ForEach's &{TenantId} keeps only a value's letters and digits, and an id given twice is one id."""
+    seen: dict[str, str] = {}
+    for tenant in tenants:
+        alphanumeric = "".join(ch for ch in tenant if ch.isalnum())
+        if alphanumeric in seen:
+            first = seen[alphanumeric]
+            return f"{first!r} twice" if first == tenant else f"{first!r} and {tenant!r}"
+        seen[alphanumeric] = tenant
+    return None
+
+
 def limit_refusal(tenants: list[str], peer_aliases: int) -> str | None:
     """Why one stack cannot serve `tenants` (one line that says how to split them, or which id the template
     would refuse), or None if it can."""
@@ -103,6 +116,13 @@ def limit_refusal(tenants: list[str], peer_aliases: int) -> str | None:
         return (
             f"TENANTS has {what}: each tenant id is 1-63 of a-z, 0-9 and '-', starting with a letter or digit, the"
             " ids separated by single commas (the template's Tenants; CloudFormation would refuse the deploy)"
+        )
+    shared = _shared_logical_id(tenants)
+    if shared is not None:
+        return (
+            f"TENANTS has {shared}, and a stack has one MSK event source mapping per tenant id, its logical id"
+            " made of the id's letters and digits (RelaySource<id>): CloudFormation would refuse the deploy; give"
+            f" each tenant once, and serve ids that differ only by '-' in different cells (CELL=<name>, {CELLS})"
         )
     most = max_tenants(peer_aliases)
     aliases = ["no peer cluster alias", "one peer cluster alias", "two peer cluster aliases"][peer_aliases]

@@ -432,3 +432,31 @@ def test_more_peer_aliases_than_the_template_has_are_a_usage_error(aliases: str)
         main(["limits", "--tenants", "acme", "--peer-aliases", aliases])
 
     assert exit_.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("tenants", "named"), [("acme,a-b,ab", "'a-b' and 'ab'"), ("acme,globex,acme", "'acme' twice")]
+)
+def test_tenants_whose_mappings_would_share_a_logical_id_are_refused_before_sam_runs(
+    tenants: str, named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given ids the template's pattern accepts, two of which name one mapping: its logical id keeps only the
+    # letters and digits of a tenant id (Relay&{DispatchSource}&{TenantId}), and an id given twice is one id
+    # When make build checks them
+    code = main(["--prog", "make build", "limits", "--tenants", tenants])
+
+    # Then they are refused in one line, as the template's expansion refuses them
+    refusal = capsys.readouterr().err
+    assert code == 2
+    assert refusal.startswith(f"make build: TENANTS has {named}")
+    assert refusal.count("\n") == 1
+    expansion = subprocess.run(
+        [str(SAM_PYTHON), str(REPO / "infra/poimen_tools/sam_transform.py"), "--batch", str(REPO / "template.yaml")],
+        input=json.dumps([{"Tenants": tenants}]),
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "AWS_DEFAULT_REGION": "us-east-1", "SAM_CLI_TELEMETRY": "0"},
+    )
+    assert expansion.returncode != 0
+    assert "conflict" in expansion.stderr

@@ -21,8 +21,9 @@ import urllib3
 from aws_lambda_powertools.utilities.data_classes.kafka_event import KafkaEventRecord
 from botocore.credentials import Credentials
 
+from poimen.api import admission_service
 from poimen.dead_letter import MAX_DEAD_LETTER_BYTES, DeadLetterReason, dead_letter_attributes, dead_letter_body
-from poimen.retention import RunRetention
+from poimen.retention import RUN_RETENTION_ENV, RunRetention, with_change
 from poimen.store import Store
 from poimen.wire import rfc3339
 from poimen_tools import dlq
@@ -40,6 +41,7 @@ from poimen_tools.local.msk import KafkaRecord, msk_event
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs
 from tests.unit.relay_harness import RELAY_KEY, RelayHarness
+from tests.unit.test_run_retention import _expire
 
 TRACEPARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -64,10 +66,13 @@ def msk_record(record: KafkaRecord) -> dict[str, Any]:
     return entry
 
 
-def on_failure_object(records: list[KafkaRecord], *, payload: bool = True, attempts: int = 3) -> bytes:
+def on_failure_object(
+    records: list[KafkaRecord], *, payload: bool = True, attempts: int = 3, failed_at: str | None = None
+) -> bytes:
     """What Lambda writes to an MSK mapping's S3 on-failure destination, as the local event source writes
-    it; without `payload`, the metadata-only record of an SQS or SNS destination."""
-    document = {**on_failure_record(msk_event(records), attempts), "timestamp": "2026-11-29T12:00:00.000Z"}
+    it, its batch failed at `failed_at` (default: now); without `payload`, the metadata-only record of an SQS
+    or SNS destination."""
+    document = {**on_failure_record(msk_event(records), attempts), "timestamp": failed_at or rfc3339()}
     if not payload:
         del document["payload"]
     return json.dumps(document).encode()
@@ -287,7 +292,7 @@ def test_a_failed_batch_object_is_read_record_by_record_in_offset_order() -> Non
     ]
     key = "aws/lambda/x/poimen.acme.dispatch-1/2026/11/29/2026-11-29T12.00.00-y"
 
-    parcel = parse_object(key, on_failure_object(records, attempts=101))
+    parcel = parse_object(key, on_failure_object(records, attempts=101, failed_at="2026-11-29T12:00:00.000Z"))
 
     assert (parcel.kind, parcel.records) == ("failed-batch", 3)
     assert [letter.id for letter in parcel.letters] == [f"s3:{key}#poimen.acme.dispatch-1@{n}" for n in (10, 11, 12)]
@@ -336,7 +341,7 @@ def test_list_counts_by_kind_and_removes_nothing(stack: Stack) -> None:
     # Given two relay dead letters of two kinds and a failed batch of three records
     stack.dead_letter(stack.record(spawn("a"), 1), RELAY_ERROR)
     stack.dead_letter(stack.record(b"nope", 2), DeadLetterReason("invalid-json", "value is not JSON"))
-    stack.park([stack.record(spawn(f"b-{n}"), 10 + n) for n in range(3)])
+    stack.park([stack.record(spawn(f"b-{n}"), 10 + n) for n in range(3)], failed_at="2026-11-29T12:00:00.000Z")
 
     # When they are listed, as JSON and as text
     listed = stack.cli("list", "--json")
@@ -1058,6 +1063,11 @@ def test_a_keyless_letter_of_unknown_outcome_whose_run_is_absent_is_sent(stack: 
 DAY_MS = 86_400_000
 
 
+def an_hour_ago() -> str:
+    """A batch's on-failure time an hour ago: before the dead letters a test writes now."""
+    return rfc3339(datetime.now(UTC) - timedelta(hours=1))
+
+
 def days_ago(days: float) -> int:
     return int(datetime.now(UTC).timestamp() * 1000 - days * DAY_MS)
 
@@ -1070,7 +1080,8 @@ def test_redrive_refuses_and_keeps_records_older_than_the_run_retention(stack: S
         [
             stack.record(spawn("old-2"), 5, timestamp_ms=days_ago(4)),
             stack.record(spawn("fresh"), 6, timestamp_ms=days_ago(1)),
-        ]
+        ],
+        failed_at=an_hour_ago(),
     )
 
     # When they are redriven with --run-retention-days 3
@@ -1103,7 +1114,8 @@ def test_a_record_whose_run_retention_is_unknown_is_refused_unless_one_is_given(
         [
             stack.record(spawn("k-2"), 5, timestamp_ms=days_ago(2)),
             stack.record(spawn("fresh"), 6, timestamp_ms=days_ago(1 / 24)),
-        ]
+        ],
+        failed_at=an_hour_ago(),
     )
     # When they are redriven without --run-retention-days
     outcome = stack.cli("redrive", "--yes")
@@ -1272,3 +1284,44 @@ def test_an_invalid_run_retention_is_a_usage_error(days: str, capsys: pytest.Cap
     err = capsys.readouterr().err
     assert err.startswith("poimen dlq redrive: argument --run-retention-days: ")
     assert err.count("\n") == 1
+
+
+def test_a_future_timestamp_letter_is_as_old_as_its_letter_once_its_timestamp_has_passed(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given RunRetentionDays raised from 1 to 7 days 10 days ago, and a spawn whose run, admitted over 8 days ago,
+    # has expired (DynamoDB not yet having deleted it)
+    monkeypatch.setenv(RUN_RETENTION_ENV, "7")
+    admission_service.cache_clear()
+    changed_at = rfc3339(datetime.now(UTC) - timedelta(days=10))
+    first = stack.harness.with_settings(run_retention=RunRetention(7)).run([stack.record(spawn("k-1"), 0)])
+    assert first.relayed == 1
+    (admitted,) = stack.runs()
+    _expire(stack.dynamodb, stack.table_name, stack.tenant, admitted["run_id"]["S"])
+    # And a record of it dead-lettered 8 days ago as future-timestamp, its timestamp 2 days ahead of that
+    record = msk_record(stack.record(spawn("k-1"), 1, timestamp_ms=days_ago(6)))
+    reason = DeadLetterReason("future-timestamp", "the record's timestamp is 2 days ahead of the relay's clock")
+    letter = json.loads(dead_letter_body(KafkaEventRecord(record), reason, with_change(7, 1, changed_at)))
+    letter["deadLetteredAt"] = rfc3339(datetime.now(UTC) - timedelta(days=8))
+    stack.harness.sqs.send_message(
+        QueueUrl=stack.queue_url, MessageBody=json.dumps(letter), MessageAttributes=dead_letter_attributes(record)
+    )
+    # When the queue is redriven with the runbook's flags, its timestamp now 6 days past
+    outcome = stack.cli(
+        "redrive",
+        "--yes",
+        "--run-retention-days",
+        "7",
+        "--previous-run-retention-days",
+        "1",
+        "--run-retention-changed-at",
+        changed_at,
+    )
+    # Then it is refused as older than the retention (8 days, its letter's age), the letter kept, and the
+    # table holds the first admission only
+    assert outcome.code == EXIT_REMAINING
+    assert ["refused (older than the run retention)", "1"] in _rows(outcome.out)
+    assert "the record is 8 days old (dead-lettered, or its batch failed, that long ago)" in outcome.err
+    (after,) = stack.runs()
+    assert after["attempt_id"] == admitted["attempt_id"]
+    assert len(stack.messages()) == 1

@@ -139,12 +139,15 @@ RETENTION_UNKNOWN = "retention-unknown"
 SHORTEST_RETENTION = RunRetention(1)
 
 
-def judged(record: dict[str, Any], now_ms: float, *retentions: RunRetention) -> Dispatch | Held | DeadLetterReason:
-    """The record judged by the relay's rule (`poimen.inbox_rule.judge`) at `now_ms`: a dispatch to send, one
-    the relay holds back, or why the relay dead-letters it. A value that is no spawn request by the API's
-    contract (`poimen.contract.RunRequest`) is refused as the API would refuse it, without sending it."""
+def judged(
+    record: dict[str, Any], now_ms: float, *retentions: RunRetention, seen_by_ms: float | None = None
+) -> Dispatch | Held | DeadLetterReason:
+    """The record judged by the relay's rule (`poimen.inbox_rule.judge`) at `now_ms`, as old as its timestamp or
+    `seen_by_ms` (when its letter was dead-lettered or its batch failed), whichever is older: a dispatch to
+    send, one the relay holds back, or why the relay dead-letters it. A value that is no spawn request by the
+    API's contract (`poimen.contract.RunRequest`) is refused as the API would refuse it, without sending it."""
     try:
-        verdict = judge(record, now_ms, *retentions)
+        verdict = judge(record, now_ms, *retentions, seen_by_ms=seen_by_ms)
     except (TypeError, ValueError, AttributeError) as error:  # as the relay: a fault of the record's own
         return DeadLetterReason("relay-error", f"{type(error).__name__}: {error}")
     if isinstance(verdict, DeadLetterReason):
@@ -177,16 +180,18 @@ def record_verdict(
     copies: Sequence[DeadLetter], now_ms: float, run_retention: RunRetention | None
 ) -> tuple[DeadLetter, Dispatch | Held | DeadLetterReason] | None:
     """What the record of these copies is (`judged`), from the first copy that can be tried (None if none can),
-    held to the shortest of `run_retention` (the operator's) and the retentions the copies record. A record
-    the relay dead-lettered as `expired` stays held back as expired, whatever the retention now: it only
-    grew older."""
+    held to the shortest of `run_retention` (the operator's) and the retentions the copies record, and at
+    least as old as the oldest copy (its letter's deadLetteredAt, its batch's on-failure time), whatever its
+    timestamp says. A record the relay dead-lettered as `expired` stays held back as expired, whatever the
+    retention now: it only grew older."""
     source = next((copy for copy in copies if sendable(copy)), None)
     if source is None or source.record is None:
         return None
     retentions = [found for found in (run_retention, *(copy.run_retention for copy in copies)) if found is not None]
-    verdict = judged(source.record, now_ms, *retentions)
+    seen_by_ms = min((copy.at.timestamp() * 1000 for copy in copies if copy.at is not None), default=None)
+    verdict = judged(source.record, now_ms, *retentions, seen_by_ms=seen_by_ms)
     if not retentions and not isinstance(verdict, DeadLetterReason):
-        verdict = _unknown_retention(source.record, now_ms) or verdict
+        verdict = _unknown_retention(source.record, now_ms, seen_by_ms) or verdict
     expired_letter = next((copy for copy in copies if copy.kind == EXPIRED), None)
     sent = verdict.dispatch if isinstance(verdict, Held) and verdict.reason.kind == RETENTION_UNKNOWN else verdict
     if expired_letter is not None and isinstance(sent, Dispatch):
@@ -195,16 +200,17 @@ def record_verdict(
     return source, verdict
 
 
-def _unknown_retention(record: dict[str, Any], now_ms: float) -> Held | None:
+def _unknown_retention(record: dict[str, Any], now_ms: float, seen_by_ms: float | None) -> Held | None:
     """Held as RETENTION_UNKNOWN if the record, held to the shortest retention a stack can have, is one the
     relay would hold back for its age (or a timestamp too far ahead to tell it); else None."""
-    verdict = judged(record, now_ms, SHORTEST_RETENTION)
+    verdict = judged(record, now_ms, SHORTEST_RETENTION, seen_by_ms=seen_by_ms)
     if not isinstance(verdict, Held) or verdict.reason.kind not in (EXPIRED, FUTURE_TIMESTAMP):
         return None
     stamp = record.get("timestamp")
-    age = (
-        f"is {age_text(now_ms - stamp)} old" if isinstance(stamp, int) and stamp <= now_ms else "'s age cannot be told"
-    )
+    stamp_ms = stamp if isinstance(stamp, int) and not isinstance(stamp, bool) and stamp >= 0 else None
+    born = min((moment for moment in (stamp_ms, seen_by_ms) if moment is not None), default=None)
+    known = verdict.reason.kind == EXPIRED and born is not None
+    age = f"is {age_text(now_ms - (born or 0))} old" if known else "'s age cannot be told"
     detail = (
         f"the record {age}, older than the shortest run retention a stack can have (1 day), and no run retention "
         "is known for it (a parked batch, or a letter of an earlier version): its run may have expired; give "

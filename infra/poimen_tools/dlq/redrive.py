@@ -148,8 +148,9 @@ class Redrive:
       name (--kind); keyless-replica letters are not among the default kinds.
     - an `outcome-unknown` letter (a keyless record the API may have admitted) names its run: that run is
       looked up first, and if it exists the letter is done (counted as replayed) without sending anything.
-    - a record whose Kafka timestamp is older than the run retention (the shortest of --run-retention-days
-      and those its letters record), or that the relay dead-lettered as expired, is refused and kept, every
+    - a record older than the run retention (the shortest of --run-retention-days and those its letters
+      record; its age the older of its Kafka timestamp and its oldest copy's time, deadLetteredAt or the
+      batch's on-failure time), or that the relay dead-lettered as expired, is refused and kept, every
       copy of it (exit 1): its run may have expired, and sending it would admit a second one. --kind
       expired sends it all the same.
     - a record held to no run retention (none given, none recorded: a parked batch, a letter of an earlier

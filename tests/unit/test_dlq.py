@@ -548,8 +548,9 @@ def test_a_keyless_record_whose_answer_was_lost_is_one_run_when_sent_again(stack
     stack.park([stack.record(spawn(), 2)])
 
     # When each is admitted but its answer is lost (the parked one first: it is older), and redriven again
-    first, _, _ = stack.redrive(ScriptedHttp(stack.harness.api, [LOST]))
-    second, _, _ = stack.redrive(ScriptedHttp(stack.harness.api, [None, LOST]))
+    # (each keyless record a look-up of the run of its key of earlier versions, then its POST)
+    first, _, _ = stack.redrive(ScriptedHttp(stack.harness.api, [None, LOST]))
+    second, _, _ = stack.redrive(ScriptedHttp(stack.harness.api, [None, None, None, LOST]))
     last, _, _ = stack.redrive()
 
     # Then each was sent again under the same derived dispatch_key: a replay, one run per record
@@ -745,9 +746,10 @@ def test_an_interrupted_redrive_of_a_parked_batch_sends_nothing_twice(stack: Sta
     # Given a parked batch of twelve keyless records
     stack.park([stack.record(spawn(), offset) for offset in range(12)])
 
-    # When redrive is interrupted while it sends the fifth
+    # When redrive is interrupted while it sends the fifth (each keyless record a look-up of the run of its
+    # key of earlier versions, then its POST)
     with pytest.raises(type(interrupt)):
-        stack.redrive(ScriptedHttp(stack.harness.api, [None, None, None, None, interrupt]))
+        stack.redrive(ScriptedHttp(stack.harness.api, [*[None] * 9, interrupt]))
 
     # Then four runs, and the parked batch reads as the eight records left
     assert len(stack.runs()) == 4
@@ -766,9 +768,10 @@ def test_a_parked_batchs_bad_record_is_dead_lettered_once_across_interrupted_red
     # Given a parked batch of a record that is not JSON and two keyless dispatches
     stack.park([stack.record(b"{", 5), stack.record(spawn(), 6), stack.record(spawn(), 7)])
 
-    # When a redrive moves the bad one to the queue, admits the next, and is interrupted on the last
+    # When a redrive moves the bad one to the queue, admits the next, and is interrupted on the last (each
+    # keyless record a look-up of the run of its key of earlier versions, then its POST)
     with pytest.raises(KeyboardInterrupt):
-        stack.redrive(ScriptedHttp(stack.harness.api, [None, KeyboardInterrupt()]))
+        stack.redrive(ScriptedHttp(stack.harness.api, [None, None, None, KeyboardInterrupt()]))
     summary, _, _ = stack.redrive()
 
     # Then the bad record is one dead letter, the two dispatches two runs, and the object is gone
@@ -1325,3 +1328,55 @@ def test_a_future_timestamp_letter_is_as_old_as_its_letter_once_its_timestamp_ha
     (after,) = stack.runs()
     assert after["attempt_id"] == admitted["attempt_id"]
     assert len(stack.messages()) == 1
+
+
+def test_two_keyless_records_at_one_position_are_two_runs_and_one_sent_before_the_digest_is_not_sent_again(
+    stack: Stack,
+) -> None:
+    # Given two keyless records at one topic, partition, offset and timestamp (a topic recreated), with other
+    # values, each dead-lettered; and at another position two more, the first of which a redrive of an earlier
+    # version (its key without the value's digest) admitted, interrupted before deleting its letter
+    at = days_ago(0.1)
+    records = [
+        stack.record(spawn(workflow_ref=f"wf/{name}"), offset, timestamp_ms=at)
+        for name, offset in (("a", 3), ("b", 3), ("c", 9), ("d", 9))
+    ]
+    for record in records:
+        stack.dead_letter(record, RELAY_ERROR, 30)
+    earlier = stack.api()._client.spawn(
+        stack.tenant, "wf/c", {"n": 1}, dispatch_key=legacy_derived_key(msk_record(records[2]))
+    )
+    # When the queue is redriven
+    outcome = stack.cli("redrive", "--yes")
+    # Then each record is one run, the interrupted one's the run it already had, and no letter is left
+    assert outcome.code == EXIT_OK
+    assert sorted(run["workflow_ref"]["S"] for run in stack.runs()) == ["wf/a", "wf/b", "wf/c", "wf/d"]
+    assert earlier.run_id in {run["run_id"]["S"] for run in stack.runs()}
+    assert ["replayed (200)", "1"] in _rows(outcome.out)
+    assert stack.messages() == []
+
+
+def legacy_derived_key(record: dict[str, Any]) -> str:
+    """The dispatch_key redrive derived for a keyless record before it held the value's digest."""
+    identity = "\n".join(str(record.get(name)) for name in ("topic", "partition", "offset", "timestamp"))
+    return "poimen-redrive/" + hashlib.sha256(identity.encode()).hexdigest()
+
+
+def test_show_flags_a_record_held_to_no_run_retention_as_redrive_would_refuse_it(stack: Stack) -> None:
+    # Given a parked record 2 days old (Lambda records no run retention), and one of an hour ago
+    key = stack.park(
+        [
+            stack.record(spawn("old"), 5, timestamp_ms=days_ago(2)),
+            stack.record(spawn("fresh"), 6, timestamp_ms=days_ago(1 / 24)),
+        ],
+        failed_at=an_hour_ago(),
+    )
+    # When each is shown
+    old = stack.cli("show", f"s3:{key}#{stack.topic}-0@5")
+    fresh = json.loads(stack.cli("show", f"s3:{key}#{stack.topic}-0@6", "--json").out)
+    # Then the old one says redrive refuses it unless a run retention is given, and the fresh one is sendable
+    shown = dict(line.split(":", 1) for line in old.out.splitlines() if line[:1].isalpha() and ":" in line)
+    assert shown["redrive"].strip().startswith("refused: held to no run retention")
+    assert "--run-retention-days" in shown["redrive"]
+    assert shown["retention"].strip().startswith("- (not recorded: held to the shortest a stack can have, 1 day")
+    assert fresh["redrive"].startswith("POST /v1/runs for tenant")

@@ -10,6 +10,7 @@ import botocore.exceptions
 import urllib3
 
 from poimen.client import (
+    DISPATCH_KEY_REUSED,
     RUN_NOT_FOUND,
     AdmissionClient,
     AdmissionError,
@@ -19,6 +20,7 @@ from poimen.client import (
     OutcomeUnknown,
 )
 from poimen.dead_letter import DeadLetterReason
+from poimen.ids import keyed_run_id
 from poimen.inbox_rule import RECORD_FAULT_STATUSES, RETRYABLE_STATUSES, rejected
 from poimen_tools.dlq.errors import ApiRefused, ApiUnavailable, AwsUnavailable, UsageError
 from poimen_tools.dlq.model import Dispatch
@@ -80,16 +82,28 @@ class AdmissionApi:
 
     def spawn(self, dispatch: Dispatch) -> str | DeadLetterReason:
         """`admitted` (201) or `replayed` (200), or why the record is at fault (the API's 400, 413, 415 or
-        422 and its problem); raises ApiUnavailable, ApiRefused or AwsUnavailable for anything else."""
+        422 and its problem); raises ApiUnavailable, ApiRefused or AwsUnavailable for anything else.
+
+        A keyless record's run under its legacy key (the one redrive derived before it held the value's
+        digest) is looked up first (GET /v1/runs/{run_id}: a keyed run's id is derived from its key), so that
+        a redrive of an earlier version, interrupted once it had admitted the record, is not followed by a
+        second run under the new key: if that key admitted a run, the record is sent under it, and a replay
+        (200: the same request) is its run; a 422 (another record at the same position holds that key) sends
+        it under its own key."""
+        legacy = dispatch.legacy_key
+        if legacy is not None and self.exists(dispatch.tenant, keyed_run_id(dispatch.tenant, legacy)):
+            sent = self._spawn(dispatch, legacy)
+            reused = isinstance(sent, DeadLetterReason) and _problem_type(sent.problem) == DISPATCH_KEY_REUSED
+            if not reused:
+                return sent
+        return self._spawn(dispatch, dispatch.record_key)
+
+    def _spawn(self, dispatch: Dispatch, key: str) -> str | DeadLetterReason:
         request = dispatch.request
         self._http.traceparent = dispatch.traceparent
         try:
             spawned = self._client.spawn(
-                dispatch.tenant,
-                request.workflow_ref,
-                request.input,
-                goal_id=request.goal_id,
-                dispatch_key=dispatch.record_key,
+                dispatch.tenant, request.workflow_ref, request.input, goal_id=request.goal_id, dispatch_key=key
             )
         except AdmissionError as error:
             return self._refused(error)
@@ -135,3 +149,7 @@ class AdmissionApi:
             "grant your principal the tenant (poimen grants add), check your credentials (--dev-key for "
             "poimen dev) and --api-url"
         ) from error
+
+
+def _problem_type(problem: Any) -> Any:
+    return problem.get("type") if isinstance(problem, dict) else None

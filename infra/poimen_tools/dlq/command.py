@@ -13,10 +13,12 @@ at one offset of a recreated topic are two.
 
 Redriving is idempotent through admission's dispatch_key alone: a keyed record sent twice is a replay
 (200) of the run it admitted. A record without one is sent with a dispatch_key derived from its topic,
-partition, offset and timestamp (`poimen-redrive/<sha256>`), the same every time, so it too becomes one
-run however often it is sent. A dead letter is deleted right after its confirmation, and a failed-batch
-record marked done (a progress marker beside its object, `<key>.progress/<record identity>`):
-a redrive interrupted and run again sends again at most the one record that was in flight.
+partition, offset, timestamp and value digest (`poimen-redrive/<sha256>`), the same every time, so it too
+becomes one run however often it is sent (and a run an earlier version admitted under its key of old,
+without the digest, is found first and replayed, not admitted again). A dead letter is deleted right
+after its confirmation, and a failed-batch record marked done (a progress marker beside its object,
+`<key>.progress/<record identity>`): a redrive interrupted and run again sends again at most the one
+record that was in flight.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from poimen.contract import RunRequest, parse_json
-from poimen.dead_letter import RELAY_KINDS, DeadLetterReason, age_text
+from poimen.dead_letter import RELAY_KINDS, DeadLetterReason, age_text, value_digest
 from poimen.dead_letter import holds_value as record_holds_value
 from poimen.inbox_rule import HeldBack, Spawn, judge
 from poimen.retention import RunRetention
@@ -96,6 +96,9 @@ class Dispatch:
     request: RunRequest
     record_key: str  # the dispatch_key to send: the request's own, else one derived from the record
     traceparent: str | None
+    # A keyless record's key as redrive derived it before it held the value's digest (legacy_key); None for
+    # a record with its own key. A run it admitted is this record's if the API replays it.
+    legacy_key: str | None = None
 
     @property
     def dispatch_key(self) -> str | None:
@@ -113,9 +116,20 @@ def named_run(letter: DeadLetter) -> str | None:
 
 
 def derived_key(record: dict[str, Any]) -> str:
-    """`poimen-redrive/` and the SHA-256 of the record's topic, partition, offset and timestamp."""
-    identity = "\n".join(str(record.get(name)) for name in ("topic", "partition", "offset", "timestamp"))
+    """`poimen-redrive/` and the SHA-256 of the record's topic, partition, offset, timestamp and value digest
+    (`poimen.dead_letter.value_digest`): two records at one position (a topic recreated) are two keys."""
+    identity = "\n".join([*_position(record), value_digest(record)])
     return DERIVED_KEY_PREFIX + hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def legacy_key(record: dict[str, Any]) -> str:
+    """The key redrive derived before it held the value digest: of topic, partition, offset and timestamp."""
+    identity = "\n".join(_position(record))
+    return DERIVED_KEY_PREFIX + hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _position(record: dict[str, Any]) -> list[str]:
+    return [str(record.get(name)) for name in ("topic", "partition", "offset", "timestamp")]
 
 
 @dataclass(frozen=True)
@@ -168,7 +182,9 @@ def _request(record: dict[str, Any], spawn: Spawn) -> Dispatch | DeadLetterReaso
         return DeadLetterReason("rejected", f"not a valid spawn request: {problems}")
     except (ValueError, RecursionError) as error:
         return DeadLetterReason("rejected", f"not JSON as the admission API reads it: {error}")
-    return Dispatch(spawn.tenant, request, request.dispatch_key or derived_key(record), spawn.traceparent)
+    if request.dispatch_key is not None:
+        return Dispatch(spawn.tenant, request, request.dispatch_key, spawn.traceparent)
+    return Dispatch(spawn.tenant, request, derived_key(record), spawn.traceparent, legacy_key(record))
 
 
 def holds_value(letter: DeadLetter) -> bool:

@@ -1380,3 +1380,20 @@ def test_show_flags_a_record_held_to_no_run_retention_as_redrive_would_refuse_it
     assert "--run-retention-days" in shown["redrive"]
     assert shown["retention"].strip().startswith("- (not recorded: held to the shortest a stack can have, 1 day")
     assert fresh["redrive"].startswith("POST /v1/runs for tenant")
+
+
+def test_every_printed_reason_is_bounded_however_many_errors_the_value_has(stack: Stack) -> None:
+    # Given a letter whose value has 18,000 unknown fields
+    value = {**spawn("k-1"), **{f"f{n:05}": n for n in range(18_000)}}
+    stack.dead_letter(stack.record(value, 1), RELAY_ERROR)
+    # When it is redriven dry, and shown
+    dry = stack.cli("redrive", "--dry-run")
+    (letter,) = stack.messages()
+    shown = stack.cli("show", f"sqs:{letter['id']}")
+    # Then every line naming its errors names the first few and counts them all, on a line of bounded length
+    lines = [line for line in (dry.out + dry.err).splitlines() if "Extra inputs are not permitted" in line]
+    assert lines
+    assert all(len(line) < 2_000 and "18000 errors" in line for line in lines)
+    (redrive,) = [line for line in shown.out.splitlines() if line.startswith("redrive:")]
+    assert len(redrive) < 2_000
+    assert "18000 errors" in redrive

@@ -153,6 +153,10 @@ RETENTION_UNKNOWN = "retention-unknown"
 SHORTEST_RETENTION = RunRetention(1)
 
 
+# A value's validation errors printed in a reason: the first few, and how many there are.
+MAX_ERRORS_SHOWN = 5
+
+
 def judged(
     record: dict[str, Any], now_ms: float, *retentions: RunRetention, seen_by_ms: float | None = None
 ) -> Dispatch | Held | DeadLetterReason:
@@ -175,10 +179,13 @@ def _request(record: dict[str, Any], spawn: Spawn) -> Dispatch | DeadLetterReaso
     try:
         request = RunRequest.model_validate(parse_json(spawn.body.decode()))  # numbers exact, as the API reads them
     except ValidationError as error:
+        errors = error.errors()
         problems = "; ".join(
-            f"{'.'.join(str(part) for part in problem['loc']) or 'request'}: {problem['msg']}"
-            for problem in error.errors()
+            f"{'.'.join(str(part) for part in problem['loc']) or 'request'}: {str(problem['msg'])[:200]}"
+            for problem in errors[:MAX_ERRORS_SHOWN]
         )
+        if len(errors) > MAX_ERRORS_SHOWN:
+            problems += f"; ... ({len(errors)} errors, the first {MAX_ERRORS_SHOWN} shown)"
         return DeadLetterReason("rejected", f"not a valid spawn request: {problems}")
     except (ValueError, RecursionError) as error:
         return DeadLetterReason("rejected", f"not JSON as the admission API reads it: {error}")

@@ -1397,3 +1397,38 @@ def test_every_printed_reason_is_bounded_however_many_errors_the_value_has(stack
     (redrive,) = [line for line in shown.out.splitlines() if line.startswith("redrive:")]
     assert len(redrive) < 2_000
     assert "18000 errors" in redrive
+
+
+def test_redrive_takes_a_cell_map_as_the_other_commands_do(
+    stack: Stack, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two letters, and a cell map whose cell serves their tenant at the admission API
+    stack.dead_letter(stack.record(spawn("k-1"), 1), RELAY_ERROR)
+    stack.dead_letter(stack.record(spawn("k-2"), 2), RELAY_ERROR)
+    cells = {"cells": {"c1": {"endpoints": ["https://api.example"], "tenants": [stack.tenant]}}}
+    (tmp_path / "cells.json").write_text(json.dumps(cells))
+
+    def redrive(*argv: str) -> Outcome:
+        parser = argparse.ArgumentParser(prog="poimen")
+        add_dlq_commands(parser.add_subparsers(dest="command", required=True))
+        args = parser.parse_args(["dlq", "redrive", "--yes", "--queue-url", stack.queue_url, *argv])
+        out, err = io.StringIO(), io.StringIO()
+        credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
+        code = run_dlq(
+            args, http=stack.harness.api, credentials=credentials, stdin=io.StringIO(), stdout=out, stderr=err
+        )
+        return Outcome(code, out.getvalue(), err.getvalue())
+
+    # When one is redriven with --cells, once both --cells and --api-url are given, and the other with the map
+    # POIMEN_CELLS holds
+    both = redrive("--cells", str(tmp_path / "cells.json"), "--api-url", "https://api.example", "--region", "x")
+    given = redrive("--cells", str(tmp_path / "cells.json"), "--region", "us-east-1")
+    stack.dead_letter(stack.record(spawn("k-3"), 3), RELAY_ERROR)
+    monkeypatch.setenv("POIMEN_CELLS", json.dumps(cells))
+    from_environment = redrive("--region", "us-east-1")
+    # Then the two redrives through the map admit every letter, and the one given both is a usage error
+    assert both.code == EXIT_USAGE
+    assert "--api-url or --cells" in both.err
+    assert (given.code, from_environment.code) == (EXIT_OK, EXIT_OK)
+    assert sorted(run["dispatch_key"]["S"] for run in stack.runs()) == ["k-1", "k-2", "k-3"]
+    assert stack.messages() == []

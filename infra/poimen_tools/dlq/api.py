@@ -9,6 +9,7 @@ import botocore.credentials
 import botocore.exceptions
 import urllib3
 
+from poimen.cells import CellMap
 from poimen.client import (
     DISPATCH_KEY_REUSED,
     RUN_NOT_FOUND,
@@ -52,16 +53,20 @@ class AdmissionApi:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | CellMap,
         credentials: botocore.credentials.Credentials,
         region: str,
         http: urllib3.PoolManager | None = None,
     ) -> None:
+        """`base_url`: the API's (--api-url), or a cell map (--cells), each record's call going to its
+        tenant's cell."""
         self._credentials = credentials
         self._http = TraceHeader(http or urllib3.PoolManager(retries=False))
+        cells = base_url if isinstance(base_url, CellMap) else None
         try:
             self._client = AdmissionClient(
-                base_url,
+                base_url if isinstance(base_url, str) else None,
+                cells=cells,
                 region=region,
                 credentials=credentials,
                 timeout=HTTP_TIMEOUT_SECONDS,
@@ -69,8 +74,12 @@ class AdmissionApi:
                 http=self._http,
             )
         except ValueError as error:
-            raise UsageError(f"--api-url {base_url!r}: {error}") from error
-        self.runs_url = f"{self._client.base_url}/v1/runs"
+            given = f"--cells {cells.source}" if cells is not None else f"--api-url {base_url!r}"
+            raise UsageError(f"{given}: {error}") from error
+        if cells is None:
+            self.runs_url = f"{self._client.base_url}/v1/runs"
+        else:
+            self.runs_url = f"/v1/runs of each tenant's cell in {cells.source}"
 
     @property
     def access_key(self) -> str:

@@ -1432,3 +1432,23 @@ def test_redrive_takes_a_cell_map_as_the_other_commands_do(
     assert (given.code, from_environment.code) == (EXIT_OK, EXIT_OK)
     assert sorted(run["dispatch_key"]["S"] for run in stack.runs()) == ["k-1", "k-2", "k-3"]
     assert stack.messages() == []
+
+
+def test_a_letter_replaced_with_a_new_reason_keeps_the_time_its_record_was_first_dead_lettered(stack: Stack) -> None:
+    # Given a letter dead-lettered 3 days ago of a record whose key is taken by another payload, its timestamp
+    # ahead of that (a publisher's clock): the letter's time is what bounds its age
+    stack.harness.run([stack.record(spawn("k-1"), 1)])
+    record = msk_record(stack.record(spawn("k-1", workflow_ref="wf/other"), 2, timestamp_ms=days_ago(1)))
+    letter = json.loads(dead_letter_body(KafkaEventRecord(record), RELAY_ERROR, RunRetention(30)))
+    letter["deadLetteredAt"] = first_at = rfc3339(datetime.now(UTC) - timedelta(days=3))
+    stack.harness.sqs.send_message(
+        QueueUrl=stack.queue_url, MessageBody=json.dumps(letter), MessageAttributes=dead_letter_attributes(record)
+    )
+    # When it is redriven and refused again (422), and is redriven with a retention of 2 days
+    stack.redrive()
+    again = stack.cli("redrive", "--yes", "--run-retention-days", "2")
+    # Then its new letter keeps the time it was first dead-lettered, and is refused as 3 days old
+    (replaced,) = stack.messages()
+    assert replaced["reason"]["kind"] == "rejected"
+    assert replaced["deadLetteredAt"] == first_at
+    assert ["refused (older than the run retention)", "1"] in _rows(again.out)

@@ -275,10 +275,10 @@ def main(
         return 0
     if args.step == HOLD:
         print(
-            f"make deploy: {change} is lowered from {_text(retention.days)} to {_text(retention.previous_days)} in "
-            f"two updates: first every record is held to {_text(retention.previous_days)} while admission still "
-            f"writes runs under {_text(retention.days)} (this one), then the change, so that whatever becomes of "
-            "its update no record is held to more than its run's retention (docs/architecture.md#run-retention)",
+            f"make deploy: {change} is lowered from {_text(retention.days)} in two updates: first (this one) every "
+            f"record is held to {_text(retention.previous_days)} while admission still writes runs under "
+            f"{_text(retention.days)}, then the change, so that whatever becomes of its update no record is held "
+            "to more than its run's retention (docs/architecture.md#run-retention)",
             file=err,
         )
     elif deployed is not None and retention.pending and retention.days != deployed.days:

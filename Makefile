@@ -107,9 +107,12 @@ MULTI_REGION_PARAMETERS = $(if $(TABLE_MODE),"TableMode=$(TABLE_MODE)") $(if $(P
 # forever); unset, samconfig.toml's parameter_overrides or else the deployed value stand. Before deploying, the
 # deploy reads the deployed stack's value and passes, with the one it deploys, the record of a change
 # (PreviousRunRetentionDays, RunRetentionChangedAt: poimen_tools.retention_change), so that no record from
-# before a raise is held to more than the retention its run was written under. A change is deployed pending
-# (every record held to the shorter), and once `sam deploy` has completed, a second, parameter-only deploy
-# records when it took effect (retention_change --settle; nothing to deploy when no change is pending).
+# before a raise is held to more than the retention its run was written under. A lowering (or turning it on) is
+# preceded by its hold (retention_change --hold; nothing to deploy when none is needed), an update that holds
+# every record to the lowered retention while admission still writes runs under the deployed one, so that a
+# rollback of the change returns to it. A change is deployed pending (every record held to the shorter), and
+# once `sam deploy` has completed, a parameter-only deploy records when it took effect (retention_change
+# --settle; nothing to deploy when no change is pending, or when the update was rolled back).
 RETENTION_CHANGE = $(BIN)/python -m poimen_tools.retention_change --config-env $(CONFIG_ENV) --stack-name "$(STACK_NAME)"
 RUN_RETENTION_OPTION = $(if $(filter undefined,$(origin RUN_RETENTION_DAYS)),,--run-retention-days "$(RUN_RETENTION_DAYS)")
 # --parameter-overrides on the command line replaces samconfig.toml's, so the deploy repeats the
@@ -117,7 +120,7 @@ RUN_RETENTION_OPTION = $(if $(filter undefined,$(origin RUN_RETENTION_DAYS)),,--
 STAGE_PARAMETERS = $(shell $(PYTHON) -c "import tomllib; \
 	print(tomllib.load(open('samconfig.toml', 'rb'))['$(CONFIG_ENV)']['deploy']['parameters']['parameter_overrides'])")
 STAGE = $(patsubst Stage=%,%,$(filter Stage=%,$(STAGE_PARAMETERS)))
-# The deploy, but for the run retention's three parameters (RETENTION_PARAMETERS, then SETTLED_PARAMETERS).
+# The deploy, but for the run retention's three parameters (HOLD_PARAMETERS, RETENTION_PARAMETERS, SETTLED_PARAMETERS).
 SAM_DEPLOY = SAM_CLI_TELEMETRY=0 $(SAM) deploy --config-env $(CONFIG_ENV) --stack-name $(STACK_NAME) \
 	--parameter-overrides $(STAGE_PARAMETERS) "MskClusterArn=$(MSK_CLUSTER_ARN)" "Tenants=$(TENANTS)" \
 	"KafkaBootstrapServers=$(KAFKA_BOOTSTRAP_SERVERS)" "OutboxSubnetIds=$(OUTBOX_SUBNET_IDS)" \
@@ -250,6 +253,8 @@ deploy: build $(STAMP)
 		--msk-cluster-arn "$(MSK_CLUSTER_ARN)" --stage "$(STAGE)" --peer-regions "$(PEER_REGION_1),$(PEER_REGION_2)" \
 		--peer-cluster-aliases "$(PEER_CLUSTER_ALIAS_1),$(PEER_CLUSTER_ALIAS_2)" \
 		--cleared-peer-cluster-aliases "$(strip $(CLEARED_PEER_CLUSTER_ALIASES))" > $(DISPATCH_SOURCES)
+	HOLD_PARAMETERS="$$($(RETENTION_CHANGE) --hold $(RUN_RETENTION_OPTION))" && { test -z "$$HOLD_PARAMETERS" || \
+		$(SAM_DEPLOY) "$$(cat $(DISPATCH_SOURCES))" $$HOLD_PARAMETERS; } && \
 	RETENTION_PARAMETERS="$$($(RETENTION_CHANGE) $(RUN_RETENTION_OPTION))" && \
 	$(SAM_DEPLOY) "$$(cat $(DISPATCH_SOURCES))" $$RETENTION_PARAMETERS && \
 	SETTLED_PARAMETERS="$$($(RETENTION_CHANGE) --settle)" && { test -z "$$SETTLED_PARAMETERS" || \

@@ -8,12 +8,18 @@ deploy is `--run-retention-days` (make's RUN_RETENTION_DAYS), else a RunRetentio
 parameter_overrides of samconfig.toml, else the deployed one (unchanged). A change is passed as pending
 (RunRetentionChangedAt=pending: every record is held to the shorter retention), since the stack's admission
 keeps writing runs under the deployed one until the update completes, however long its change set waits.
+A change to a retention shorter than the deployed stack holds records to (a lowering, turning retention on)
+is refused (exit 1) until its hold is deployed: with `--hold`, run first, it prints the overrides that keep
+the deployed RunRetentionDays and hold every record to the lowered one (nothing when no hold is needed);
+make deploy deploys them, and then the change, so that no outcome of the change's update (a rollback
+returns the stack to the hold) leaves a record held to more than the retention its run was written under.
 With `--settle`, run after `sam deploy`, it prints the overrides that record when a pending change took
 effect (AWS's time once the update has completed: the Date of CloudFormation's answer, or the operator's
-clock if that is later), or nothing when no change is pending; make deploy then deploys them, a
-parameter-only update. If the deployed stack cannot be read, or a pending change is to be settled while the
-stack is not in a completed state, it exits 1 with one line: deploying without knowing the retention the
-runs were written under could hold records to a retention longer than theirs.
+clock if that is later), or nothing when no change is pending, or when the stack's last update rolled back
+(the change stays pending); make deploy then deploys them, a parameter-only update. If the deployed stack
+cannot be read, or is in any state but a complete one (an update under way, a rollback that failed), it
+exits 1 with one line: deploying without knowing the retention the runs were written under could hold
+records to a retention longer than theirs.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from poimen.retention import (
     InvalidRetention,
     RunRetention,
     after_change,
+    hold_first,
     parse_run_retention_days,
     run_retention,
 )
@@ -47,10 +54,27 @@ from poimen_tools.arguments import run_retention_days
 # The template's parameters, in the order RunRetention holds them.
 DAYS, PREVIOUS_DAYS, CHANGED_AT = "RunRetentionDays", "PreviousRunRetentionDays", "RunRetentionChangedAt"
 # A stack in one of these has no update under way: every function runs the parameters DescribeStacks shows.
-SETTLED_STATUSES = frozenset(
-    {"CREATE_COMPLETE", "UPDATE_COMPLETE", "UPDATE_ROLLBACK_COMPLETE", "IMPORT_COMPLETE", "IMPORT_ROLLBACK_COMPLETE"}
+# (ROLLBACK_COMPLETE: a creation that failed; its functions are gone.) In any other (an update or rollback
+# under way, UPDATE_ROLLBACK_FAILED leaving resources of both versions) nothing is worked out.
+COMPLETE_STATUSES = frozenset(
+    {
+        "CREATE_COMPLETE",
+        "UPDATE_COMPLETE",
+        "UPDATE_ROLLBACK_COMPLETE",
+        "IMPORT_COMPLETE",
+        "IMPORT_ROLLBACK_COMPLETE",
+        "ROLLBACK_COMPLETE",
+    }
 )
+# Of those, the ones whose last update went forward: only then has a pending change taken effect. After a
+# rollback (a failed or cancelled update) the stack runs the parameters it was rolled back to, and a change
+# they hold pending stays pending.
+FORWARD_STATUSES = frozenset({"CREATE_COMPLETE", "UPDATE_COMPLETE", "IMPORT_COMPLETE"})
+# A stack created from a change set never executed: it has no resources, nothing was written.
+NO_RESOURCES_STATUS = "REVIEW_IN_PROGRESS"
 _UNSET: Any = object()
+# make deploy's three steps: the hold of a lowering, the change, and recording when it took effect.
+HOLD, CHANGE, SETTLE = "hold", "change", "settle"
 
 
 class RetentionChangeError(Exception):
@@ -146,11 +170,11 @@ def retention_to_deploy(
     now_ms: int,
     stack_name: str | None = None,
     *,
-    settle: bool = False,
+    step: str = CHANGE,
 ) -> tuple[RunRetention | None, RunRetention | None, str, int]:
-    """(the retention to deploy, or None with `settle` and no change pending; the deployed one or None; the
-    stack's name: `stack_name`, a cell's, else the environment's; the time it is recorded at, the later of
-    `now_ms` and AWS's)."""
+    """(the retention to deploy at this `step` of make deploy, or None when it has nothing to deploy: a hold
+    not needed, no change to settle; the deployed one or None; the stack's name: `stack_name`, a cell's, else
+    the environment's; the time it is recorded at, the later of `now_ms` and AWS's)."""
     environment_stack, staged = stage_settings(config_file, config_env)
     stack_name = stack_name or environment_stack
     if days is not _UNSET and staged is not _UNSET and days != staged:
@@ -159,20 +183,34 @@ def retention_to_deploy(
             f"{config_file} [{config_env}] disagree: set it in one place"
         )
     found = deployed_stack(cloudformation, stack_name)
+    if found is not None and found.status == NO_RESOURCES_STATUS:
+        found = None
     deployed = None if found is None else found.retention
     moment = max(now_ms, (found and found.aws_time_ms) or 0)
-    if found is not None and found.retention.pending and found.status not in SETTLED_STATUSES:
+    if found is not None and found.status not in COMPLETE_STATUSES:
         raise RetentionChangeError(
-            f"the stack {stack_name} is {found.status or 'in no known state'} with a change of {DAYS} pending: "
-            "when it took effect can be recorded only once the stack has settled (every record is held to the "
-            "shorter retention until then); run make deploy again when it has"
+            f"the stack {stack_name} is {found.status or 'in no known state'}: the retention its functions run "
+            "with is known only once it is in a complete state (every record is held to the shorter retention "
+            "of a pending change until then); run make deploy again when it is"
         )
-    if settle:
-        return (deployed.settled(moment) if deployed and deployed.pending else None), deployed, stack_name, moment
+    forward = found is None or found.status in FORWARD_STATUSES
+    if step == SETTLE:
+        if deployed is None or not deployed.pending or not forward:
+            return None, deployed, stack_name, moment
+        return deployed.settled(moment), deployed, stack_name, moment
     wanted = days if days is not _UNSET else staged
     if wanted is _UNSET:
         wanted = None if deployed is None else deployed.days
-    return after_change(deployed, wanted, moment), deployed, stack_name, moment
+    hold = hold_first(deployed, wanted, moment, settled=forward)
+    if step == HOLD:
+        return hold, deployed, stack_name, moment
+    if hold is not None:
+        raise RetentionChangeError(
+            f"{DAYS} of {stack_name} would become {_text(wanted)}, shorter than the {_text(hold.previous_days)} "
+            f"the deployed stack holds records to: deploy its hold first (--hold, as make deploy does), so that "
+            "every record is held to it before any run is written under it"
+        )
+    return after_change(deployed, wanted, moment, settled=forward), deployed, stack_name, moment
 
 
 def main(
@@ -191,9 +229,20 @@ def main(
     parser.add_argument(
         "--run-retention-days", type=run_retention_days, default=_UNSET, help="the new RunRetentionDays ('' forever)"
     )
-    parser.add_argument(
+    steps = parser.add_mutually_exclusive_group()
+    steps.add_argument(
+        "--hold",
+        action="store_const",
+        const=HOLD,
+        dest="step",
+        default=CHANGE,
+        help="before the change: the overrides holding every record to a lowered retention (nothing if none is)",
+    )
+    steps.add_argument(
         "--settle",
-        action="store_true",
+        action="store_const",
+        const=SETTLE,
+        dest="step",
         help="after sam deploy: the overrides recording when a pending change took effect (nothing if none is)",
     )
     args = parser.parse_args(argv)
@@ -209,15 +258,30 @@ def main(
             args.run_retention_days,
             local_ms,
             args.stack_name,
-            settle=args.settle,
+            step=args.step,
         )
     except (RetentionChangeError, botocore.exceptions.BotoCoreError) as error:
         print(f"make deploy: {error}; nothing was deployed", file=err)
         return 1
-    if retention is None:
-        return 0
     change = f"{DAYS} of {stack_name}"
-    if deployed is not None and retention.pending:
+    if retention is None:
+        if args.step == SETTLE and deployed is not None and deployed.pending:
+            print(
+                f"make deploy: the last update of {stack_name} was rolled back: the change of {DAYS} it holds stays "
+                f"pending (every record is held to the shorter of {_text(deployed.previous_days)} and "
+                f"{_text(deployed.days)}) until an update of make deploy completes",
+                file=err,
+            )
+        return 0
+    if args.step == HOLD:
+        print(
+            f"make deploy: {change} is lowered from {_text(retention.days)} in two updates: first (this one) every "
+            f"record is held to {_text(retention.previous_days)} while admission still writes runs under "
+            f"{_text(retention.days)}, then the change, so that whatever becomes of its update no record is held "
+            "to more than its run's retention (docs/architecture.md#run-retention)",
+            file=err,
+        )
+    elif deployed is not None and retention.pending and retention.days != deployed.days:
         print(
             f"make deploy: {change} changes from {_text(deployed.days)} to {_text(retention.days)}: until the "
             f"update has completed and make deploy records when ({CHANGED_AT}, a second, parameter-only update), "

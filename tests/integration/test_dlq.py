@@ -234,14 +234,20 @@ def slow_api(dev: DevServer) -> Iterator[SlowApi]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
+        def do_GET(self) -> None:  # redrive's look-up of a keyless record's run under its key of old
+            self._forward("GET")
+
         def do_POST(self) -> None:
+            self._forward("POST")
+
+        def _forward(self, method: str) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             with api.lock:
                 api.in_flight += 1
             try:
                 # The Host header goes as it came: the caller signed it (SigV4), and the API checks it.
                 answer = pool.request(
-                    "POST", f"{api.upstream}{self.path}", body=body, headers=dict(self.headers.items()), timeout=30
+                    method, f"{api.upstream}{self.path}", body=body, headers=dict(self.headers.items()), timeout=30
                 )
             finally:
                 with api.lock:

@@ -21,8 +21,9 @@ import urllib3
 from aws_lambda_powertools.utilities.data_classes.kafka_event import KafkaEventRecord
 from botocore.credentials import Credentials
 
+from poimen.api import admission_service
 from poimen.dead_letter import MAX_DEAD_LETTER_BYTES, DeadLetterReason, dead_letter_attributes, dead_letter_body
-from poimen.retention import RunRetention
+from poimen.retention import RUN_RETENTION_ENV, RunRetention, with_change
 from poimen.store import Store
 from poimen.wire import rfc3339
 from poimen_tools import dlq
@@ -40,6 +41,7 @@ from poimen_tools.local.msk import KafkaRecord, msk_event
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs
 from tests.unit.relay_harness import RELAY_KEY, RelayHarness
+from tests.unit.test_run_retention import _expire
 
 TRACEPARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -64,10 +66,13 @@ def msk_record(record: KafkaRecord) -> dict[str, Any]:
     return entry
 
 
-def on_failure_object(records: list[KafkaRecord], *, payload: bool = True, attempts: int = 3) -> bytes:
+def on_failure_object(
+    records: list[KafkaRecord], *, payload: bool = True, attempts: int = 3, failed_at: str | None = None
+) -> bytes:
     """What Lambda writes to an MSK mapping's S3 on-failure destination, as the local event source writes
-    it; without `payload`, the metadata-only record of an SQS or SNS destination."""
-    document = {**on_failure_record(msk_event(records), attempts), "timestamp": "2026-11-29T12:00:00.000Z"}
+    it, its batch failed at `failed_at` (default: now); without `payload`, the metadata-only record of an SQS
+    or SNS destination."""
+    document = {**on_failure_record(msk_event(records), attempts), "timestamp": failed_at or rfc3339()}
     if not payload:
         del document["payload"]
     return json.dumps(document).encode()
@@ -287,7 +292,7 @@ def test_a_failed_batch_object_is_read_record_by_record_in_offset_order() -> Non
     ]
     key = "aws/lambda/x/poimen.acme.dispatch-1/2026/11/29/2026-11-29T12.00.00-y"
 
-    parcel = parse_object(key, on_failure_object(records, attempts=101))
+    parcel = parse_object(key, on_failure_object(records, attempts=101, failed_at="2026-11-29T12:00:00.000Z"))
 
     assert (parcel.kind, parcel.records) == ("failed-batch", 3)
     assert [letter.id for letter in parcel.letters] == [f"s3:{key}#poimen.acme.dispatch-1@{n}" for n in (10, 11, 12)]
@@ -336,7 +341,7 @@ def test_list_counts_by_kind_and_removes_nothing(stack: Stack) -> None:
     # Given two relay dead letters of two kinds and a failed batch of three records
     stack.dead_letter(stack.record(spawn("a"), 1), RELAY_ERROR)
     stack.dead_letter(stack.record(b"nope", 2), DeadLetterReason("invalid-json", "value is not JSON"))
-    stack.park([stack.record(spawn(f"b-{n}"), 10 + n) for n in range(3)])
+    stack.park([stack.record(spawn(f"b-{n}"), 10 + n) for n in range(3)], failed_at="2026-11-29T12:00:00.000Z")
 
     # When they are listed, as JSON and as text
     listed = stack.cli("list", "--json")
@@ -543,8 +548,9 @@ def test_a_keyless_record_whose_answer_was_lost_is_one_run_when_sent_again(stack
     stack.park([stack.record(spawn(), 2)])
 
     # When each is admitted but its answer is lost (the parked one first: it is older), and redriven again
-    first, _, _ = stack.redrive(ScriptedHttp(stack.harness.api, [LOST]))
-    second, _, _ = stack.redrive(ScriptedHttp(stack.harness.api, [None, LOST]))
+    # (each keyless record a look-up of the run of its key of earlier versions, then its POST)
+    first, _, _ = stack.redrive(ScriptedHttp(stack.harness.api, [None, LOST]))
+    second, _, _ = stack.redrive(ScriptedHttp(stack.harness.api, [None, None, None, LOST]))
     last, _, _ = stack.redrive()
 
     # Then each was sent again under the same derived dispatch_key: a replay, one run per record
@@ -740,9 +746,10 @@ def test_an_interrupted_redrive_of_a_parked_batch_sends_nothing_twice(stack: Sta
     # Given a parked batch of twelve keyless records
     stack.park([stack.record(spawn(), offset) for offset in range(12)])
 
-    # When redrive is interrupted while it sends the fifth
+    # When redrive is interrupted while it sends the fifth (each keyless record a look-up of the run of its
+    # key of earlier versions, then its POST)
     with pytest.raises(type(interrupt)):
-        stack.redrive(ScriptedHttp(stack.harness.api, [None, None, None, None, interrupt]))
+        stack.redrive(ScriptedHttp(stack.harness.api, [*[None] * 9, interrupt]))
 
     # Then four runs, and the parked batch reads as the eight records left
     assert len(stack.runs()) == 4
@@ -761,9 +768,10 @@ def test_a_parked_batchs_bad_record_is_dead_lettered_once_across_interrupted_red
     # Given a parked batch of a record that is not JSON and two keyless dispatches
     stack.park([stack.record(b"{", 5), stack.record(spawn(), 6), stack.record(spawn(), 7)])
 
-    # When a redrive moves the bad one to the queue, admits the next, and is interrupted on the last
+    # When a redrive moves the bad one to the queue, admits the next, and is interrupted on the last (each
+    # keyless record a look-up of the run of its key of earlier versions, then its POST)
     with pytest.raises(KeyboardInterrupt):
-        stack.redrive(ScriptedHttp(stack.harness.api, [None, KeyboardInterrupt()]))
+        stack.redrive(ScriptedHttp(stack.harness.api, [None, None, None, KeyboardInterrupt()]))
     summary, _, _ = stack.redrive()
 
     # Then the bad record is one dead letter, the two dispatches two runs, and the object is gone
@@ -1058,6 +1066,11 @@ def test_a_keyless_letter_of_unknown_outcome_whose_run_is_absent_is_sent(stack: 
 DAY_MS = 86_400_000
 
 
+def an_hour_ago() -> str:
+    """A batch's on-failure time an hour ago: before the dead letters a test writes now."""
+    return rfc3339(datetime.now(UTC) - timedelta(hours=1))
+
+
 def days_ago(days: float) -> int:
     return int(datetime.now(UTC).timestamp() * 1000 - days * DAY_MS)
 
@@ -1070,7 +1083,8 @@ def test_redrive_refuses_and_keeps_records_older_than_the_run_retention(stack: S
         [
             stack.record(spawn("old-2"), 5, timestamp_ms=days_ago(4)),
             stack.record(spawn("fresh"), 6, timestamp_ms=days_ago(1)),
-        ]
+        ],
+        failed_at=an_hour_ago(),
     )
 
     # When they are redriven with --run-retention-days 3
@@ -1103,7 +1117,8 @@ def test_a_record_whose_run_retention_is_unknown_is_refused_unless_one_is_given(
         [
             stack.record(spawn("k-2"), 5, timestamp_ms=days_ago(2)),
             stack.record(spawn("fresh"), 6, timestamp_ms=days_ago(1 / 24)),
-        ]
+        ],
+        failed_at=an_hour_ago(),
     )
     # When they are redriven without --run-retention-days
     outcome = stack.cli("redrive", "--yes")
@@ -1272,3 +1287,168 @@ def test_an_invalid_run_retention_is_a_usage_error(days: str, capsys: pytest.Cap
     err = capsys.readouterr().err
     assert err.startswith("poimen dlq redrive: argument --run-retention-days: ")
     assert err.count("\n") == 1
+
+
+def test_a_future_timestamp_letter_is_as_old_as_its_letter_once_its_timestamp_has_passed(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given RunRetentionDays raised from 1 to 7 days 10 days ago, and a spawn whose run, admitted over 8 days ago,
+    # has expired (DynamoDB not yet having deleted it)
+    monkeypatch.setenv(RUN_RETENTION_ENV, "7")
+    admission_service.cache_clear()
+    changed_at = rfc3339(datetime.now(UTC) - timedelta(days=10))
+    first = stack.harness.with_settings(run_retention=RunRetention(7)).run([stack.record(spawn("k-1"), 0)])
+    assert first.relayed == 1
+    (admitted,) = stack.runs()
+    _expire(stack.dynamodb, stack.table_name, stack.tenant, admitted["run_id"]["S"])
+    # And a record of it dead-lettered 8 days ago as future-timestamp, its timestamp 2 days ahead of that
+    record = msk_record(stack.record(spawn("k-1"), 1, timestamp_ms=days_ago(6)))
+    reason = DeadLetterReason("future-timestamp", "the record's timestamp is 2 days ahead of the relay's clock")
+    letter = json.loads(dead_letter_body(KafkaEventRecord(record), reason, with_change(7, 1, changed_at)))
+    letter["deadLetteredAt"] = rfc3339(datetime.now(UTC) - timedelta(days=8))
+    stack.harness.sqs.send_message(
+        QueueUrl=stack.queue_url, MessageBody=json.dumps(letter), MessageAttributes=dead_letter_attributes(record)
+    )
+    # When the queue is redriven with the runbook's flags, its timestamp now 6 days past
+    outcome = stack.cli(
+        "redrive",
+        "--yes",
+        "--run-retention-days",
+        "7",
+        "--previous-run-retention-days",
+        "1",
+        "--run-retention-changed-at",
+        changed_at,
+    )
+    # Then it is refused as older than the retention (8 days, its letter's age), the letter kept, and the
+    # table holds the first admission only
+    assert outcome.code == EXIT_REMAINING
+    assert ["refused (older than the run retention)", "1"] in _rows(outcome.out)
+    assert "the record is 8 days old (dead-lettered, or its batch failed, that long ago)" in outcome.err
+    (after,) = stack.runs()
+    assert after["attempt_id"] == admitted["attempt_id"]
+    assert len(stack.messages()) == 1
+
+
+def test_two_keyless_records_at_one_position_are_two_runs_and_one_sent_before_the_digest_is_not_sent_again(
+    stack: Stack,
+) -> None:
+    # Given two keyless records at one topic, partition, offset and timestamp (a topic recreated), with other
+    # values, each dead-lettered; and at another position two more, the first of which a redrive of an earlier
+    # version (its key without the value's digest) admitted, interrupted before deleting its letter
+    at = days_ago(0.1)
+    records = [
+        stack.record(spawn(workflow_ref=f"wf/{name}"), offset, timestamp_ms=at)
+        for name, offset in (("a", 3), ("b", 3), ("c", 9), ("d", 9))
+    ]
+    for record in records:
+        stack.dead_letter(record, RELAY_ERROR, 30)
+    earlier = stack.api()._client.spawn(
+        stack.tenant, "wf/c", {"n": 1}, dispatch_key=legacy_derived_key(msk_record(records[2]))
+    )
+    # When the queue is redriven
+    outcome = stack.cli("redrive", "--yes")
+    # Then each record is one run, the interrupted one's the run it already had, and no letter is left
+    assert outcome.code == EXIT_OK
+    assert sorted(run["workflow_ref"]["S"] for run in stack.runs()) == ["wf/a", "wf/b", "wf/c", "wf/d"]
+    assert earlier.run_id in {run["run_id"]["S"] for run in stack.runs()}
+    assert ["replayed (200)", "1"] in _rows(outcome.out)
+    assert stack.messages() == []
+
+
+def legacy_derived_key(record: dict[str, Any]) -> str:
+    """The dispatch_key redrive derived for a keyless record before it held the value's digest."""
+    identity = "\n".join(str(record.get(name)) for name in ("topic", "partition", "offset", "timestamp"))
+    return "poimen-redrive/" + hashlib.sha256(identity.encode()).hexdigest()
+
+
+def test_show_flags_a_record_held_to_no_run_retention_as_redrive_would_refuse_it(stack: Stack) -> None:
+    # Given a parked record 2 days old (Lambda records no run retention), and one of an hour ago
+    key = stack.park(
+        [
+            stack.record(spawn("old"), 5, timestamp_ms=days_ago(2)),
+            stack.record(spawn("fresh"), 6, timestamp_ms=days_ago(1 / 24)),
+        ],
+        failed_at=an_hour_ago(),
+    )
+    # When each is shown
+    old = stack.cli("show", f"s3:{key}#{stack.topic}-0@5")
+    fresh = json.loads(stack.cli("show", f"s3:{key}#{stack.topic}-0@6", "--json").out)
+    # Then the old one says redrive refuses it unless a run retention is given, and the fresh one is sendable
+    shown = dict(line.split(":", 1) for line in old.out.splitlines() if line[:1].isalpha() and ":" in line)
+    assert shown["redrive"].strip().startswith("refused: held to no run retention")
+    assert "--run-retention-days" in shown["redrive"]
+    assert shown["retention"].strip().startswith("- (not recorded: held to the shortest a stack can have, 1 day")
+    assert fresh["redrive"].startswith("POST /v1/runs for tenant")
+
+
+def test_every_printed_reason_is_bounded_however_many_errors_the_value_has(stack: Stack) -> None:
+    # Given a letter whose value has 18,000 unknown fields
+    value = {**spawn("k-1"), **{f"f{n:05}": n for n in range(18_000)}}
+    stack.dead_letter(stack.record(value, 1), RELAY_ERROR)
+    # When it is redriven dry, and shown
+    dry = stack.cli("redrive", "--dry-run")
+    (letter,) = stack.messages()
+    shown = stack.cli("show", f"sqs:{letter['id']}")
+    # Then every line naming its errors names the first few and counts them all, on a line of bounded length
+    lines = [line for line in (dry.out + dry.err).splitlines() if "Extra inputs are not permitted" in line]
+    assert lines
+    assert all(len(line) < 2_000 and "18000 errors" in line for line in lines)
+    (redrive,) = [line for line in shown.out.splitlines() if line.startswith("redrive:")]
+    assert len(redrive) < 2_000
+    assert "18000 errors" in redrive
+
+
+def test_redrive_takes_a_cell_map_as_the_other_commands_do(
+    stack: Stack, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two letters, and a cell map whose cell serves their tenant at the admission API
+    stack.dead_letter(stack.record(spawn("k-1"), 1), RELAY_ERROR)
+    stack.dead_letter(stack.record(spawn("k-2"), 2), RELAY_ERROR)
+    cells = {"cells": {"c1": {"endpoints": ["https://api.example"], "tenants": [stack.tenant]}}}
+    (tmp_path / "cells.json").write_text(json.dumps(cells))
+
+    def redrive(*argv: str) -> Outcome:
+        parser = argparse.ArgumentParser(prog="poimen")
+        add_dlq_commands(parser.add_subparsers(dest="command", required=True))
+        args = parser.parse_args(["dlq", "redrive", "--yes", "--queue-url", stack.queue_url, *argv])
+        out, err = io.StringIO(), io.StringIO()
+        credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
+        code = run_dlq(
+            args, http=stack.harness.api, credentials=credentials, stdin=io.StringIO(), stdout=out, stderr=err
+        )
+        return Outcome(code, out.getvalue(), err.getvalue())
+
+    # When one is redriven with --cells, once both --cells and --api-url are given, and the other with the map
+    # POIMEN_CELLS holds
+    both = redrive("--cells", str(tmp_path / "cells.json"), "--api-url", "https://api.example", "--region", "x")
+    given = redrive("--cells", str(tmp_path / "cells.json"), "--region", "us-east-1")
+    stack.dead_letter(stack.record(spawn("k-3"), 3), RELAY_ERROR)
+    monkeypatch.setenv("POIMEN_CELLS", json.dumps(cells))
+    from_environment = redrive("--region", "us-east-1")
+    # Then the two redrives through the map admit every letter, and the one given both is a usage error
+    assert both.code == EXIT_USAGE
+    assert "--api-url or --cells" in both.err
+    assert (given.code, from_environment.code) == (EXIT_OK, EXIT_OK)
+    assert sorted(run["dispatch_key"]["S"] for run in stack.runs()) == ["k-1", "k-2", "k-3"]
+    assert stack.messages() == []
+
+
+def test_a_letter_replaced_with_a_new_reason_keeps_the_time_its_record_was_first_dead_lettered(stack: Stack) -> None:
+    # Given a letter dead-lettered 3 days ago of a record whose key is taken by another payload, its timestamp
+    # ahead of that (a publisher's clock): the letter's time is what bounds its age
+    stack.harness.run([stack.record(spawn("k-1"), 1)])
+    record = msk_record(stack.record(spawn("k-1", workflow_ref="wf/other"), 2, timestamp_ms=days_ago(1)))
+    letter = json.loads(dead_letter_body(KafkaEventRecord(record), RELAY_ERROR, RunRetention(30)))
+    letter["deadLetteredAt"] = first_at = rfc3339(datetime.now(UTC) - timedelta(days=3))
+    stack.harness.sqs.send_message(
+        QueueUrl=stack.queue_url, MessageBody=json.dumps(letter), MessageAttributes=dead_letter_attributes(record)
+    )
+    # When it is redriven and refused again (422), and is redriven with a retention of 2 days
+    stack.redrive()
+    again = stack.cli("redrive", "--yes", "--run-retention-days", "2")
+    # Then its new letter keeps the time it was first dead-lettered, and is refused as 3 days old
+    (replaced,) = stack.messages()
+    assert replaced["reason"]["kind"] == "rejected"
+    assert replaced["deadLetteredAt"] == first_at
+    assert ["refused (older than the run retention)", "1"] in _rows(again.out)

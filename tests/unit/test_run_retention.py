@@ -11,6 +11,7 @@ import re
 import time
 from collections.abc import Callable
 from datetime import datetime
+from email.utils import formatdate
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -35,6 +36,7 @@ from poimen.retention import (
     after_change,
     expired,
     expires_at,
+    hold_first,
     run_retention,
     run_retention_days,
 )
@@ -713,3 +715,183 @@ def _relay_env(parameters: dict[str, str]) -> dict[str, str]:
 
 def base64_json(value: Any) -> str:
     return base64.b64encode(json.dumps({"workflow_ref": "wf", "input": {}, **value}).encode()).decode()
+
+
+# --- a lowering, whatever becomes of its update --------------------------------------------------------------
+
+# What DescribeStacks shows once the change's update ends so: its parameters if it went forward, else those
+# it was rolled back to (a failed update, a cancelled one); UPDATE_ROLLBACK_FAILED leaves functions of both
+# versions running. `interrupted`: make deploy killed once the update completed, before its last step.
+OUTCOMES = {
+    "complete": "UPDATE_COMPLETE",
+    "rolled-back": "UPDATE_ROLLBACK_COMPLETE",
+    "cancelled": "UPDATE_ROLLBACK_COMPLETE",
+    "rollback-failed": "UPDATE_ROLLBACK_FAILED",
+    "interrupted": "UPDATE_COMPLETE",
+}
+
+
+class StubStack:
+    """A stubbed CloudFormation holding one stack: DescribeStacks answers its parameters and status (with a
+    Date header), and an update ends in one of OUTCOMES."""
+
+    def __init__(self, days: str) -> None:
+        self.parameters = {"RunRetentionDays": days, "PreviousRunRetentionDays": "", "RunRetentionChangedAt": ""}
+        self.status = "CREATE_COMPLETE"
+        self.ran: list[dict[str, str]] = [dict(self.parameters)]  # every parameter set a function ran with
+
+    def describe_stacks(self, StackName: str) -> dict[str, Any]:
+        return {
+            "Stacks": [
+                {
+                    "StackName": StackName,
+                    "StackStatus": self.status,
+                    "Parameters": [{"ParameterKey": k, "ParameterValue": v} for k, v in self.parameters.items()],
+                }
+            ],
+            "ResponseMetadata": {"HTTPHeaders": {"date": formatdate(time.time(), usegmt=True)}},
+        }
+
+    def update(self, words: str, outcome: str = "complete") -> dict[str, str]:
+        """The update's parameters, which functions run with while it is under way, whatever its outcome."""
+        parameters = dict(word.split("=", 1) for word in words.split())
+        assert set(parameters) == set(self.parameters)
+        self.ran.append(parameters)
+        if OUTCOMES[outcome] == "UPDATE_COMPLETE":
+            self.parameters = parameters
+        self.status = OUTCOMES[outcome]
+        return parameters
+
+
+def _make_deploy(tmp_path: Path, stack: StubStack, *days: str, outcome: str = "complete") -> int:
+    """make deploy's retention steps (Makefile `deploy`) against `stack`, each deploy a stack update, the
+    change's ending in `outcome`; make's exit status."""
+
+    def step(*argv: str) -> tuple[int, str]:
+        config = tmp_path / "samconfig.toml"
+        config.write_text(SAMCONFIG)
+        out = io.StringIO()
+        code = retention_change.main(
+            ["--config-env", "staging", "--config-file", str(config), *argv],
+            cloudformation=stack,
+            stdout=out,
+            stderr=io.StringIO(),
+        )
+        return code, out.getvalue()
+
+    option = ("--run-retention-days", *days) if days else ()
+    code, hold = step("--hold", *option)
+    if code:
+        return code
+    if hold.strip():
+        stack.update(hold)
+    code, change = step(*option)
+    if code:
+        return code
+    stack.update(change, outcome)
+    if OUTCOMES[outcome] != "UPDATE_COMPLETE":
+        return 1  # sam deploy failed
+    if outcome == "interrupted":
+        return 130
+    code, settling = step("--settle")
+    if code == 0 and settling.strip():
+        stack.update(settling)
+    return code
+
+
+@pytest.mark.parametrize("outcome", list(OUTCOMES))
+def test_a_lowering_holds_every_record_to_it_whatever_becomes_of_its_update(
+    outcome: str,
+    tmp_path: Path,
+    template: Template,
+    handler: Callable[[dict[str, Any], Any], dict[str, Any]],
+    store: Store,
+    invoke: Invoke,
+    dynamodb: Any,
+    table_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    harness = RelayHarness.start(template, handler, store)
+    spawn = {"workflow_ref": "wf", "input": {}, "dispatch_key": "k-1"}
+    # Given a stack keeping runs 7 days, lowered to 1 by make deploy, the change's update ending in `outcome`
+    stack = StubStack("7")
+    _make_deploy(tmp_path, stack, "1", outcome=outcome)
+    # And a spawn admitted while that update was under way, by admission under 1 day
+    written_under = [p for p in stack.ran if p["RunRetentionDays"] == "1"]
+    assert written_under, "the change's update ran admission under 1 day"
+    monkeypatch.setenv(RUN_RETENTION_ENV, "1")
+    admission_service.cache_clear()
+    first = invoke(body=spawn)
+    assert first.status == 201
+    (stored,) = count_runs(dynamodb, table_name, harness.tenant)
+    # When 2 days later its run has expired (DynamoDB not yet having deleted it), the operator runs make deploy
+    # again, and the record is delivered again, to every relay that ran during or since the update
+    _expire(dynamodb, table_name, harness.tenant, first.body["run_id"])
+    next_deploy = _make_deploy(tmp_path, stack)
+    record = harness.record(spawn, 0, timestamp_ms=int(time.time() * 1000) - 2 * DAY_MS)
+    relays = stack.ran[stack.ran.index(written_under[0]) :]
+    for parameters in relays:
+        harness.with_environment(template.function_environment("InboxRelayFunction", parameters)).run([record])
+    # Then every one of them dead-letters it as expired, and the table holds the first admission only
+    (after,) = count_runs(dynamodb, table_name, harness.tenant)
+    assert (after["created_at"], after["attempt_id"]) == (stored["created_at"], stored["attempt_id"])
+    assert [letter["reason"]["kind"] for _, letter in harness.dead_letters()] == ["expired"] * len(relays)
+    # And a stack whose rollback failed is deployed to by nobody until it is complete
+    assert (next_deploy != 0) == (outcome == "rollback-failed")
+
+
+@pytest.mark.parametrize(
+    ("deployed", "days", "hold"),
+    [
+        (RunRetention(1), 7, None),  # a raise: records are held to 1 day already
+        (RunRetention(7), 7, None),  # unchanged
+        (RunRetention(7), 1, RunRetention(7, 1, pending=True)),  # a lowering: held to 1 day, runs still 7
+        (RunRetention(None), 3, RunRetention(None, 3, pending=True)),  # switched on: runs were kept forever
+        (RunRetention(7), None, None),  # switched off: records are held to 7 days already
+        (RunRetention(7, 1, pending=True), 1, None),  # the hold deployed (or rolled back to): held already
+        # a lowering while a raise from 1 still matters: held to the shortest
+        (RunRetention(7, 1, NOW_MS - 2 * DAY_MS), 3, RunRetention(7, 1, pending=True)),
+    ],
+)
+def test_a_lowering_is_held_first_while_admission_writes_runs_under_the_deployed_retention(
+    deployed: RunRetention, days: int | None, hold: RunRetention | None
+) -> None:
+    assert hold_first(deployed, days, NOW_MS) == hold
+    if hold is not None:
+        # And the hold, then the change once the hold is deployed, hold every record to no more than the
+        # lowered retention
+        assert days is not None
+        change = after_change(hold, days, NOW_MS + 60_000)
+        held = [hold.days_for(NOW_MS), change.days_for(NOW_MS - 10 * DAY_MS), change.days_for(NOW_MS + 60_000)]
+        assert all(day is not None and day <= days for day in held)
+
+
+def test_a_change_rolled_back_stays_pending_and_a_stack_not_complete_is_deployed_to_by_nobody(tmp_path: Path) -> None:
+    config = tmp_path / "samconfig.toml"
+    config.write_text(SAMCONFIG)
+
+    def step(stack: StubStack, *argv: str) -> tuple[int, str]:
+        out = io.StringIO()
+        argv = ("--config-env", "staging", "--config-file", str(config), *argv)
+        return retention_change.main(list(argv), cloudformation=stack, stdout=out, stderr=io.StringIO()), out.getvalue()
+
+    # Given a stack keeping runs 7 days
+    stack = StubStack("7")
+    # When make deploy is asked to lower it to 1 day without deploying its hold first
+    unheld = step(stack, "--run-retention-days", "1")
+    # When the hold is deployed, and the change's update is rolled back
+    stack.update(step(stack, "--hold", "--run-retention-days", "1")[1])
+    held = dict(stack.parameters)
+    stack.update(step(stack, "--run-retention-days", "1")[1], "rolled-back")
+    # Then the change is refused unheld, and after the rollback nothing is settled: the hold stays pending
+    assert unheld == (1, "")
+    assert step(stack, "--settle") == (0, "")
+    assert stack.parameters == held
+    assert run_retention(_relay_env(held)).days_for(NOW_MS) == 1
+    # And the operator giving up the lowering deploys the hold as it is, still pending, settled once it completes
+    unchanged = step(stack, "--run-retention-days", "7")[1]
+    assert dict(word.split("=", 1) for word in unchanged.split()) == held
+    # And a stack whose update or rollback is under way, or whose rollback failed, is deployed to by nobody
+    for status in ("UPDATE_IN_PROGRESS", "UPDATE_ROLLBACK_FAILED", "UPDATE_ROLLBACK_IN_PROGRESS"):
+        stack.status = status
+        assert [step(stack, *argv)[0] for argv in ((), ("--hold",), ("--settle",))] == [1, 1, 1]

@@ -9,7 +9,9 @@ import botocore.credentials
 import botocore.exceptions
 import urllib3
 
+from poimen.cells import CellMap
 from poimen.client import (
+    DISPATCH_KEY_REUSED,
     RUN_NOT_FOUND,
     AdmissionClient,
     AdmissionError,
@@ -19,6 +21,7 @@ from poimen.client import (
     OutcomeUnknown,
 )
 from poimen.dead_letter import DeadLetterReason
+from poimen.ids import keyed_run_id
 from poimen.inbox_rule import RECORD_FAULT_STATUSES, RETRYABLE_STATUSES, rejected
 from poimen_tools.dlq.errors import ApiRefused, ApiUnavailable, AwsUnavailable, UsageError
 from poimen_tools.dlq.model import Dispatch
@@ -50,16 +53,20 @@ class AdmissionApi:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | CellMap,
         credentials: botocore.credentials.Credentials,
         region: str,
         http: urllib3.PoolManager | None = None,
     ) -> None:
+        """`base_url`: the API's (--api-url), or a cell map (--cells), each record's call going to its
+        tenant's cell."""
         self._credentials = credentials
         self._http = TraceHeader(http or urllib3.PoolManager(retries=False))
+        cells = base_url if isinstance(base_url, CellMap) else None
         try:
             self._client = AdmissionClient(
-                base_url,
+                base_url if isinstance(base_url, str) else None,
+                cells=cells,
                 region=region,
                 credentials=credentials,
                 timeout=HTTP_TIMEOUT_SECONDS,
@@ -67,8 +74,12 @@ class AdmissionApi:
                 http=self._http,
             )
         except ValueError as error:
-            raise UsageError(f"--api-url {base_url!r}: {error}") from error
-        self.runs_url = f"{self._client.base_url}/v1/runs"
+            given = f"--cells {cells.source}" if cells is not None else f"--api-url {base_url!r}"
+            raise UsageError(f"{given}: {error}") from error
+        if cells is None:
+            self.runs_url = f"{self._client.base_url}/v1/runs"
+        else:
+            self.runs_url = f"/v1/runs of each tenant's cell in {cells.source}"
 
     @property
     def access_key(self) -> str:
@@ -80,16 +91,28 @@ class AdmissionApi:
 
     def spawn(self, dispatch: Dispatch) -> str | DeadLetterReason:
         """`admitted` (201) or `replayed` (200), or why the record is at fault (the API's 400, 413, 415 or
-        422 and its problem); raises ApiUnavailable, ApiRefused or AwsUnavailable for anything else."""
+        422 and its problem); raises ApiUnavailable, ApiRefused or AwsUnavailable for anything else.
+
+        A keyless record's run under its legacy key (the one redrive derived before it held the value's
+        digest) is looked up first (GET /v1/runs/{run_id}: a keyed run's id is derived from its key), so that
+        a redrive of an earlier version, interrupted once it had admitted the record, is not followed by a
+        second run under the new key: if that key admitted a run, the record is sent under it, and a replay
+        (200: the same request) is its run; a 422 (another record at the same position holds that key) sends
+        it under its own key."""
+        legacy = dispatch.legacy_key
+        if legacy is not None and self.exists(dispatch.tenant, keyed_run_id(dispatch.tenant, legacy)):
+            sent = self._spawn(dispatch, legacy)
+            reused = isinstance(sent, DeadLetterReason) and _problem_type(sent.problem) == DISPATCH_KEY_REUSED
+            if not reused:
+                return sent
+        return self._spawn(dispatch, dispatch.record_key)
+
+    def _spawn(self, dispatch: Dispatch, key: str) -> str | DeadLetterReason:
         request = dispatch.request
         self._http.traceparent = dispatch.traceparent
         try:
             spawned = self._client.spawn(
-                dispatch.tenant,
-                request.workflow_ref,
-                request.input,
-                goal_id=request.goal_id,
-                dispatch_key=dispatch.record_key,
+                dispatch.tenant, request.workflow_ref, request.input, goal_id=request.goal_id, dispatch_key=key
             )
         except AdmissionError as error:
             return self._refused(error)
@@ -135,3 +158,7 @@ class AdmissionApi:
             "grant your principal the tenant (poimen grants add), check your credentials (--dev-key for "
             "poimen dev) and --api-url"
         ) from error
+
+
+def _problem_type(problem: Any) -> Any:
+    return problem.get("type") if isinstance(problem, dict) else None

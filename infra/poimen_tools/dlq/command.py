@@ -13,10 +13,12 @@ at one offset of a recreated topic are two.
 
 Redriving is idempotent through admission's dispatch_key alone: a keyed record sent twice is a replay
 (200) of the run it admitted. A record without one is sent with a dispatch_key derived from its topic,
-partition, offset and timestamp (`poimen-redrive/<sha256>`), the same every time, so it too becomes one
-run however often it is sent. A dead letter is deleted right after its confirmation, and a failed-batch
-record marked done (a progress marker beside its object, `<key>.progress/<record identity>`):
-a redrive interrupted and run again sends again at most the one record that was in flight.
+partition, offset, timestamp and value digest (`poimen-redrive/<sha256>`), the same every time, so it too
+becomes one run however often it is sent (and a run an earlier version admitted under its key of old,
+without the digest, is found first and replayed, not admitted again). A dead letter is deleted right
+after its confirmation, and a failed-batch record marked done (a progress marker beside its object,
+`<key>.progress/<record identity>`): a redrive interrupted and run again sends again at most the one
+record that was in flight.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ import botocore.session
 import urllib3
 from botocore.credentials import Credentials
 
+from poimen.cells import CELLS_DOCUMENT_VARIABLE, CELLS_FILE_VARIABLE, CellMap, InvalidCellMap
+from poimen.endpoints import RegionalEndpoint
 from poimen.retention import RunRetention, with_change
 from poimen_tools.arguments import (
     base_url,
@@ -60,6 +64,7 @@ from poimen_tools.dlq.parked import FailedBatches
 from poimen_tools.dlq.redrive import Plan, Progress, Redrive, plan
 from poimen_tools.dlq.render import inventory, letter_document, render_inventory, render_letter, table
 from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY
+from poimen_tools.runs import cells_file
 
 # SQS cannot peek: reading a message hides it for its visibility timeout. `list` and `show` hide what they
 # read for 30 s and make it visible again as soon as they are done (if killed, it reappears by itself).
@@ -102,6 +107,13 @@ def add_dlq_commands(commands: argparse._SubParsersAction[argparse.ArgumentParse
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--api-url", type=base_url, metavar="URL", help="admission API base URL (stack output AdmissionApiUrl)"
+    )
+    common.add_argument(
+        "--cells",
+        type=cells_file,
+        metavar="FILE",
+        help="a cell map (JSON) instead of --api-url: each record goes to its tenant's cell (default without "
+        "--api-url: the file POIMEN_CELLS_FILE names, or the map POIMEN_CELLS holds)",
     )
     common.add_argument(
         "--queue-url",
@@ -257,10 +269,10 @@ def _run(
         return EXIT_OK
     api = None
     if not args.dry_run:
-        if not args.api_url:
-            raise UsageError("redrive needs --api-url (stack output AdmissionApiUrl), or --dry-run")
-        signer = credentials or _caller_credentials(args.dev_key, args.api_url)
-        api = AdmissionApi(args.api_url, signer, args.region, http)
+        target = _admission_target(args)
+        first_url = target if isinstance(target, str) else _url(target.cells[0].endpoints[0])
+        signer = credentials or _caller_credentials(args.dev_key, first_url)
+        api = AdmissionApi(target, signer, args.region, http)
     retention = _operators_retention(args)
     kinds = args.kind or DEFAULT_KINDS
     waived = [kind for kind in args.kind or () if kind in HELD_KINDS]
@@ -375,6 +387,28 @@ def _confirm(planned: Plan, api: AdmissionApi, stdin: TextIO, err: TextIO) -> No
     err.flush()
     if stdin.readline().strip().lower() not in ("y", "yes"):
         raise UsageError("redrive not confirmed: nothing was sent")
+
+
+def _admission_target(args: argparse.Namespace) -> str | CellMap:
+    """Where redrive sends records: --api-url, else the cell map of --cells, POIMEN_CELLS_FILE or POIMEN_CELLS."""
+    if args.api_url and args.cells is not None:
+        raise UsageError("give --api-url or --cells, not both")
+    if args.api_url:
+        return str(args.api_url)
+    try:
+        cells = args.cells or CellMap.from_environment()
+    except InvalidCellMap as error:
+        raise UsageError(f"{error}: fix it, or unset it and give --api-url") from error
+    if cells is None:
+        raise UsageError(
+            f"redrive needs --api-url (stack output AdmissionApiUrl) or a cell map (--cells, {CELLS_FILE_VARIABLE}, "
+            f"{CELLS_DOCUMENT_VARIABLE}), or --dry-run"
+        )
+    return cells
+
+
+def _url(endpoint: str | RegionalEndpoint) -> str:
+    return endpoint if isinstance(endpoint, str) else endpoint.url
 
 
 def _caller_credentials(dev_key: bool, api_url: str) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from poimen.contract import RunRequest, parse_json
-from poimen.dead_letter import RELAY_KINDS, DeadLetterReason, age_text
+from poimen.dead_letter import RELAY_KINDS, DeadLetterReason, age_text, value_digest
 from poimen.dead_letter import holds_value as record_holds_value
 from poimen.inbox_rule import HeldBack, Spawn, judge
 from poimen.retention import RunRetention
@@ -96,6 +96,9 @@ class Dispatch:
     request: RunRequest
     record_key: str  # the dispatch_key to send: the request's own, else one derived from the record
     traceparent: str | None
+    # A keyless record's key as redrive derived it before it held the value's digest (legacy_key); None for
+    # a record with its own key. A run it admitted is this record's if the API replays it.
+    legacy_key: str | None = None
 
     @property
     def dispatch_key(self) -> str | None:
@@ -113,9 +116,20 @@ def named_run(letter: DeadLetter) -> str | None:
 
 
 def derived_key(record: dict[str, Any]) -> str:
-    """`poimen-redrive/` and the SHA-256 of the record's topic, partition, offset and timestamp."""
-    identity = "\n".join(str(record.get(name)) for name in ("topic", "partition", "offset", "timestamp"))
+    """`poimen-redrive/` and the SHA-256 of the record's topic, partition, offset, timestamp and value digest
+    (`poimen.dead_letter.value_digest`): two records at one position (a topic recreated) are two keys."""
+    identity = "\n".join([*_position(record), value_digest(record)])
     return DERIVED_KEY_PREFIX + hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def legacy_key(record: dict[str, Any]) -> str:
+    """The key redrive derived before it held the value digest: of topic, partition, offset and timestamp."""
+    identity = "\n".join(_position(record))
+    return DERIVED_KEY_PREFIX + hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _position(record: dict[str, Any]) -> list[str]:
+    return [str(record.get(name)) for name in ("topic", "partition", "offset", "timestamp")]
 
 
 @dataclass(frozen=True)
@@ -139,12 +153,19 @@ RETENTION_UNKNOWN = "retention-unknown"
 SHORTEST_RETENTION = RunRetention(1)
 
 
-def judged(record: dict[str, Any], now_ms: float, *retentions: RunRetention) -> Dispatch | Held | DeadLetterReason:
-    """The record judged by the relay's rule (`poimen.inbox_rule.judge`) at `now_ms`: a dispatch to send, one
-    the relay holds back, or why the relay dead-letters it. A value that is no spawn request by the API's
-    contract (`poimen.contract.RunRequest`) is refused as the API would refuse it, without sending it."""
+# A value's validation errors printed in a reason: the first few, and how many there are.
+MAX_ERRORS_SHOWN = 5
+
+
+def judged(
+    record: dict[str, Any], now_ms: float, *retentions: RunRetention, seen_by_ms: float | None = None
+) -> Dispatch | Held | DeadLetterReason:
+    """The record judged by the relay's rule (`poimen.inbox_rule.judge`) at `now_ms`, as old as its timestamp or
+    `seen_by_ms` (when its letter was dead-lettered or its batch failed), whichever is older: a dispatch to
+    send, one the relay holds back, or why the relay dead-letters it. A value that is no spawn request by the
+    API's contract (`poimen.contract.RunRequest`) is refused as the API would refuse it, without sending it."""
     try:
-        verdict = judge(record, now_ms, *retentions)
+        verdict = judge(record, now_ms, *retentions, seen_by_ms=seen_by_ms)
     except (TypeError, ValueError, AttributeError) as error:  # as the relay: a fault of the record's own
         return DeadLetterReason("relay-error", f"{type(error).__name__}: {error}")
     if isinstance(verdict, DeadLetterReason):
@@ -158,14 +179,19 @@ def _request(record: dict[str, Any], spawn: Spawn) -> Dispatch | DeadLetterReaso
     try:
         request = RunRequest.model_validate(parse_json(spawn.body.decode()))  # numbers exact, as the API reads them
     except ValidationError as error:
+        errors = error.errors()
         problems = "; ".join(
-            f"{'.'.join(str(part) for part in problem['loc']) or 'request'}: {problem['msg']}"
-            for problem in error.errors()
+            f"{'.'.join(str(part) for part in problem['loc']) or 'request'}: {str(problem['msg'])[:200]}"
+            for problem in errors[:MAX_ERRORS_SHOWN]
         )
+        if len(errors) > MAX_ERRORS_SHOWN:
+            problems += f"; ... ({len(errors)} errors, the first {MAX_ERRORS_SHOWN} shown)"
         return DeadLetterReason("rejected", f"not a valid spawn request: {problems}")
     except (ValueError, RecursionError) as error:
         return DeadLetterReason("rejected", f"not JSON as the admission API reads it: {error}")
-    return Dispatch(spawn.tenant, request, request.dispatch_key or derived_key(record), spawn.traceparent)
+    if request.dispatch_key is not None:
+        return Dispatch(spawn.tenant, request, request.dispatch_key, spawn.traceparent)
+    return Dispatch(spawn.tenant, request, derived_key(record), spawn.traceparent, legacy_key(record))
 
 
 def holds_value(letter: DeadLetter) -> bool:
@@ -177,16 +203,18 @@ def record_verdict(
     copies: Sequence[DeadLetter], now_ms: float, run_retention: RunRetention | None
 ) -> tuple[DeadLetter, Dispatch | Held | DeadLetterReason] | None:
     """What the record of these copies is (`judged`), from the first copy that can be tried (None if none can),
-    held to the shortest of `run_retention` (the operator's) and the retentions the copies record. A record
-    the relay dead-lettered as `expired` stays held back as expired, whatever the retention now: it only
-    grew older."""
+    held to the shortest of `run_retention` (the operator's) and the retentions the copies record, and at
+    least as old as the oldest copy (its letter's deadLetteredAt, its batch's on-failure time), whatever its
+    timestamp says. A record the relay dead-lettered as `expired` stays held back as expired, whatever the
+    retention now: it only grew older."""
     source = next((copy for copy in copies if sendable(copy)), None)
     if source is None or source.record is None:
         return None
     retentions = [found for found in (run_retention, *(copy.run_retention for copy in copies)) if found is not None]
-    verdict = judged(source.record, now_ms, *retentions)
+    seen_by_ms = min((copy.at.timestamp() * 1000 for copy in copies if copy.at is not None), default=None)
+    verdict = judged(source.record, now_ms, *retentions, seen_by_ms=seen_by_ms)
     if not retentions and not isinstance(verdict, DeadLetterReason):
-        verdict = _unknown_retention(source.record, now_ms) or verdict
+        verdict = _unknown_retention(source.record, now_ms, seen_by_ms) or verdict
     expired_letter = next((copy for copy in copies if copy.kind == EXPIRED), None)
     sent = verdict.dispatch if isinstance(verdict, Held) and verdict.reason.kind == RETENTION_UNKNOWN else verdict
     if expired_letter is not None and isinstance(sent, Dispatch):
@@ -195,16 +223,17 @@ def record_verdict(
     return source, verdict
 
 
-def _unknown_retention(record: dict[str, Any], now_ms: float) -> Held | None:
+def _unknown_retention(record: dict[str, Any], now_ms: float, seen_by_ms: float | None) -> Held | None:
     """Held as RETENTION_UNKNOWN if the record, held to the shortest retention a stack can have, is one the
     relay would hold back for its age (or a timestamp too far ahead to tell it); else None."""
-    verdict = judged(record, now_ms, SHORTEST_RETENTION)
+    verdict = judged(record, now_ms, SHORTEST_RETENTION, seen_by_ms=seen_by_ms)
     if not isinstance(verdict, Held) or verdict.reason.kind not in (EXPIRED, FUTURE_TIMESTAMP):
         return None
     stamp = record.get("timestamp")
-    age = (
-        f"is {age_text(now_ms - stamp)} old" if isinstance(stamp, int) and stamp <= now_ms else "'s age cannot be told"
-    )
+    stamp_ms = stamp if isinstance(stamp, int) and not isinstance(stamp, bool) and stamp >= 0 else None
+    born = min((moment for moment in (stamp_ms, seen_by_ms) if moment is not None), default=None)
+    known = verdict.reason.kind == EXPIRED and born is not None
+    age = f"is {age_text(now_ms - (born or 0))} old" if known else "'s age cannot be told"
     detail = (
         f"the record {age}, older than the shortest run retention a stack can have (1 day), and no run retention "
         "is known for it (a parked batch, or a letter of an earlier version): its run may have expired; give "

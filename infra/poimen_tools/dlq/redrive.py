@@ -12,6 +12,7 @@ from typing import Any, Protocol, TextIO
 
 from poimen.dead_letter import DeadLetterReason, dead_letter_attributes, dead_letter_body
 from poimen.retention import RunRetention
+from poimen.wire import rfc3339
 from poimen_tools.dlq.errors import EXIT_OK, EXIT_REMAINING, DlqError, Interrupted
 from poimen_tools.dlq.letters import DeadLetterQueue
 from poimen_tools.dlq.model import (
@@ -148,8 +149,9 @@ class Redrive:
       name (--kind); keyless-replica letters are not among the default kinds.
     - an `outcome-unknown` letter (a keyless record the API may have admitted) names its run: that run is
       looked up first, and if it exists the letter is done (counted as replayed) without sending anything.
-    - a record whose Kafka timestamp is older than the run retention (the shortest of --run-retention-days
-      and those its letters record), or that the relay dead-lettered as expired, is refused and kept, every
+    - a record older than the run retention (the shortest of --run-retention-days and those its letters
+      record; its age the older of its Kafka timestamp and its oldest copy's time, deadLetteredAt or the
+      batch's on-failure time), or that the relay dead-lettered as expired, is refused and kept, every
       copy of it (exit 1): its run may have expired, and sending it would admit a second one. --kind
       expired sends it all the same.
     - a record held to no run retention (none given, none recorded: a parked batch, a letter of an earlier
@@ -360,7 +362,10 @@ class Redrive:
         record = source.record
         # The retention the relay recorded, else the operator's: redrive holds the new letter to it too.
         recorded = next((copy.run_retention for _, copy in copies if copy.run_retention is not None), None)
-        body = dead_letter_body(record, reason, recorded or self._run_retention or RunRetention())
+        # When it was first dead-lettered (or its batch failed): a record is never younger than its letter.
+        first = min((copy.at for _, copy in copies if copy.at is not None), default=None)
+        at = None if first is None else rfc3339(first)
+        body = dead_letter_body(record, reason, recorded or self._run_retention or RunRetention(), at)
         if json.loads(body)["record"].get("value") != source.record.get("value"):  # it would lose the value
             if held is not None:
                 where = "kept as it is: a dead letter with the new reason would not hold its value"

@@ -12,7 +12,16 @@ from typing import Any
 
 from poimen.dead_letter import DeadLetterReason, retention_document
 from poimen.wire import rfc3339
-from poimen_tools.dlq.model import KINDS, DeadLetter, Dispatch, Held, Parcel, judged, sendable
+from poimen_tools.dlq.model import (
+    KINDS,
+    RETENTION_UNKNOWN,
+    DeadLetter,
+    Dispatch,
+    Held,
+    Parcel,
+    record_verdict,
+    sendable,
+)
 
 
 def age(at: datetime | None, now: datetime) -> str:
@@ -118,10 +127,18 @@ def render_inventory(parcels: list[Parcel], now: datetime, ids: bool) -> str:
 def letter_document(letter: DeadLetter, now: datetime) -> dict[str, Any]:
     """`show --json`: one dead letter, its key, value and headers decoded."""
     record = letter.record or {}
-    retentions = () if letter.run_retention is None else (letter.run_retention,)
-    judgement = judged(record, now.timestamp() * 1000, *retentions) if sendable(letter) else None
+    # As redrive judges it without --run-retention-days (poimen_tools.dlq.model.record_verdict).
+    found = record_verdict([letter], now.timestamp() * 1000, None) if sendable(letter) else None
+    judgement = None if found is None else found[1]
     held = ""
-    if isinstance(judgement, Held):
+    if isinstance(judgement, Held) and judgement.reason.kind == RETENTION_UNKNOWN:
+        held = (
+            "refused: held to no run retention, and older than the shortest a stack can have (1 day): sent only "
+            "with --run-retention-days (the stack's RunRetentionDays, or forever) if it is not older than that; "
+            "else "
+        )
+        judgement = judgement.dispatch
+    elif isinstance(judgement, Held):
         kind = judgement.reason.kind
         held, judgement = f"held back ({kind}: sent only with --kind {kind}): ", judgement.dispatch
     if isinstance(judgement, Dispatch):
@@ -183,7 +200,10 @@ def _retention_line(letter: DeadLetter) -> str:
     """The run retention the letter records, as `show` prints it."""
     retention = letter.run_retention
     if retention is None:
-        return "- (not recorded)"
+        return (
+            "- (not recorded: held to the shortest a stack can have, 1 day, unless redrive is given "
+            "--run-retention-days)"
+        )
     days = "runs kept forever" if retention.days is None else f"{retention.days} days"
     if retention.changed_at is None:
         return days

@@ -49,10 +49,14 @@ class DeadLetterReason:
 
 
 def dead_letter_message(
-    record: Mapping[str, Any], reason: DeadLetterReason, run_retention: RunRetention
+    record: Mapping[str, Any],
+    reason: DeadLetterReason,
+    run_retention: RunRetention,
+    dead_lettered_at: str | None = None,
 ) -> dict[str, Any]:
-    """The original record (as MSK delivered it: key and value base64), why it was dead-lettered, and the run
-    retention its writer held records to (`{"days": null}`: runs kept forever; after a change of
+    """The original record (as MSK delivered it: key and value base64), why it was dead-lettered, when
+    (`dead_lettered_at`, RFC 3339: when it was first, for a letter redrive writes again; default now), and the
+    run retention its writer held records to (`{"days": null}`: runs kept forever; after a change of
     RunRetentionDays also `previousDays` and `changedAt`, `"pending"` while the change is not settled), so
     that `poimen dlq redrive` holds the record to it too."""
     return {
@@ -72,12 +76,17 @@ def dead_letter_message(
             "status": reason.status,
             "problem": reason.problem,
         },
-        "deadLetteredAt": rfc3339(),
+        "deadLetteredAt": dead_lettered_at or rfc3339(),
         "runRetention": retention_document(run_retention),
     }
 
 
-def dead_letter_body(record: Mapping[str, Any], reason: DeadLetterReason, run_retention: RunRetention) -> str:
+def dead_letter_body(
+    record: Mapping[str, Any],
+    reason: DeadLetterReason,
+    run_retention: RunRetention,
+    dead_lettered_at: str | None = None,
+) -> str:
     """The SQS message body of a dead letter: with its attributes (dead_letter_attributes), at most
     MAX_DEAD_LETTER_BYTES (ASCII JSON: bytes = characters).
 
@@ -86,7 +95,7 @@ def dead_letter_body(record: Mapping[str, Any], reason: DeadLetterReason, run_re
     (`{"reason": "too large for SQS", "length": <its length as delivered>}`) and `<part>Sha256`, the
     SHA-256 of that text: the base64 of key and value, compact JSON otherwise.
     """
-    letter = dead_letter_message(record, reason, run_retention)
+    letter = dead_letter_message(record, reason, run_retention, dead_lettered_at)
     budget = MAX_DEAD_LETTER_BYTES - _attributes_size(dead_letter_attributes(record))
     body = _compact(letter)
     if len(body) <= budget:

@@ -64,13 +64,17 @@ class HeldBack:
 Verdict = Spawn | HeldBack | DeadLetterReason
 
 
-def judge(record: Mapping[str, Any], now_ms: float, *retentions: RunRetention) -> Verdict:
+def judge(
+    record: Mapping[str, Any], now_ms: float, *retentions: RunRetention, seen_by_ms: float | None = None
+) -> Verdict:
     """What the record may become at `now_ms`, held to the shortest of these run retentions: a Spawn to admit,
-    a HeldBack spawn, or why it is no spawn at all."""
+    a HeldBack spawn, or why it is no spawn at all. `seen_by_ms`: a time by which the record is known to have
+    existed (redrive's: when its letter was dead-lettered, or its batch failed); its age is then the older of
+    that and its timestamp, since a record is never younger than its letter, whatever its timestamp says."""
     spawn = read_spawn(record)
     if isinstance(spawn, DeadLetterReason):
         return spawn
-    held = _held_back(spawn, str(record.get("topic")), now_ms, retentions)
+    held = _held_back(spawn, str(record.get("topic")), now_ms, retentions, seen_by_ms)
     return spawn if held is None else HeldBack(spawn, held)
 
 
@@ -97,26 +101,28 @@ def read_spawn(record: Mapping[str, Any]) -> Spawn | DeadLetterReason:
 
 
 def _held_back(
-    spawn: Spawn, topic: str, now_ms: float, retentions: tuple[RunRetention, ...]
+    spawn: Spawn, topic: str, now_ms: float, retentions: tuple[RunRetention, ...], seen_by_ms: float | None
 ) -> DeadLetterReason | None:
     timestamp_ms = spawn.timestamp_ms
-    holding = _holding(retentions, timestamp_ms)
-    if timestamp_ms is not None and holding is not None:
-        if timestamp_ms > now_ms + MAX_CLOCK_SKEW_MS:
+    born_ms = _oldest(timestamp_ms, seen_by_ms)  # the record existed by then at the latest
+    holding = _holding(retentions, born_ms)
+    if born_ms is not None and holding is not None:
+        if holding.expired(born_ms - MAX_CLOCK_SKEW_MS, now_ms):
+            since = "" if born_ms == timestamp_ms else " (dead-lettered, or its batch failed, that long ago)"
+            detail = (
+                f"the record is {age_text(now_ms - born_ms)} old{since}, older than {holding.describe(born_ms)}: "
+                "its run may have expired, and admitting it again would be a second run"
+            )
+            return DeadLetterReason("expired", detail)
+        if timestamp_ms is not None and timestamp_ms > now_ms + MAX_CLOCK_SKEW_MS:
             detail = (
                 f"the record's timestamp is {age_text(timestamp_ms - now_ms)} ahead of the relay's clock (more than "
                 f"the {age_text(MAX_CLOCK_SKEW_MS)} of skew allowed): its age, held to "
-                f"{holding.describe(timestamp_ms)}, cannot be told, and trusting it could admit a spawn again after "
+                f"{holding.describe(born_ms)}, cannot be told, and trusting it could admit a spawn again after "
                 "its run expired; fix the publisher's clock, or declare the topic with "
                 "message.timestamp.type=LogAppendTime"
             )
             return DeadLetterReason("future-timestamp", detail)
-        if holding.expired(timestamp_ms - MAX_CLOCK_SKEW_MS, now_ms):
-            detail = (
-                f"the record is {age_text(now_ms - timestamp_ms)} old, older than {holding.describe(timestamp_ms)}: "
-                "its run may have expired, and admitting it again would be a second run"
-            )
-            return DeadLetterReason("expired", detail)
     source_alias = source_alias_of_dispatch_topic(topic)
     if spawn.dispatch_key is None and source_alias is not None:
         # Its original, on the source Region's own topic, is relayed there; relayed here too, it would be a
@@ -129,7 +135,11 @@ def _held_back(
     return None
 
 
-def _holding(retentions: tuple[RunRetention, ...], timestamp_ms: int | None) -> RunRetention | None:
+def _oldest(*times: float | None) -> float | None:
+    return min((moment for moment in times if moment is not None), default=None)
+
+
+def _holding(retentions: tuple[RunRetention, ...], timestamp_ms: float | None) -> RunRetention | None:
     """Of these retentions, the one that holds a record of this timestamp the shortest (None: none holds it)."""
     if timestamp_ms is None:
         return None

@@ -153,27 +153,54 @@ def with_change(days: int | None, previous_days: int | None, changed_at: str) ->
     return RunRetention(days, previous_days, changed_at_ms)
 
 
-def after_change(deployed: RunRetention | None, days: int | None, now_ms: int) -> RunRetention:
+def after_change(deployed: RunRetention | None, days: int | None, now_ms: int, *, settled: bool = True) -> RunRetention:
     """The retention to deploy when RunRetentionDays becomes `days` at `now_ms` on a stack deployed with
-    `deployed` (None: a new stack, nothing to remember), whose update, if any, has completed.
+    `deployed` (None: a new stack, nothing to remember). `settled`: the stack's last update went forward
+    (`*_COMPLETE`, not rolled back), so every function runs the deployed parameters.
 
-    A pending change of the deployed stack took effect by `now_ms` at the latest, and is recorded so first.
-    Unchanged, the last change stays recorded. Changed, the change is pending (the stack's admission writes
-    runs under the deployed retention until its update completes, an unbounded wait when the change set
-    awaits confirmation), its previous retention being the deployed one; and if the deployed stack's own
-    last change still matters (a record from before it could still be young enough to be admitted under
-    the longer of its two retentions), the shorter of that change's two retentions, so that one recorded
-    change never holds a record to more than any retention its run may have been written under.
+    A pending change of the deployed stack took effect by `now_ms` at the latest if its update went forward,
+    and is recorded so first; after a rollback (or a cancelled update) it stays pending, never counted as
+    settled. Unchanged, the last change stays recorded. Changed, the change is pending (the stack's admission
+    writes runs under the deployed retention until its update completes, an unbounded wait when the change
+    set awaits confirmation), its previous retention being the deployed one; and if the deployed stack's own
+    last change still matters (pending, or a record from before it could still be young enough to be
+    admitted under the longer of its two retentions), the shorter of that change's two retentions, so that
+    one recorded change never holds a record to more than any retention its run may have been written under.
+    A change to a retention shorter than the deployed stack holds records to is made only once `hold_first`
+    has been deployed.
     """
     if deployed is None:
         return RunRetention(days)
-    deployed = deployed.settled(now_ms)
+    if settled:
+        deployed = deployed.settled(now_ms)
     if days == deployed.days:
         return deployed
     previous = deployed.days
-    if deployed.changed_at_ms is not None and now_ms < _change_matters_until(deployed):
+    if deployed.pending or (deployed.changed_at_ms is not None and now_ms < _change_matters_until(deployed)):
         previous = shortest(deployed.days, deployed.previous_days)
     return RunRetention(days, previous, pending=True)
+
+
+def hold_first(
+    deployed: RunRetention | None, days: int | None, now_ms: int, *, settled: bool = True
+) -> RunRetention | None:
+    """What to deploy, and see completed, before RunRetentionDays becomes `days` on a stack deployed with
+    `deployed`, when `days` is shorter than the retention the stack holds a record written now to (a
+    lowering, or turning retention on); None when it is not.
+
+    The hold keeps the deployed `days` (admission goes on writing runs under it) and passes the lowered one as
+    the other retention of a pending change, so that every record is held to it. Only once the hold's update
+    has completed is the lowering deployed: whatever becomes of that second update (completed, rolled back,
+    cancelled, failing to roll back and leaving functions of both versions, interrupted), every version of
+    the relay that can run holds every record to the lowered retention, since a rollback returns the stack
+    to the hold, a completed update whose parameters no rollback erases."""
+    if deployed is None or days is None:
+        return None
+    holding = deployed.days_for(now_ms)
+    if holding is not None and holding <= days:
+        return None
+    change = after_change(deployed, days, now_ms, settled=settled)
+    return RunRetention(deployed.days, shortest(days, change.previous_days), pending=True)
 
 
 def _change_matters_until(retention: RunRetention) -> float:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from poimen_tools.local import event_source
 from poimen_tools.local.devserver import ExecutionEnvironments
@@ -71,6 +71,7 @@ class _Consumer:
     def __init__(self, *topics: str) -> None:
         self.records: dict[tuple[str, int], int] = {(topic, 0): 0 for topic in topics}  # records published
         self.positions: dict[tuple[str, int], int] = dict.fromkeys(self.records, 0)
+        self.revoked: set[tuple[str, int]] = set()  # partitions a rebalance gave to another member
         self.committed: dict[tuple[str, int], int] = {}
         self.paused: set[tuple[str, int]] = set()
         self.errors: list[_Message] = []  # returned by the next consume()
@@ -78,9 +79,23 @@ class _Consumer:
         self.configs: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
-    def publish(self, topic: str) -> None:
+    def publish(self, topic: str, partition: int = 0) -> None:
         with self._lock:
-            self.records[(topic, 0)] += 1
+            self.records.setdefault((topic, partition), 0)
+            self.positions.setdefault((topic, partition), 0)
+            self.records[(topic, partition)] += 1
+
+    def revoke(self, topic: str, partition: int) -> None:
+        """A rebalance gives the partition to another member: no longer assigned to this one."""
+        with self._lock:
+            self.revoked.add((topic, partition))
+            self.paused.discard((topic, partition))
+
+    def reassign(self, topic: str, partition: int) -> None:
+        """A rebalance gives the partition back: consumed from its committed offset, unpaused."""
+        with self._lock:
+            self.revoked.discard((topic, partition))
+            self.positions[(topic, partition)] = self.committed.get((topic, partition), 0)
 
     def subscribe(self, topics: list[str]) -> None:
         pass
@@ -93,7 +108,7 @@ class _Consumer:
             self.consumed_at.append(time.monotonic())
             batch, self.errors = list(self.errors), []
             for key, end in self.records.items():
-                while key not in self.paused and self.positions[key] < end and len(batch) < num_messages:
+                while key not in self.paused | self.revoked and self.positions[key] < end and len(batch) < num_messages:
                     batch.append(_Message(key[0], key[1], self.positions[key]))
                     self.positions[key] += 1
         if not batch:
@@ -110,10 +125,17 @@ class _Consumer:
 
     def seek(self, partition: TopicPartition) -> None:
         with self._lock:
+            if (partition.topic, partition.partition) in self.revoked:  # as librdkafka refuses it
+                raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION, "Local: Unknown partition"))
             self.positions[(partition.topic, partition.partition)] = partition.offset
 
     def assignment(self) -> list[TopicPartition]:
-        return [TopicPartition(topic, partition) for topic, partition in self.records]
+        with self._lock:
+            return [
+                TopicPartition(topic, partition)
+                for topic, partition in self.records
+                if (topic, partition) not in self.revoked
+            ]
 
     def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> list[TopicPartition]:
         assert asynchronous is False
@@ -194,6 +216,39 @@ def test_a_failed_topic_batch_is_rewound_alone_and_read_again(
     wait_for(lambda: consumer.committed.get(("poimen.b.dispatch", 0)) == 1, timeout=10, what="b committed")
     wait_for(lambda: invoked.count("poimen.a.dispatch-0") >= 3, timeout=10, what="a's batch invoked again")
     assert ("poimen.a.dispatch", 0) not in consumer.committed
+
+
+def test_a_failed_batch_whose_partition_was_revoked_still_rewinds_its_other_partitions(
+    consumer: _Consumer, running: Callable[[LocalMskEventSource], LocalMskEventSource]
+) -> None:
+    # Given a tenant topic of two partitions, a record on each read into one batch, and a relay whose first
+    # invocation fails while a rebalance gives partition 0 to another member, the on-failure destination down
+    consumer.publish("poimen.a.dispatch", 0)
+    consumer.publish("poimen.a.dispatch", 1)
+    handled: list[tuple[str, int]] = []
+    failures = [RuntimeError("the API refused the relay")]
+
+    def relay(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+        if failures:
+            consumer.revoke("poimen.a.dispatch", 0)
+            raise failures.pop()
+        handled.extend((name, record["offset"]) for name, group in event["records"].items() for record in group)
+        return {}
+
+    def down_once(_record: dict[str, Any]) -> None:
+        raise ConnectionError("unreachable")
+
+    # When the batch fails, then partition 1 gets its next record, and partition 0 comes back
+    running(_source(relay, down_once, max_attempts=1, retry_base_seconds=0.01))
+    wait_for(lambda: not failures, timeout=10, what="the batch failed")
+    consumer.publish("poimen.a.dispatch", 1)
+    wait_for(lambda: consumer.committed.get(("poimen.a.dispatch", 1)) == 2, timeout=10, what="partition 1 committed")
+    consumer.reassign("poimen.a.dispatch", 0)
+    wait_for(lambda: consumer.committed.get(("poimen.a.dispatch", 0)) == 1, timeout=10, what="partition 0 committed")
+
+    # Then every record was handled before its partition was committed past it: partition 1's first record was
+    # read again from the failed batch (not skipped by the refused seek of partition 0), and partition 0's too
+    assert sorted(set(handled)) == [("poimen.a.dispatch-0", 0), ("poimen.a.dispatch-1", 0), ("poimen.a.dispatch-1", 1)]
 
 
 def test_no_dispatch_topic_yet_is_not_logged_as_a_problem(

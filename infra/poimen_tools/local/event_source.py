@@ -221,9 +221,14 @@ class _TopicMappings:
         for message in messages:
             key = _partition_of(message)
             first[key] = min(first.get(key, message.offset() or 0), message.offset() or 0)
+        owned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
         for (topic, partition), offset in first.items():
             self._next[(topic, partition)] = offset
-            self._consumer.seek(TopicPartition(topic, partition, offset))
+            # A partition a rebalance revoked cannot be sought (librdkafka refuses it: one refusal must not leave
+            # the others unwound). Whoever owns it next reads it from its committed offset, never past this
+            # batch's first record (nothing of it was committed), and so does this member if it comes back.
+            if (topic, partition) in owned:
+                self._consumer.seek(TopicPartition(topic, partition, offset))
 
 
 def commit(consumer: Consumer, messages: list[Message]) -> None:

@@ -149,6 +149,10 @@ class _TopicMappings:
         # The offset after the last record taken into a batch, by partition: a rebalance resumes a partition at
         # its committed offset, and the records of a batch in flight or handled since are not taken twice.
         self._next: dict[tuple[str, int], int] = {}
+        # The offset after the records handled of each partition a rebalance had taken away when they were to be
+        # committed: committed once the partition is back with this member (a clean restart would read them
+        # again), unless its group committed as far meanwhile (another member had it).
+        self._deferred: dict[tuple[str, int], int] = {}
 
     def poll(self, batch_size: int, window: float) -> None:
         """Read what the consumer has (waiting up to `window`), settle the batches that have ended, and invoke
@@ -200,9 +204,33 @@ class _TopicMappings:
             # (Else stopping while it still failed: not committed, it comes again after a restart.)
             if not mapping.pending:
                 self._resume(topic)  # before a rewind's seek: a paused partition resumes where consume() left it
-        commit(self._consumer, handled)
+        self._commit(handled)
         for messages in failed.values():
             self._rewind(messages)
+
+    def _commit(self, handled: list[Message]) -> None:
+        owned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+        for message in handled:
+            key = _partition_of(message)
+            if key in owned:
+                self._deferred.pop(key, None)  # this commit goes further
+            else:
+                self._deferred[key] = max(self._deferred.get(key, 0), (message.offset() or 0) + 1)
+        commit(self._consumer, handled)
+        back = [TopicPartition(topic, partition) for topic, partition in self._deferred if (topic, partition) in owned]
+        if not back:
+            return
+        try:
+            committed = self._consumer.committed(back, timeout=10)
+        except Exception as error:  # the broker is away: tried again at the next settle
+            log.warning("committed offsets not read: %s", error)
+            return
+        offsets: dict[tuple[str, int], int] = {}
+        for tp in committed:
+            offset = self._deferred.pop((tp.topic, tp.partition))
+            if tp.error is None and offset > tp.offset:  # no commit (a negative offset) or one short of it
+                offsets[(tp.topic, tp.partition)] = offset
+        _commit_offsets(self._consumer, offsets)
 
     def _partitions(self, topic: str) -> list[TopicPartition]:
         return [tp for tp in self._consumer.assignment() if tp.topic == topic]
@@ -240,9 +268,13 @@ def commit(consumer: Consumer, messages: list[Message]) -> None:
         key = _partition_of(message)
         if key in owned:
             last[key] = max(last.get(key, -1), message.offset() or 0)
-    if not last:
+    _commit_offsets(consumer, {key: offset + 1 for key, offset in last.items()})
+
+
+def _commit_offsets(consumer: Consumer, next_offsets: dict[tuple[str, int], int]) -> None:
+    if not next_offsets:
         return
-    offsets = [TopicPartition(topic, partition, offset + 1) for (topic, partition), offset in last.items()]
+    offsets = [TopicPartition(topic, partition, offset) for (topic, partition), offset in next_offsets.items()]
     try:
         results = consumer.commit(offsets=offsets, asynchronous=False) or []
     except Exception as error:  # the broker is away: the records come again after a restart

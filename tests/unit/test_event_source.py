@@ -282,6 +282,44 @@ def test_a_batch_handled_while_a_rebalance_held_its_partition_is_committed_once_
     assert handled == [0]
 
 
+def test_stopping_invokes_no_batch_still_waiting_for_an_execution_environment(consumer: _Consumer) -> None:
+    # Given one execution environment, busy with one tenant's batch while another tenant's batch waits for it
+    started, release = threading.Event(), threading.Event()
+    invoked: list[str] = []
+
+    def relay(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+        invoked.extend(event["records"])
+        started.set()
+        release.wait(10)
+        return {}
+
+    source = _source(relay, _never, max_attempts=1, concurrency=1)
+    source.start()
+    consumer.publish("poimen.a.dispatch")
+    consumer.publish("poimen.b.dispatch")
+    wait_for(started.is_set, timeout=10, what="the first batch invoked")
+    polls = len(consumer.consumed_at)
+    wait_for(lambda: len(consumer.consumed_at) >= polls + 2, timeout=10, what="the second batch waiting")
+
+    # When the source is stopped (Ctrl-C), then the running batch ends
+    stopping = threading.Thread(target=source.stop)
+    stopping.start()
+    wait_for(source._stop.is_set, timeout=10, what="the stop asked for")
+    release.set()
+    stopping.join(10)
+
+    # Then the waiting batch was never invoked (nor committed): it comes again after a restart; the running one is
+    # committed
+    assert not stopping.is_alive()
+    assert len(invoked) == 1
+    assert consumer.commits == {_partition(invoked[0]): 1}
+
+
+def _partition(name: str) -> tuple[str, int]:
+    topic, _, partition = name.rpartition("-")
+    return (topic, int(partition))
+
+
 def test_no_dispatch_topic_yet_is_not_logged_as_a_problem(
     consumer: _Consumer,
     running: Callable[[LocalMskEventSource], LocalMskEventSource],

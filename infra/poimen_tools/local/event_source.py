@@ -9,7 +9,8 @@ own), a busy topic's partitions paused while the consumer goes on polling the ot
 committed as soon as it is handled: the handler returned, or, after `max_attempts` failures (an invocation past
 the function's timeout is one: its execution environment ends it), it went to the on-failure destination in the
 record Lambda writes to an S3 destination (metadata plus the whole event). Nothing is committed past a record
-not handled; stopping while a batch is still failing commits nothing of it: it comes again.
+not handled; stopping while a batch is still failing, or before it was invoked, commits nothing of it: it comes
+again.
 """
 
 from __future__ import annotations
@@ -118,8 +119,8 @@ class LocalMskEventSource(LocalMapping):
                             log.exception("local MSK event source failed a cycle")
                             self._stop.wait(1.0)
                 finally:
-                    # The batches in flight end (one still failing gives up at its next backoff, committing
-                    # nothing); those handled are committed.
+                    # The batches in flight end (one still failing gives up at its next backoff, one still waiting
+                    # for an execution environment is not invoked, committing nothing); those handled are committed.
                     topics.settle(wait=True)
         finally:
             consumer.close()
@@ -201,7 +202,7 @@ class _TopicMappings:
                 failed[topic], mapping.pending = batch + mapping.pending, []
             elif invocation.result():
                 handled.extend(batch)
-            # (Else stopping while it still failed: not committed, it comes again after a restart.)
+            # (Else stopping before it began or while it still failed: not committed, it comes again after a restart.)
             if not mapping.pending:
                 self._resume(topic)  # before a rewind's seek: a paused partition resumes where consume() left it
         self._commit(handled)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from poimen_tools.local import event_source
 from poimen_tools.local.devserver import ExecutionEnvironments
@@ -71,16 +71,31 @@ class _Consumer:
     def __init__(self, *topics: str) -> None:
         self.records: dict[tuple[str, int], int] = {(topic, 0): 0 for topic in topics}  # records published
         self.positions: dict[tuple[str, int], int] = dict.fromkeys(self.records, 0)
-        self.committed: dict[tuple[str, int], int] = {}
+        self.revoked: set[tuple[str, int]] = set()  # partitions a rebalance gave to another member
+        self.commits: dict[tuple[str, int], int] = {}
         self.paused: set[tuple[str, int]] = set()
         self.errors: list[_Message] = []  # returned by the next consume()
         self.consumed_at: list[float] = []  # when consume() was called (time.monotonic())
         self.configs: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
-    def publish(self, topic: str) -> None:
+    def publish(self, topic: str, partition: int = 0) -> None:
         with self._lock:
-            self.records[(topic, 0)] += 1
+            self.records.setdefault((topic, partition), 0)
+            self.positions.setdefault((topic, partition), 0)
+            self.records[(topic, partition)] += 1
+
+    def revoke(self, topic: str, partition: int) -> None:
+        """A rebalance gives the partition to another member: no longer assigned to this one."""
+        with self._lock:
+            self.revoked.add((topic, partition))
+            self.paused.discard((topic, partition))
+
+    def reassign(self, topic: str, partition: int) -> None:
+        """A rebalance gives the partition back: consumed from its committed offset, unpaused."""
+        with self._lock:
+            self.revoked.discard((topic, partition))
+            self.positions[(topic, partition)] = self.commits.get((topic, partition), 0)
 
     def subscribe(self, topics: list[str]) -> None:
         pass
@@ -93,7 +108,7 @@ class _Consumer:
             self.consumed_at.append(time.monotonic())
             batch, self.errors = list(self.errors), []
             for key, end in self.records.items():
-                while key not in self.paused and self.positions[key] < end and len(batch) < num_messages:
+                while key not in self.paused | self.revoked and self.positions[key] < end and len(batch) < num_messages:
                     batch.append(_Message(key[0], key[1], self.positions[key]))
                     self.positions[key] += 1
         if not batch:
@@ -110,17 +125,31 @@ class _Consumer:
 
     def seek(self, partition: TopicPartition) -> None:
         with self._lock:
+            if (partition.topic, partition.partition) in self.revoked:  # as librdkafka refuses it
+                raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION, "Local: Unknown partition"))
             self.positions[(partition.topic, partition.partition)] = partition.offset
 
     def assignment(self) -> list[TopicPartition]:
-        return [TopicPartition(topic, partition) for topic, partition in self.records]
+        with self._lock:
+            return [
+                TopicPartition(topic, partition)
+                for topic, partition in self.records
+                if (topic, partition) not in self.revoked
+            ]
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        with self._lock:
+            return [
+                TopicPartition(tp.topic, tp.partition, self.commits.get((tp.topic, tp.partition), -1001))
+                for tp in partitions
+            ]
 
     def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> list[TopicPartition]:
         assert asynchronous is False
         with self._lock:
             for tp in offsets:
-                assert tp.offset >= self.committed.get((tp.topic, tp.partition), 0), "a commit went backwards"
-                self.committed[(tp.topic, tp.partition)] = tp.offset
+                assert tp.offset >= self.commits.get((tp.topic, tp.partition), 0), "a commit went backwards"
+                self.commits[(tp.topic, tp.partition)] = tp.offset
         return offsets
 
 
@@ -166,7 +195,7 @@ def test_commits_the_next_offset_of_each_owned_partition_only() -> None:
 
     event_source.commit(consumer, batch)  # type: ignore[arg-type]
 
-    assert consumer.committed == {("t", 0): 8}  # u-0 is not assigned to this member: not ours
+    assert consumer.commits == {("t", 0): 8}  # u-0 is not assigned to this member: not ours
 
 
 def test_a_failed_topic_batch_is_rewound_alone_and_read_again(
@@ -191,9 +220,104 @@ def test_a_failed_topic_batch_is_rewound_alone_and_read_again(
     consumer.publish("poimen.b.dispatch")
 
     # Then the handled topic is committed, and the failed one is read again from its record, never committed
-    wait_for(lambda: consumer.committed.get(("poimen.b.dispatch", 0)) == 1, timeout=10, what="b committed")
+    wait_for(lambda: consumer.commits.get(("poimen.b.dispatch", 0)) == 1, timeout=10, what="b committed")
     wait_for(lambda: invoked.count("poimen.a.dispatch-0") >= 3, timeout=10, what="a's batch invoked again")
-    assert ("poimen.a.dispatch", 0) not in consumer.committed
+    assert ("poimen.a.dispatch", 0) not in consumer.commits
+
+
+def test_a_failed_batch_whose_partition_was_revoked_still_rewinds_its_other_partitions(
+    consumer: _Consumer, running: Callable[[LocalMskEventSource], LocalMskEventSource]
+) -> None:
+    # Given a tenant topic of two partitions, a record on each read into one batch, and a relay whose first
+    # invocation fails while a rebalance gives partition 0 to another member, the on-failure destination down
+    consumer.publish("poimen.a.dispatch", 0)
+    consumer.publish("poimen.a.dispatch", 1)
+    handled: list[tuple[str, int]] = []
+    failures = [RuntimeError("the API refused the relay")]
+
+    def relay(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+        if failures:
+            consumer.revoke("poimen.a.dispatch", 0)
+            raise failures.pop()
+        handled.extend((name, record["offset"]) for name, group in event["records"].items() for record in group)
+        return {}
+
+    def down_once(_record: dict[str, Any]) -> None:
+        raise ConnectionError("unreachable")
+
+    # When the batch fails, then partition 1 gets its next record, and partition 0 comes back
+    running(_source(relay, down_once, max_attempts=1, retry_base_seconds=0.01))
+    wait_for(lambda: not failures, timeout=10, what="the batch failed")
+    consumer.publish("poimen.a.dispatch", 1)
+    wait_for(lambda: consumer.commits.get(("poimen.a.dispatch", 1)) == 2, timeout=10, what="partition 1 committed")
+    consumer.reassign("poimen.a.dispatch", 0)
+    wait_for(lambda: consumer.commits.get(("poimen.a.dispatch", 0)) == 1, timeout=10, what="partition 0 committed")
+
+    # Then every record was handled before its partition was committed past it: partition 1's first record was
+    # read again from the failed batch (not skipped by the refused seek of partition 0), and partition 0's too
+    assert sorted(set(handled)) == [("poimen.a.dispatch-0", 0), ("poimen.a.dispatch-1", 0), ("poimen.a.dispatch-1", 1)]
+
+
+def test_a_batch_handled_while_a_rebalance_held_its_partition_is_committed_once_the_partition_is_back(
+    consumer: _Consumer, running: Callable[[LocalMskEventSource], LocalMskEventSource]
+) -> None:
+    # Given a tenant's batch in flight when a rebalance (a new tenant's topic appearing) takes its partition away
+    consumer.publish("poimen.a.dispatch")
+    handled: list[int] = []
+
+    def relay(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+        consumer.revoke("poimen.a.dispatch", 0)
+        handled.extend(record["offset"] for group in event["records"].values() for record in group)
+        return {}
+
+    # When the batch is handled while the partition is away, and the partition then comes back to this member
+    running(_source(relay, _never, max_attempts=1))
+    wait_for(lambda: handled == [0], timeout=10, what="the batch handled")
+    polls = len(consumer.consumed_at)
+    wait_for(lambda: len(consumer.consumed_at) >= polls + 2, timeout=10, what="the batch settled while away")
+    consumer.reassign("poimen.a.dispatch", 0)
+
+    # Then its record is committed (not left to come again after a clean restart), and not handled twice
+    wait_for(lambda: consumer.commits.get(("poimen.a.dispatch", 0)) == 1, timeout=10, what="the record committed")
+    assert handled == [0]
+
+
+def test_stopping_invokes_no_batch_still_waiting_for_an_execution_environment(consumer: _Consumer) -> None:
+    # Given one execution environment, busy with one tenant's batch while another tenant's batch waits for it
+    started, release = threading.Event(), threading.Event()
+    invoked: list[str] = []
+
+    def relay(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+        invoked.extend(event["records"])
+        started.set()
+        release.wait(10)
+        return {}
+
+    source = _source(relay, _never, max_attempts=1, concurrency=1)
+    source.start()
+    consumer.publish("poimen.a.dispatch")
+    consumer.publish("poimen.b.dispatch")
+    wait_for(started.is_set, timeout=10, what="the first batch invoked")
+    polls = len(consumer.consumed_at)
+    wait_for(lambda: len(consumer.consumed_at) >= polls + 2, timeout=10, what="the second batch waiting")
+
+    # When the source is stopped (Ctrl-C), then the running batch ends
+    stopping = threading.Thread(target=source.stop)
+    stopping.start()
+    wait_for(source._stop.is_set, timeout=10, what="the stop asked for")
+    release.set()
+    stopping.join(10)
+
+    # Then the waiting batch was never invoked (nor committed): it comes again after a restart; the running one is
+    # committed
+    assert not stopping.is_alive()
+    assert len(invoked) == 1
+    assert consumer.commits == {_partition(invoked[0]): 1}
+
+
+def _partition(name: str) -> tuple[str, int]:
+    topic, _, partition = name.rpartition("-")
+    return (topic, int(partition))
 
 
 def test_no_dispatch_topic_yet_is_not_logged_as_a_problem(
@@ -236,9 +360,9 @@ def test_the_batches_of_several_topics_are_invoked_at_once(
     consumer.publish("poimen.b.dispatch")
 
     # Then both ran together and both topics' offsets are committed
-    wait_for(lambda: len(consumer.committed) == 2, timeout=10, what="both topics committed")
+    wait_for(lambda: len(consumer.commits) == 2, timeout=10, what="both topics committed")
     assert sorted(invoked) == ["poimen.a.dispatch-0", "poimen.b.dispatch-0"]
-    assert consumer.committed == {("poimen.a.dispatch", 0): 1, ("poimen.b.dispatch", 0): 1}
+    assert consumer.commits == {("poimen.a.dispatch", 0): 1, ("poimen.b.dispatch", 0): 1}
 
 
 def test_the_consumer_is_polled_while_a_batch_is_retried_through_an_outage(
@@ -255,7 +379,7 @@ def test_the_consumer_is_polled_while_a_batch_is_retried_through_an_outage(
 
     # When a tenant publishes a record and its batch is retried until it is parked
     consumer.publish("poimen.a.dispatch")
-    wait_for(lambda: consumer.committed, timeout=30, what="the batch parked and committed")
+    wait_for(lambda: consumer.commits, timeout=30, what="the batch parked and committed")
     started = consumer.consumed_at[0]
     polls = [at for at in consumer.consumed_at if at >= started]
 
@@ -264,7 +388,7 @@ def test_the_consumer_is_polled_while_a_batch_is_retried_through_an_outage(
     longest_gap = max(later - earlier for earlier, later in itertools.pairwise(polls))
     assert longest_gap < 1.0
     assert longest_gap * 1000 < consumer.configs[0]["max.poll.interval.ms"]
-    assert consumer.committed == {("poimen.a.dispatch", 0): 1}
+    assert consumer.commits == {("poimen.a.dispatch", 0): 1}
     assert len(parked) == 1
 
 
@@ -331,13 +455,13 @@ def test_a_tenant_whose_batch_outlasts_the_timeout_stalls_no_other_tenant(
     # Then b's records are handled and committed without waiting for a's batch (well within its 7.5 s), and a's
     # next record is not (its mapping never commits past an unhandled record)
     wait_for(
-        lambda: consumer.committed.get(("poimen.b.dispatch", 0)) == 2, timeout=4, what="tenant b's records committed"
+        lambda: consumer.commits.get(("poimen.b.dispatch", 0)) == 2, timeout=4, what="tenant b's records committed"
     )
-    assert ("poimen.a.dispatch", 0) not in consumer.committed
+    assert ("poimen.a.dispatch", 0) not in consumer.commits
     assert parked == []
     # And a's invocations end at the timeout, each a failure: after its 3 attempts the batch of its first record
     # is parked (long before its 60 s), then its next record handled and both committed
-    wait_for(lambda: consumer.committed.get(("poimen.a.dispatch", 0)) == 2, timeout=30, what="tenant a committed")
+    wait_for(lambda: consumer.commits.get(("poimen.a.dispatch", 0)) == 2, timeout=30, what="tenant a committed")
     assert time.monotonic() - began >= 7.5
     assert _parked_records(parked[0]) == [("poimen.a.dispatch", 0, 0)]
     assert parked[0]["requestContext"]["approximateInvokeCount"] == 3

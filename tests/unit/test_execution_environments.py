@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from poimen_tools.local.devserver import ExecutionEnvironments, InvocationTimedOut
+from poimen_tools.local.template import Template, default_template_path
 from tests.conftest import wait_for
 
 TEMPLATE = """\
@@ -186,3 +187,18 @@ def test_each_function_has_its_own_variables_from_the_template(environments: Exe
     assert variables == {"POWERTOOLS_SERVICE_NAME": "poimen-probe", "POWERTOOLS_METRICS_NAMESPACE": "Probes"}
     # And its timeout is the function's (Globals' here)
     assert environments.timeout_seconds == 30
+
+
+def test_a_function_gets_no_variable_the_template_gives_only_another_function(template_path: Path) -> None:
+    # Given a process holding another function's variable (as `poimen dev`'s holds admission's TABLE_NAME and
+    # service name), and a function whose template declares no such variable
+    with _started(template_path, "BriefProbe", 1) as environments:
+        # When the function reads it
+        variables = environments.invoke({"variables": ["POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE"]})
+
+    # Then it is unset, as Lambda sets a function only its own variables (the relay cannot learn admission's
+    # table from its environment, as on AWS), and the Globals' are set
+    assert variables == {"POWERTOOLS_SERVICE_NAME": None, "POWERTOOLS_METRICS_NAMESPACE": "Probes"}
+    # And so the relay's (in `poimen dev`, whose process holds admission's) have none of admission's own
+    relay_unset = Template(default_template_path()).other_functions_variables("InboxRelayFunction")
+    assert {"TABLE_NAME", "TENANTS", "RELAY_PRINCIPAL"} <= relay_unset

@@ -227,9 +227,10 @@ class ExecutionEnvironments:
 
     Each environment has the function's own variables from the template (Globals', then its own: the
     `Ref`s `refs` names or parameter defaults resolve, and `variables` for what only a deploy knows) over the
-    variables of the process that starts it, and its timeout (the function's, else Globals', else Lambda's
-    3 s default): an invocation still running at its timeout is ended, its process killed, and fails
-    (InvocationTimedOut), as Lambda ends it and resets the environment.
+    variables of the process that starts it, less those the template gives only other functions, and its
+    timeout (the function's, else Globals', else Lambda's 3 s default): an invocation still running at its
+    timeout is ended, its process killed, and fails (InvocationTimedOut), as Lambda ends it and resets the
+    environment.
 
     `start()` launches all N and each imports the handler (Lambda's init phase) at once; `wait_ready()`
     returns when every one has, so the first requests never wait for an import. The environments
@@ -257,6 +258,9 @@ class ExecutionEnvironments:
         template = Template(Path(template_path))
         self.timeout_seconds = template.function_timeout(logical_id)
         self.variables = {**template.function_environment(logical_id, refs or {}), **(variables or {})}
+        # Unset in its environments if the starting process holds them (`poimen dev`'s holds admission's
+        # TABLE_NAME): a function sees no other's variables, as on Lambda.
+        self._unset = sorted(template.other_functions_variables(logical_id) - set(self.variables))
         self._environments: list[_Environment] = []
         self._idle: queue.SimpleQueue[int] = queue.SimpleQueue()  # the environments free, by index
         self._lock = threading.Lock()  # replacing an environment and closing, one at a time
@@ -294,6 +298,7 @@ class ExecutionEnvironments:
                 self._template_path,
                 self.function_name,
                 self.variables,
+                self._unset,
                 self._loaded,
                 os.getpid(),
                 # The parent-death signal fires when the *thread* that started a process ends (it is
@@ -462,17 +467,21 @@ def _start_environment(
     template_path: str,
     logical_id: str,
     variables: Mapping[str, str],
+    unset: list[str],
     all_loaded: Any,
     parent_pid: int,
     parent_death_signal: bool,
 ) -> None:
     """An execution environment's init phase: outlive nothing, ignore stop signals, take the function's
-    variables (before the handler's modules read them at import), import the handler."""
+    variables (before the handler's modules read them at import) and none of other functions' (`unset`),
+    import the handler."""
     _die_with_parent(parent_pid, parent_death_signal=parent_death_signal)
     # Ctrl-C reaches the whole process group; the environments are stopped by their owner instead.
     for stop in _STOP_SIGNALS:
         signal.signal(stop, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # one that came meanwhile is dropped
+    for name in unset:
+        os.environ.pop(name, None)
     os.environ.update(variables)
     global _all_loaded
     _all_loaded = all_loaded

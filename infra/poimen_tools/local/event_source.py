@@ -9,7 +9,8 @@ own), a busy topic's partitions paused while the consumer goes on polling the ot
 committed as soon as it is handled: the handler returned, or, after `max_attempts` failures (an invocation past
 the function's timeout is one: its execution environment ends it), it went to the on-failure destination in the
 record Lambda writes to an S3 destination (metadata plus the whole event). Nothing is committed past a record
-not handled; stopping while a batch is still failing commits nothing of it: it comes again.
+not handled; stopping while a batch is still failing, or before it was invoked, commits nothing of it: it comes
+again.
 """
 
 from __future__ import annotations
@@ -118,8 +119,8 @@ class LocalMskEventSource(LocalMapping):
                             log.exception("local MSK event source failed a cycle")
                             self._stop.wait(1.0)
                 finally:
-                    # The batches in flight end (one still failing gives up at its next backoff, committing
-                    # nothing); those handled are committed.
+                    # The batches in flight end (one still failing gives up at its next backoff, one still waiting
+                    # for an execution environment is not invoked, committing nothing); those handled are committed.
                     topics.settle(wait=True)
         finally:
             consumer.close()
@@ -149,6 +150,10 @@ class _TopicMappings:
         # The offset after the last record taken into a batch, by partition: a rebalance resumes a partition at
         # its committed offset, and the records of a batch in flight or handled since are not taken twice.
         self._next: dict[tuple[str, int], int] = {}
+        # The offset after the records handled of each partition a rebalance had taken away when they were to be
+        # committed: committed once the partition is back with this member (a clean restart would read them
+        # again), unless its group committed as far meanwhile (another member had it).
+        self._deferred: dict[tuple[str, int], int] = {}
 
     def poll(self, batch_size: int, window: float) -> None:
         """Read what the consumer has (waiting up to `window`), settle the batches that have ended, and invoke
@@ -197,12 +202,36 @@ class _TopicMappings:
                 failed[topic], mapping.pending = batch + mapping.pending, []
             elif invocation.result():
                 handled.extend(batch)
-            # (Else stopping while it still failed: not committed, it comes again after a restart.)
+            # (Else stopping before it began or while it still failed: not committed, it comes again after a restart.)
             if not mapping.pending:
                 self._resume(topic)  # before a rewind's seek: a paused partition resumes where consume() left it
-        commit(self._consumer, handled)
+        self._commit(handled)
         for messages in failed.values():
             self._rewind(messages)
+
+    def _commit(self, handled: list[Message]) -> None:
+        owned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+        for message in handled:
+            key = _partition_of(message)
+            if key in owned:
+                self._deferred.pop(key, None)  # this commit goes further
+            else:
+                self._deferred[key] = max(self._deferred.get(key, 0), (message.offset() or 0) + 1)
+        commit(self._consumer, handled)
+        back = [TopicPartition(topic, partition) for topic, partition in self._deferred if (topic, partition) in owned]
+        if not back:
+            return
+        try:
+            committed = self._consumer.committed(back, timeout=10)
+        except Exception as error:  # the broker is away: tried again at the next settle
+            log.warning("committed offsets not read: %s", error)
+            return
+        offsets: dict[tuple[str, int], int] = {}
+        for tp in committed:
+            offset = self._deferred.pop((tp.topic, tp.partition))
+            if tp.error is None and offset > tp.offset:  # no commit (a negative offset) or one short of it
+                offsets[(tp.topic, tp.partition)] = offset
+        _commit_offsets(self._consumer, offsets)
 
     def _partitions(self, topic: str) -> list[TopicPartition]:
         return [tp for tp in self._consumer.assignment() if tp.topic == topic]
@@ -221,9 +250,14 @@ class _TopicMappings:
         for message in messages:
             key = _partition_of(message)
             first[key] = min(first.get(key, message.offset() or 0), message.offset() or 0)
+        owned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
         for (topic, partition), offset in first.items():
             self._next[(topic, partition)] = offset
-            self._consumer.seek(TopicPartition(topic, partition, offset))
+            # A partition a rebalance revoked cannot be sought (librdkafka refuses it: one refusal must not leave
+            # the others unwound). Whoever owns it next reads it from its committed offset, never past this
+            # batch's first record (nothing of it was committed), and so does this member if it comes back.
+            if (topic, partition) in owned:
+                self._consumer.seek(TopicPartition(topic, partition, offset))
 
 
 def commit(consumer: Consumer, messages: list[Message]) -> None:
@@ -235,9 +269,13 @@ def commit(consumer: Consumer, messages: list[Message]) -> None:
         key = _partition_of(message)
         if key in owned:
             last[key] = max(last.get(key, -1), message.offset() or 0)
-    if not last:
+    _commit_offsets(consumer, {key: offset + 1 for key, offset in last.items()})
+
+
+def _commit_offsets(consumer: Consumer, next_offsets: dict[tuple[str, int], int]) -> None:
+    if not next_offsets:
         return
-    offsets = [TopicPartition(topic, partition, offset + 1) for (topic, partition), offset in last.items()]
+    offsets = [TopicPartition(topic, partition, offset) for (topic, partition), offset in next_offsets.items()]
     try:
         results = consumer.commit(offsets=offsets, asynchronous=False) or []
     except Exception as error:  # the broker is away: the records come again after a restart

@@ -62,7 +62,11 @@ class LocalMapping(abc.ABC):
 
     def _deliver(self, event: dict[str, Any], on_failure_record: Callable[[int], dict[str, Any]]) -> bool:
         """True once the batch is handled: by the function, or, after `max_attempts` failures, sent to the
-        on-failure destination as `on_failure_record(attempts)`. False: stopping while it still fails."""
+        on-failure destination as `on_failure_record(attempts)`. False: stopping before it began (a batch left
+        waiting for an execution environment is not invoked once its owner is asked to stop) or while it still
+        fails."""
+        if self._stop.is_set():
+            return False
         for attempt in range(1, self._max_attempts + 1):
             try:
                 self._handler(event, LocalLambdaContext(self._function_name, timeout_seconds=self._timeout))

@@ -173,6 +173,22 @@ class Template:
         resolved = {name: self.resolve(value, refs) for name, value in merged.items()}
         return {name: value for name, value in resolved.items() if value is not None}
 
+    def other_functions_variables(self, logical_id: str) -> set[str]:
+        """The names of the variables the template gives other functions (their own, not Globals') and not this
+        one: Lambda sets this one none of them."""
+        others = {
+            name
+            for other, body in self.resources.items()
+            if other != logical_id and body.get("Type") == "AWS::Serverless::Function"
+            for name in body.get("Properties", {}).get("Environment", {}).get("Variables", {})
+        }
+        global_vars = self.document.get("Globals", {}).get("Function", {}).get("Environment", {})
+        own = {
+            **global_vars.get("Variables", {}),
+            **self.properties(logical_id).get("Environment", {}).get("Variables", {}),
+        }
+        return others - set(own)
+
     def function_timeout(self, logical_id: str) -> float:
         """The function's Timeout in seconds: its own, else Globals', else Lambda's default, 3 s (AWS Lambda
         Developer Guide, "Configure Lambda function timeout":

@@ -18,7 +18,7 @@ import pytest
 
 from poimen_tools.deploy_check import MAX_EVENT_SOURCE_MAPPINGS, MAX_TENANT_CHARACTERS, limit_refusal, max_tenants
 from tests.conftest import REPO
-from tests.unit.test_template_posture import SAM_PYTHON, SAM_TRANSFORM
+from tests.unit.transforms import sam_transform
 
 # CloudFormation quotas (User Guide, "Understand CloudFormation quotas").
 RESOURCES = 500
@@ -106,18 +106,9 @@ SCENARIOS = {
 
 @cache
 def _transformed_all() -> dict[str, dict[str, Any]]:
-    """Every scenario as CloudFormation gets it: one run of poimen_tools.sam_transform --batch."""
-    assert SAM_PYTHON.exists(), "needs the SAM CLI venv: make .venv-sam/bin/sam (make test creates it)"
-    result = subprocess.run(
-        [str(SAM_PYTHON), str(SAM_TRANSFORM), "--batch", str(REPO / "template.yaml")],
-        input=json.dumps(list(SCENARIOS.values())),
-        capture_output=True,
-        text=True,
-        check=False,
-        env={"PATH": "/usr/bin:/bin", "AWS_DEFAULT_REGION": "us-east-1", "SAM_CLI_TELEMETRY": "0"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return dict(zip(SCENARIOS, json.loads(result.stdout), strict=True))
+    """Every scenario as CloudFormation gets it: one run of poimen_tools.sam_transform --batch
+    (tests/unit/transforms.py)."""
+    return dict(zip(SCENARIOS, json.loads(sam_transform(batch=json.dumps(list(SCENARIOS.values())))), strict=True))
 
 
 # --- values as long as a deploy can make them -----------------------------------------------------------

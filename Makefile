@@ -255,7 +255,12 @@ kafka-jars: $(STAMP)
 		echo "make: fetching the Kafka broker's jars into .cache/kafka (Maven Central, about a minute)"
 	$(BIN)/python -c "from poimen_tools.local.kafka_broker import kafka_jars; print(kafka_jars())"
 
-test: lint check-bundle kafka-jars dynalite asyncapi-parser rie history-check
+# What pytest needs, made side by side (installs wait on the network, lint and the bundle on CPU; each target's
+# output printed whole once it ends), then the tests.
+TEST_PREREQUISITES := lint check-bundle kafka-jars dynalite asyncapi-parser rie history-check
+
+test:
+	$(MAKE) --jobs=4 --output-sync=target $(TEST_PREREQUISITES)
 	$(PYTEST) --cov --cov-report=term
 
 # The inner loop: lint and types of the Python tree and the unit tests (no broker, no bundle; a few minutes).

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _pytest.nodeid import NodeId
 
 from poimen_tools.local.template import Template
 
@@ -122,7 +123,8 @@ def tenant() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`make test`: `-n`, with `--dist loadgroup` from pyproject.toml) tests are handed
     to the workers one by one, but a test using a fixture its own module scopes wider than one test (a module
     fixture: `poimen dev`s, a broker, a build; a session fixture defined in the module) goes to the same
@@ -139,3 +141,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             if fixture.scope == "module" or (fixture.scope != "function" and fixture.baseid == module):
                 item.add_marker(pytest.mark.xdist_group(module))
                 break
+    if not config.getoption("loadgroup", default=False):  # set in a worker of `--dist loadgroup` only
+        return
+    # The group travels to the scheduler as a suffix of the test's id, `<id>@<group>`. pytest-xdist 3.8.0 sets
+    # it as `item._nodeid`, which pytest 9.2 no longer reads (the id is `item._id`): set here, where both look.
+    for item in items:
+        groups = sorted(
+            {
+                str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                for mark in item.iter_markers("xdist_group")
+            }
+        )
+        if groups and "@" not in item.nodeid:
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")

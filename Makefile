@@ -1,5 +1,5 @@
 # The verbs: `make run` serves the API locally, `make test` lints, checks the deployable bundle and runs
-# every test, `make bench` prints the benchmarks, `make build` / `make deploy` are what the deploy
+# every test, `make check` is the inner loop (ruff, mypy, the unit tests), `make bench` prints the benchmarks, `make build` / `make deploy` are what the deploy
 # workflow runs. Each creates what it needs on first use: .venv for the project, .venv-sam for the SAM
 # CLI (its pins are its own), .cache/bin for actionlint, the RIE and the history checker.
 PYTHON ?= python3
@@ -56,6 +56,12 @@ RIE_RUNTIME := .cache/rie/runtime/.installed-$(AWSLAMBDARIC_VERSION)
 # Go module proxy), rebuilt when its sources change; tests/history/check.py refuses a stale one.
 HISTORY_CHECK := .cache/bin/poimen-history-check
 HISTORY_CHECK_SOURCES := $(wildcard tests/history/*.go) tests/history/go.mod tests/history/go.sum
+# pytest on PYTEST_WORKERS pytest-xdist workers (-n; `--dist loadgroup` from pyproject.toml: the tests of a
+# module with fixtures of its own on one worker, tests/conftest.py). Most integration tests wait on processes
+# (`poimen dev`, a broker, the RIE), not on CPU: 4 workers on 2 cores; PYTEST_WORKERS=0 runs in one process.
+# Every run prints its 20 slowest tests (setup and teardown included).
+PYTEST_WORKERS ?= 4
+PYTEST := $(BIN)/pytest -n $(PYTEST_WORKERS) --durations=20
 # Deploying: the samconfig.toml environment, and the parameters only the deploying account knows.
 # TENANTS also reaches `make build`, so a tenant list SAM CLI cannot expand fails before anything ships, and
 # so does one longer than a stack serves (infra/poimen_tools/deploy_check.py, by the SAM CLI's interpreter:
@@ -129,7 +135,7 @@ SAM_DEPLOY = SAM_CLI_TELEMETRY=0 $(SAM) deploy --config-env $(CONFIG_ENV) --stac
 STACK_NAME = $(shell $(PYTHON) -c "import tomllib; \
 	print(tomllib.load(open('samconfig.toml', 'rb'))['$(CONFIG_ENV)']['global']['parameters']['stack_name'])")$(if $(CELL),-$(CELL))
 
-.PHONY: install run test lint check-bundle build deploy kafka-jars dynalite asyncapi-parser rie rie-bundle history-check format \
+.PHONY: install run test check lint check-bundle build deploy kafka-jars dynalite asyncapi-parser rie rie-bundle history-check format \
 	bench soak \
 	openapi docs clean
 
@@ -266,8 +272,20 @@ kafka-jars: $(STAMP)
 		echo "make: fetching the Kafka broker's jars into .cache/kafka (Maven Central, about a minute)"
 	$(BIN)/python -c "from poimen_tools.local.kafka_broker import kafka_jars; print(kafka_jars())"
 
-test: lint check-bundle kafka-jars dynalite asyncapi-parser rie history-check
-	$(BIN)/pytest --cov --cov-report=term
+# What pytest needs, made side by side (installs wait on the network, lint and the bundle on CPU; each target's
+# output printed whole once it ends), then the tests.
+TEST_PREREQUISITES := lint check-bundle kafka-jars dynalite asyncapi-parser rie history-check
+
+test:
+	$(MAKE) --jobs=4 --output-sync=target $(TEST_PREREQUISITES)
+	$(PYTEST) --cov --cov-report=term
+
+# The inner loop: lint and types of the Python tree and the unit tests (no broker, no bundle; a few minutes).
+check: $(STAMP) asyncapi-parser history-check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(PYTEST) tests/unit
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix .

@@ -6,6 +6,8 @@ import contextlib
 import copy
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _pytest.nodeid import NodeId
 
 from poimen_tools.local.template import Template
 
@@ -36,6 +39,30 @@ os.environ.update(
 )
 for name in [name for name in os.environ if name.startswith("AWS_ENDPOINT_URL")]:
     del os.environ[name]
+
+
+# A folder of this test run's, shared by its pytest-xdist workers: the process that starts the run creates it
+# (pytest_configure) before the workers start, so they inherit the variable, and removes it when the run ends.
+RUN_FOLDER = "POIMEN_TEST_RUN_FOLDER"
+_OWNS_RUN_FOLDER = pytest.StashKey[bool]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if RUN_FOLDER not in os.environ:
+        os.environ[RUN_FOLDER] = tempfile.mkdtemp(prefix="poimen-tests-")
+        config.stash[_OWNS_RUN_FOLDER] = True
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if config.stash.get(_OWNS_RUN_FOLDER, False):
+        shutil.rmtree(os.environ.pop(RUN_FOLDER), ignore_errors=True)
+
+
+def run_folder(name: str) -> Path:
+    """`name` in this run's folder (RUN_FOLDER), created on first use."""
+    folder = Path(os.environ[RUN_FOLDER]) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
@@ -94,3 +121,36 @@ def count_runs(client: Any, table_name: str, tenant_id: str) -> list[dict[str, A
 def tenant() -> str:
     """A tenant id no other test uses, so tests never see each other's runs."""
     return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test`: `-n`, with `--dist loadgroup` from pyproject.toml) tests are handed
+    to the workers one by one, but a test using a fixture its own module scopes wider than one test (a module
+    fixture: `poimen dev`s, a broker, a build; a session fixture defined in the module) goes to the same
+    worker as the rest of its module, so that fixture is set up once, as a serial run sets it up. The
+    conftest fixtures (`dev`, `broker`, `template`) are one per worker: tests share them by tenant, topic,
+    table or key. A test with an `xdist_group` mark of its own keeps it (shared files, tests/integration/
+    test_rie.py)."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None or not isinstance(item, pytest.Function):
+            continue
+        module = item.nodeid.split("::", 1)[0]
+        for definitions in item._fixtureinfo.name2fixturedefs.values():
+            fixture = definitions[-1]
+            if fixture.scope == "module" or (fixture.scope != "function" and fixture.baseid == module):
+                item.add_marker(pytest.mark.xdist_group(module))
+                break
+    if not config.getoption("loadgroup", default=False):  # set in a worker of `--dist loadgroup` only
+        return
+    # The group travels to the scheduler as a suffix of the test's id, `<id>@<group>`. pytest-xdist 3.8.0 sets
+    # it as `item._nodeid`, which pytest 9.2 no longer reads (the id is `item._id`): set here, where both look.
+    for item in items:
+        groups = sorted(
+            {
+                str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                for mark in item.iter_markers("xdist_group")
+            }
+        )
+        if groups and "@" not in item.nodeid:
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")

@@ -208,9 +208,11 @@ def http() -> Iterator[requests.Session]:
         yield session
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
-    """A real KRaft broker, one per test module that asks for it."""
+    """A real KRaft broker, one per worker session: tests share it by topic (their own tenant's, a name of
+    their own) and consumer group, and none stops it; a test that stops, kills or reconfigures a broker starts
+    its own (KafkaBroker)."""
     with KafkaBroker(tmp_path_factory.mktemp("kafka")) as running:
         yield running
 

@@ -25,6 +25,9 @@ from poimen_tools.local.template import Template
 from tests.conftest import REPO
 from tests.integration.conftest import free_port
 
+# Both build into .cache/rie-build (rie.build_bundle) and the RIE tests run functions from it: one worker.
+pytestmark = pytest.mark.xdist_group("rie-build")
+
 BUILD = REPO / ".aws-sam" / "build"
 SAM_PYTHON = REPO / ".venv-sam" / "bin" / "python"
 ELF_MACHINE_AARCH64 = 183  # e_machine of an ELF file built for arm64 (AArch64)

@@ -17,6 +17,10 @@ BOUNDED = Options(ops=2_000, kills=1, plan=Plan(kill_every=2), deadline_seconds=
 
 
 def test_the_api_history_under_faults_is_linearizable(tmp_path: Path) -> None:
+    """Over 60 s (BOUNDED's comment: about two minutes on two cores): `poimen dev` is started, then killed and
+    restarted by the nemesis's first cycle, and the clients send 2,000 operations through the fault proxy, over
+    which every fault kind, a refusal and indeterminate spawns land among racing first writes (the assertions
+    below); the long history, 20,000 operations, is `make soak`'s."""
     # Given poimen dev under the nemesis, when the clients have sent their operations and the table is scanned
     outcome = record_and_check(tmp_path, BOUNDED)
     print(f"\n{outcome.table()}\n{outcome.report.summary()}")  # the run's figures (pytest -rP shows them)

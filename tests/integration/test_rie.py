@@ -34,6 +34,9 @@ from poimen_tools.topics import ensure_topics
 from tests.conftest import REPO, count_runs, load_event
 from tests.integration.conftest import RELAY_ROLE, DevServer, dead_letters, next_tenant, wait_for
 
+# Both build into .cache/rie-build (rie.build_bundle) and the RIE tests run functions from it: one worker.
+pytestmark = pytest.mark.xdist_group("rie-build")
+
 ORCHESTRATOR = "arn:aws:iam::123456789012:role/poimen-orchestrator"
 # What Lambda gives every function (region, the role's credentials): here the ones `poimen dev` accepts.
 CREDENTIALS = {
@@ -229,16 +232,10 @@ def bundle() -> dict[str, rie.FunctionBundle]:
     return rie.functions(rie.build_bundle())
 
 
-@pytest.fixture(scope="session")
-def rie_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
-    with KafkaBroker(tmp_path_factory.mktemp("rie-kafka")) as broker:
-        yield broker
-
-
 @pytest.fixture
 def local(dev: DevServer, tenant: str, request: pytest.FixtureRequest) -> Local:
     """This test's tenant, granted to the orchestrator's role, and a dead-letter queue of its own."""
-    return Local.granted(dev, tenant, lambda: request.getfixturevalue("rie_broker"))
+    return Local.granted(dev, tenant, lambda: request.getfixturevalue("broker"))
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from moto import mock_aws
 from poimen_tools.deploy_check import TENANT_PATTERN, DeployedCell, cell_refusal, deployed_cells, main, max_tenants
 from poimen_tools.local.template import Template
 from tests.conftest import REPO
-from tests.unit.test_template_posture import SAM_PYTHON
+from tests.unit.transforms import SAM_PYTHON
 
 CLUSTER = "arn:aws:kafka:us-east-1:111122223333:cluster/poimen/5f0c3a1e-8d2b-4c6a-9e1f-2b7d4c8a6e30-2"
 OTHER_CLUSTER = "arn:aws:kafka:us-east-1:111122223333:cluster/other/00000000-0000-0000-0000-000000000000-1"

@@ -71,4 +71,5 @@ def test_the_readme_names_the_two_commands_ci_runs() -> None:
     section = readme.split("\n## The two commands\n", 1)[1].split("\n## ", 1)[0]
     assert "`make run`" in section
     assert "`make test`" in section
+    assert "`make check`" in section  # the inner loop, beside them
     assert (REPO / ".ci" / "run").read_text().splitlines()[-1] == "make test"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-import subprocess
 from functools import cache
 from typing import Any
 
@@ -19,7 +18,8 @@ from poimen.kafka import CLUSTER_ALIAS_PATTERN, replicated_dispatch_topic, tenan
 from poimen_tools.deploy_check import dispatch_sources
 from poimen_tools.local.template import Template
 from tests.conftest import REPO
-from tests.unit.test_template_posture import SAM_PYTHON, SAM_TRANSFORM, _literal_placeholders
+from tests.unit.test_template_posture import _literal_placeholders
+from tests.unit.transforms import sam_transform
 
 TENANTS = ("acme", "beta-2")
 STAGE = "dev"
@@ -67,17 +67,8 @@ KEY = "arn:aws:kms:{}:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 @cache
 def _transformed_in(region: str, **parameters: str) -> dict[str, Any]:
     """The template as CloudFormation gets it in `region`, offline (as tests/unit/test_template_posture.py)."""
-    assert SAM_PYTHON.exists(), "needs the SAM CLI venv: make .venv-sam/bin/sam (make test creates it)"
     arguments = [f"{name}={value}" for name, value in {"Tenants": ",".join(TENANTS), **parameters}.items()]
-    result = subprocess.run(
-        [str(SAM_PYTHON), str(SAM_TRANSFORM), str(REPO / "template.yaml"), *arguments],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={"PATH": "/usr/bin:/bin", "AWS_DEFAULT_REGION": region, "SAM_CLI_TELEMETRY": "0"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    transformed: dict[str, Any] = json.loads(result.stdout)
+    transformed: dict[str, Any] = json.loads(sam_transform(*arguments, region=region))
     return transformed
 
 

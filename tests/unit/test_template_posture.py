@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 import json
 import re
-import subprocess
 from functools import cache
 from typing import Any
 
@@ -15,9 +14,8 @@ import pytest
 
 from poimen_tools.local.template import Template
 from tests.conftest import REPO
+from tests.unit.transforms import sam_transform
 
-SAM_PYTHON = REPO / ".venv-sam" / "bin" / "python"
-SAM_TRANSFORM = REPO / "infra" / "poimen_tools" / "sam_transform.py"
 LAYER_PACKAGE = REPO / "layers" / "poimen" / "poimen"
 FUNCTIONS = ("AdmissionFunction", "InboxRelayFunction", "OutboxRelayFunction")
 KEY_ARN = "arn:aws:kms:us-east-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
@@ -41,19 +39,9 @@ EMITTING_MODULES = {
 
 @cache
 def _transformed(**parameters: str) -> dict[str, Any]:
-    """The template as CloudFormation gets it, offline: poimen_tools.sam_transform under the SAM CLI's
-    interpreter, as `make lint` runs it for checkov."""
-    assert SAM_PYTHON.exists(), "needs the SAM CLI venv: make .venv-sam/bin/sam (make test creates it)"
+    """The template as CloudFormation gets it, offline (tests/unit/transforms.py)."""
     arguments = [f"{name}={value}" for name, value in {"Tenants": "acme,beta-2", **parameters}.items()]
-    result = subprocess.run(
-        [str(SAM_PYTHON), str(SAM_TRANSFORM), str(REPO / "template.yaml"), *arguments],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={"PATH": "/usr/bin:/bin", "AWS_DEFAULT_REGION": "us-east-1", "SAM_CLI_TELEMETRY": "0"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    transformed: dict[str, Any] = json.loads(result.stdout)
+    transformed: dict[str, Any] = json.loads(sam_transform(*arguments))
     return transformed
 
 

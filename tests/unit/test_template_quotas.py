@@ -30,7 +30,7 @@ from poimen_tools.deploy_check import (
     max_tenants,
 )
 from tests.conftest import REPO
-from tests.unit.test_template_posture import SAM_PYTHON, SAM_TRANSFORM
+from tests.unit.transforms import sam_transform
 
 # CloudFormation quotas (User Guide, "Understand CloudFormation quotas").
 RESOURCES = 500
@@ -124,19 +124,10 @@ OVER = {
 
 
 def _batch(template: str, scenarios: list[dict[str, str]], *, declared: bool) -> list[dict[str, Any]]:
-    """`scenarios` as CloudFormation gets them: one run of poimen_tools.sam_transform --batch, every resource
-    declared kept (`declared`) or only those the stack creates."""
-    assert SAM_PYTHON.exists(), "needs the SAM CLI venv: make .venv-sam/bin/sam (make test creates it)"
-    result = subprocess.run(
-        [str(SAM_PYTHON), str(SAM_TRANSFORM), "--batch", *(["--declared"] if declared else []), template],
-        input=json.dumps(scenarios),
-        capture_output=True,
-        text=True,
-        check=False,
-        env={"PATH": "/usr/bin:/bin", "AWS_DEFAULT_REGION": "us-east-1", "SAM_CLI_TELEMETRY": "0"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    templates: list[dict[str, Any]] = json.loads(result.stdout)
+    """`scenarios` as CloudFormation gets them: one run of poimen_tools.sam_transform --batch
+    (tests/unit/transforms.py), every resource declared kept (`declared`) or only those the stack creates."""
+    output = sam_transform(batch=json.dumps(scenarios), declared=declared, template=Path(template))
+    templates: list[dict[str, Any]] = json.loads(output)
     return templates
 
 

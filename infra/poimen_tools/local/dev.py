@@ -461,7 +461,12 @@ def _prepare_table(
         described = client.describe_time_to_live(TableName=table_name)["TimeToLiveDescription"]
         if described.get("TimeToLiveStatus") not in ("ENABLED", "ENABLING"):
             client.update_time_to_live(**time_to_live)
-    settings = Settings.from_env({"TABLE_NAME": table_name, "AWS_REGION": region, "TABLE_REGION": region})
+    # The grants are start-up, not a request: written with botocore's own 60 s timeout (as the calls above),
+    # not with a function's DynamoDB timeout, which a local DynamoDB on a loaded machine outlasts while the
+    # execution environments load their handlers.
+    settings = Settings.from_env(
+        {"TABLE_NAME": table_name, "AWS_REGION": region, "TABLE_REGION": region, "DYNAMODB_TIMEOUT_SECONDS": "60"}
+    )
     store = Store(settings)
     for principal in principals:
         for tenant in principal.tenants:

@@ -212,8 +212,9 @@ def test_publishing_to_an_absent_broker_fails_fast_in_one_line_naming_it(home: P
     again = r"; publish it again with --dispatch-key poimen-dispatch/[0-9a-f-]{36}, which admits at most one run"
     assert re.fullmatch(re.escape(cause) + again, outcome.line), outcome.line
     assert outcome.code == 3
-    # The 2 s timeout plus the interpreter's start (slow on a loaded machine), far from librdkafka's 5 minutes.
-    assert outcome.seconds < 30
+    # The 2 s timeout plus the interpreter's start and imports, which take tens of seconds on two cores shared by
+    # the suite's workers: the bound catches librdkafka's default of 5 minutes (300 s), not the machine's load.
+    assert outcome.seconds < 120
 
 
 def test_declaring_topics_on_an_absent_broker_fails_fast_in_one_line(home: Path) -> None:
@@ -226,7 +227,7 @@ def test_declaring_topics_on_an_absent_broker_fails_fast_in_one_line(home: Path)
         "start it (poimen dev) or pass --bootstrap-servers"
     )
     assert outcome.code == 3
-    assert outcome.seconds < 30
+    assert outcome.seconds < 120  # as above: far below librdkafka's 5 minutes, whatever the load
 
 
 # -- poimen dev -------------------------------------------------------------------------------------

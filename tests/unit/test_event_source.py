@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,7 @@ class _Consumer:
         self.errors: list[_Message] = []  # returned by the next consume()
         self.consumed_at: list[float] = []  # when consume() was called (time.monotonic())
         self.configs: list[dict[str, Any]] = []
+        self.broker_away = False  # commit() raises, as librdkafka's does while the group coordinator is unreachable
         self._lock = threading.Lock()
 
     def publish(self, topic: str, partition: int = 0) -> None:
@@ -147,6 +149,8 @@ class _Consumer:
     def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> list[TopicPartition]:
         assert asynchronous is False
         with self._lock:
+            if self.broker_away:
+                raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Local: Broker transport failure"))
             for tp in offsets:
                 assert tp.offset >= self.commits.get((tp.topic, tp.partition), 0), "a commit went backwards"
                 self.commits[(tp.topic, tp.partition)] = tp.offset
@@ -193,7 +197,7 @@ def test_commits_the_next_offset_of_each_owned_partition_only() -> None:
     consumer = _Consumer("t")
     batch: list[Any] = [_Message("t", 0, 5), _Message("t", 0, 7), _Message("u", 0, 9)]
 
-    event_source.commit(consumer, batch)  # type: ignore[arg-type]
+    event_source._TopicMappings(consumer, lambda _batch: Future())._commit(batch)  # type: ignore[arg-type]
 
     assert consumer.commits == {("t", 0): 8}  # u-0 is not assigned to this member: not ours
 
@@ -278,6 +282,31 @@ def test_a_batch_handled_while_a_rebalance_held_its_partition_is_committed_once_
     consumer.reassign("poimen.a.dispatch", 0)
 
     # Then its record is committed (not left to come again after a clean restart), and not handled twice
+    wait_for(lambda: consumer.commits.get(("poimen.a.dispatch", 0)) == 1, timeout=10, what="the record committed")
+    assert handled == [0]
+
+
+def test_a_handled_batch_whose_commit_failed_while_the_broker_was_away_is_committed_once_it_is_back(
+    consumer: _Consumer, running: Callable[[LocalMskEventSource], LocalMskEventSource]
+) -> None:
+    # Given a tenant's last record handled while the broker is away (a broker restart), its commit refused
+    consumer.publish("poimen.a.dispatch")
+    handled: list[int] = []
+
+    def relay(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+        consumer.broker_away = True
+        handled.extend(record["offset"] for group in event["records"].values() for record in group)
+        return {}
+
+    running(_source(relay, _never, max_attempts=1))
+    wait_for(lambda: handled == [0], timeout=10, what="the batch handled")
+    polls = len(consumer.consumed_at)
+    wait_for(lambda: len(consumer.consumed_at) >= polls + 2, timeout=10, what="the commit tried while away")
+    assert consumer.commits == {}
+    # When the broker is back, and no record follows on that partition
+    consumer.broker_away = False
+
+    # Then the handled record is committed (not left to come again after a restart), and not handled twice
     wait_for(lambda: consumer.commits.get(("poimen.a.dispatch", 0)) == 1, timeout=10, what="the record committed")
     assert handled == [0]
 

@@ -154,6 +154,10 @@ class _TopicMappings:
         # committed: committed once the partition is back with this member (a clean restart would read them
         # again), unless its group committed as far meanwhile (another member had it).
         self._deferred: dict[tuple[str, int], int] = {}
+        # The offset after the records handled of each partition this member owns whose commit failed (the broker
+        # away, a restart): committed at the next settle that reaches it, so a handled record that no other
+        # follows on its partition does not stay uncommitted (to come again after a restart).
+        self._owed: dict[tuple[str, int], int] = {}
 
     def poll(self, batch_size: int, window: float) -> None:
         """Read what the consumer has (waiting up to `window`), settle the batches that have ended, and invoke
@@ -212,12 +216,17 @@ class _TopicMappings:
     def _commit(self, handled: list[Message]) -> None:
         owned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
         for message in handled:
-            key = _partition_of(message)
+            key, after = _partition_of(message), (message.offset() or 0) + 1
             if key in owned:
                 self._deferred.pop(key, None)  # this commit goes further
+                self._owed[key] = max(self._owed.get(key, 0), after)
             else:
-                self._deferred[key] = max(self._deferred.get(key, 0), (message.offset() or 0) + 1)
-        commit(self._consumer, handled)
+                self._deferred[key] = max(self._deferred.get(key, 0), after)
+        for key in [key for key in self._owed if key not in owned]:  # revoked since its commit failed
+            self._deferred[key] = max(self._deferred.get(key, 0), self._owed.pop(key))
+        if self._owed:
+            failed = _commit_offsets(self._consumer, self._owed)
+            self._owed = {key: offset for key, offset in self._owed.items() if key in failed}
         back = [TopicPartition(topic, partition) for topic, partition in self._deferred if (topic, partition) in owned]
         if not back:
             return
@@ -231,7 +240,8 @@ class _TopicMappings:
             offset = self._deferred.pop((tp.topic, tp.partition))
             if tp.error is None and offset > tp.offset:  # no commit (a negative offset) or one short of it
                 offsets[(tp.topic, tp.partition)] = offset
-        _commit_offsets(self._consumer, offsets)
+        for key in _commit_offsets(self._consumer, offsets):  # the broker away again: checked again next time
+            self._deferred[key] = max(self._deferred.get(key, 0), offsets[key])
 
     def _partitions(self, topic: str) -> list[TopicPartition]:
         return [tp for tp in self._consumer.assignment() if tp.topic == topic]
@@ -260,30 +270,22 @@ class _TopicMappings:
                 self._consumer.seek(TopicPartition(topic, partition, offset))
 
 
-def commit(consumer: Consumer, messages: list[Message]) -> None:
-    """Commit the offset after the last of `messages` on each partition this member still owns (a commit for a
-    revoked one could rewind its new owner)."""
-    owned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
-    last: dict[tuple[str, int], int] = {}
-    for message in messages:
-        key = _partition_of(message)
-        if key in owned:
-            last[key] = max(last.get(key, -1), message.offset() or 0)
-    _commit_offsets(consumer, {key: offset + 1 for key, offset in last.items()})
-
-
-def _commit_offsets(consumer: Consumer, next_offsets: dict[tuple[str, int], int]) -> None:
+def _commit_offsets(consumer: Consumer, next_offsets: dict[tuple[str, int], int]) -> set[tuple[str, int]]:
+    """Commit `next_offsets`; the partitions whose commit failed (every one when the broker is away)."""
     if not next_offsets:
-        return
+        return set()
     offsets = [TopicPartition(topic, partition, offset) for (topic, partition), offset in next_offsets.items()]
     try:
         results = consumer.commit(offsets=offsets, asynchronous=False) or []
-    except Exception as error:  # the broker is away: the records come again after a restart
+    except Exception as error:  # the broker is away
         log.warning("offset commit failed: %s", error)
-        return
+        return set(next_offsets)
+    failed = set()
     for result in results:
         if result.error is not None:
             log.warning("offset commit failed for %s-%d: %s", result.topic, result.partition, result.error)
+            failed.add((result.topic, result.partition))
+    return failed
 
 
 def _partition_of(message: Message) -> tuple[str, int]:

@@ -59,7 +59,8 @@ class Cells:
 @pytest.fixture(scope="module")
 def cells(dev: DevServer, broker: KafkaBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cells]:
     """Both cells' `poimen dev`s on the session's moto server (one account and Region, as cells are) and the
-    module's broker (one cluster)."""
+    module's broker (one cluster). Over 60 s to set up on two cores: three `poimen dev`s (cell a in two Regions,
+    cell b), each warming its execution environments, once for the module's tests."""
     root = tmp_path_factory.mktemp("cells")
     suffix = uuid.uuid4().hex[:8]
     table_a, table_b = f"poimen-admission-cells_a-{suffix}", f"poimen-admission-cells_b-{suffix}"

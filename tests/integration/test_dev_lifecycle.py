@@ -185,6 +185,8 @@ def test_sigkill_takes_the_execution_environments_and_the_broker_along(tmp_path:
 
 @linux_only
 def test_a_restart_after_sigkill_resumes_consuming_within_seconds(tmp_path: Path, tenant: str) -> None:
+    """About 60 s: a broker and `poimen dev` of its own (it kills and restarts it), the restart waiting for the
+    environments to warm and the group to rebalance, as a user's restart does."""
     with KafkaBroker(tmp_path / "kafka") as broker:
         bootstrap = broker.bootstrap_servers
         ensure_topics(bootstrap, tenant, partitions=3, replication_factor=1)
@@ -265,6 +267,8 @@ def test_a_taken_port_is_named_with_its_fix() -> None:
 
 @linux_only
 def test_execution_environments_killed_are_replaced_and_nothing_is_parked(tmp_path: Path, tenant: str) -> None:
+    """About 60 s: a broker and `poimen dev` of its own (it kills its execution environments), each environment
+    replaced and warmed (imports of the layer) before the spawns that show nothing was parked."""
     with KafkaBroker(tmp_path / "kafka") as broker:
         bootstrap = broker.bootstrap_servers
         ensure_topics(bootstrap, tenant, partitions=3, replication_factor=1)

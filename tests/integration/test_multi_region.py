@@ -141,6 +141,8 @@ def positions(bootstrap: str, topic: str, table: str) -> tuple[dict[int, int], d
 
 
 def test_a_region_killed_mid_stream_loses_no_run_and_admits_none_twice(tmp_path: Path, aws: str, tenant: str) -> None:
+    """Over 60 s: two Regions' brokers and `poimen dev`s of its own, one killed mid-stream and its replica
+    caught up, as a Region's failure needs; the stream is sized to be in flight when the kill lands."""
     started = time.monotonic()
     table = f"mrsc-{uuid.uuid4().hex[:8]}"
     brokers = {region: KafkaBroker(tmp_path / f"kafka-{region}") for region in (EAST, WEST)}

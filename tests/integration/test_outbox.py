@@ -180,6 +180,8 @@ def test_every_admitted_run_is_exactly_one_event(kafka_dev: DevServer, broker: K
 
 
 def test_a_broker_outage_and_a_sigkill_lose_no_event(tmp_path: Path, moto_server: str, tenant: str) -> None:
+    """Over 60 s: a broker and `poimen dev` of its own, since it stops the one and kills the other; each waits
+    for the outbox to have resumed (Kafka's reconnect backoff and the stream's shard iterator) before going on."""
     # Given `poimen dev` on a broker and a moto server of this test's own (both outlive it)
     broker = KafkaBroker(tmp_path / "kafka")
     broker.start()

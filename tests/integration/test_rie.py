@@ -596,6 +596,8 @@ def test_one_function_runs_by_hand_as_docs_local_md_says(bundle: dict[str, rie.F
 
 
 def test_the_cold_start_benchmark_prints_its_table() -> None:
+    """About 60 s: `make bench`'s cold-start step on the built bundle under the RIE, one fresh init per function
+    (the fewest that print the table it checks)."""
     # Given `make bench`'s first step, on one fresh init per function
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks.cold_start", "--inits", "1"],

@@ -383,13 +383,17 @@ def test_deploy_command_refuses_a_tenant_another_cell_serves(built: Path, comman
 
 # A SAM CLI that says how it was called and deploys only the run retention's parameters (moto's CloudFormation
 # cannot run the template's transforms): what the second, parameter-only deploy of a change reads back.
+# It reads the overrides with SAM CLI's own parser, so that a word it refuses fails the deploy as it would.
 FAKE_SAM = """#!{python}
 import sys, boto3
+from samcli.cli.types import CfnParameterOverridesType
 print("sam " + " ".join(sys.argv[1:]), flush=True)
 if sys.argv[1] != "deploy":
     sys.exit(0)
 names = ("RunRetentionDays", "PreviousRunRetentionDays", "RunRetentionChangedAt")
-given = dict(word.split("=", 1) for word in sys.argv[1:] if word.split("=", 1)[0] in names)
+start = sys.argv.index("--parameter-overrides") + 1
+read = CfnParameterOverridesType().convert(tuple(w for w in sys.argv[start:] if not w.startswith("--")), None, None)
+given = {{name: read[name] for name in names}}
 stack = sys.argv[sys.argv.index("--stack-name") + 1]
 cloudformation = boto3.client("cloudformation")
 cloudformation.update_stack(StackName=stack, UsePreviousTemplate=True, Parameters=[
@@ -400,7 +404,7 @@ cloudformation.update_stack(StackName=stack, UsePreviousTemplate=True, Parameter
 def test_deploy_deploys_a_raise_pending_then_records_when_it_took_effect(tmp_path: Path, commands: list[str]) -> None:
     # Given the stack deployed with runs kept 1 day (moto's CloudFormation on loopback)
     sam = tmp_path / "sam"
-    sam.write_text(FAKE_SAM.format(python=REPO / ".venv" / "bin" / "python"))
+    sam.write_text(FAKE_SAM.format(python=SAM_PYTHON))
     sam.chmod(0o755)
     names = ("RunRetentionDays", "PreviousRunRetentionDays", "RunRetentionChangedAt")
     stack = {

@@ -4,8 +4,9 @@ deploying, and once the deploy has completed (docs/architecture.md#run-retention
 
 `python -m poimen_tools.retention_change --config-env ENV [--run-retention-days DAYS]` prints the parameter
 overrides as `Key=Value` words on stdout (an empty value as `Key=''`, as SAM CLI takes it), and on stderr one
-line when it records a change. The value to deploy is `--run-retention-days` (make's RUN_RETENTION_DAYS), else a RunRetentionDays in the environment's
-parameter_overrides of samconfig.toml, else the deployed one (unchanged). A change is passed as pending
+line when it records a change. The value to deploy is `--run-retention-days` (make's RUN_RETENTION_DAYS),
+else a RunRetentionDays in the environment's parameter_overrides of samconfig.toml, else the deployed one
+(unchanged). A change is passed as pending
 (RunRetentionChangedAt=pending: every record is held to the shorter retention), since the stack's admission
 keeps writing runs under the deployed one until the update completes, however long its change set waits.
 A change to a retention shorter than the deployed stack holds records to (a lowering, turning retention on)

@@ -926,7 +926,8 @@ def test_sam_reads_every_retention_override_make_deploy_passes(tmp_path: Path) -
     words = [output.split() for output in outputs]
     script = (
         "import json, sys; from samcli.cli.types import CfnParameterOverridesType;"
-        "print(json.dumps([CfnParameterOverridesType().convert(tuple(w), None, None) for w in json.loads(sys.argv[1])]))"
+        "read = [CfnParameterOverridesType().convert(tuple(w), None, None) for w in json.loads(sys.argv[1])];"
+        "print(json.dumps(read))"
     )
     result = subprocess.run([str(SAM_PYTHON), "-c", script, json.dumps(words)], capture_output=True, text=True)
     # Then SAM takes every one, each empty value as the empty value

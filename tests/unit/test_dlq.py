@@ -1483,3 +1483,26 @@ def test_a_copy_stamped_by_a_clock_running_ahead_is_as_old_as_aws_says_it_is(sou
     assert found is not None
     assert isinstance(found[1], Held)
     assert found[1].reason.kind == "expired"
+
+
+def test_a_letter_of_a_tenant_in_no_cell_of_the_map_is_kept_and_the_map_named(stack: Stack, tmp_path: Any) -> None:
+    # Given a letter, and a cell map whose one cell serves another tenant only
+    stack.dead_letter(stack.record(spawn(), 1), RELAY_ERROR)
+    cells = {"cells": {"c1": {"endpoints": ["https://api.example"], "tenants": ["other"]}}}
+    (tmp_path / "cells.json").write_text(json.dumps(cells))
+    # When it is redriven through the map
+    parser = argparse.ArgumentParser(prog="poimen")
+    add_dlq_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(
+        ["dlq", "redrive", "--yes", "--queue-url", stack.queue_url, "--cells", str(tmp_path / "cells.json")]
+    )
+    out, err = io.StringIO(), io.StringIO()
+    credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
+    code = run_dlq(args, http=stack.harness.api, credentials=credentials, stdin=io.StringIO(), stdout=out, stderr=err)
+    # Then nothing is sent (neither under its key nor its key of earlier versions), the letter is kept, and the
+    # refusal names the map to fix, not the API
+    assert code != EXIT_OK
+    assert stack.runs() == []
+    assert len(stack.messages()) == 1
+    assert f"tenant {stack.tenant} is in no cell of" in err.getvalue()
+    assert "check --api-url and that the API is up" not in err.getvalue()

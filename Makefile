@@ -255,6 +255,7 @@ deploy: build $(STAMP)
 			"TABLE_MODE=global-replica needs PEER_REGION_1, PEER_REGION_2 and REPLICA_STREAM_LABEL (docs/operations.md, Multi-Region)" >&2; exit 1; } ;; \
 		*) echo "make deploy: TABLE_MODE is single, global-home or global-replica, not '$(TABLE_MODE)'" >&2; exit 1 ;; \
 	esac
+	@mkdir -p $(dir $(DISPATCH_SOURCES))
 	$(DEPLOY_CHECK) cells --stack-name "$(STACK_NAME)" --cell "$(CELL)" --tenants "$(TENANTS)" \
 		--msk-cluster-arn "$(MSK_CLUSTER_ARN)" --stage "$(STAGE)" --peer-regions "$(PEER_REGION_1),$(PEER_REGION_2)" \
 		--peer-cluster-aliases "$(PEER_CLUSTER_ALIAS_1),$(PEER_CLUSTER_ALIAS_2)" \

@@ -3,9 +3,10 @@ PreviousRunRetentionDays and RunRetentionChangedAt, worked out from the deployed
 deploying, and once the deploy has completed (docs/architecture.md#run-retention).
 
 `python -m poimen_tools.retention_change --config-env ENV [--run-retention-days DAYS]` prints the parameter
-overrides as `Key=Value` words on stdout, and on stderr one line when it records a change. The value to
-deploy is `--run-retention-days` (make's RUN_RETENTION_DAYS), else a RunRetentionDays in the environment's
-parameter_overrides of samconfig.toml, else the deployed one (unchanged). A change is passed as pending
+overrides as `Key=Value` words on stdout (an empty value as `Key=''`, as SAM CLI takes it), and on stderr one
+line when it records a change. The value to deploy is `--run-retention-days` (make's RUN_RETENTION_DAYS),
+else a RunRetentionDays in the environment's parameter_overrides of samconfig.toml, else the deployed one
+(unchanged). A change is passed as pending
 (RunRetentionChangedAt=pending: every record is held to the shorter retention), since the stack's admission
 keeps writing runs under the deployed one until the update completes, however long its change set waits.
 A change to a retention shorter than the deployed stack holds records to (a lowering, turning retention on)
@@ -123,12 +124,17 @@ def _answered_at_ms(answer: Any) -> int | None:
         return None
 
 
+# An empty value as `sam deploy` takes it: SAM CLI refuses `Key=` alone ("is not a valid format") and reads
+# `Key=''` as the empty value. make deploy hands the words over unquoted, so the quotes reach SAM CLI.
+EMPTY = "''"
+
+
 def overrides(retention: RunRetention) -> list[str]:
-    """The `Key=Value` parameter overrides of a run retention (an empty value: forever, or never changed)."""
+    """The `Key=Value` parameter overrides of a run retention (EMPTY: forever, or never changed)."""
     return [
-        f"{DAYS}={'' if retention.days is None else retention.days}",
-        f"{PREVIOUS_DAYS}={'' if retention.previous_days is None else retention.previous_days}",
-        f"{CHANGED_AT}={retention.changed_at or ''}",
+        f"{DAYS}={EMPTY if retention.days is None else retention.days}",
+        f"{PREVIOUS_DAYS}={EMPTY if retention.previous_days is None else retention.previous_days}",
+        f"{CHANGED_AT}={retention.changed_at or EMPTY}",
     ]
 
 

@@ -386,24 +386,33 @@ def test_deploy_command_refuses_a_tenant_another_cell_serves(built: Path, comman
 
 # A SAM CLI that says how it was called and deploys only the run retention's parameters (moto's CloudFormation
 # cannot run the template's transforms): what the second, parameter-only deploy of a change reads back.
+# It reads the overrides with SAM CLI's own parser, so that a word it refuses fails the deploy as it would; an
+# update changing nothing deploys nothing (samconfig.toml's fail_on_empty_changeset = false).
 FAKE_SAM = """#!{python}
 import sys, boto3
+from samcli.cli.types import CfnParameterOverridesType
 print("sam " + " ".join(sys.argv[1:]), flush=True)
 if sys.argv[1] != "deploy":
     sys.exit(0)
 names = ("RunRetentionDays", "PreviousRunRetentionDays", "RunRetentionChangedAt")
-given = dict(word.split("=", 1) for word in sys.argv[1:] if word.split("=", 1)[0] in names)
+start = sys.argv.index("--parameter-overrides") + 1
+read = CfnParameterOverridesType().convert(tuple(w for w in sys.argv[start:] if not w.startswith("--")), None, None)
+given = {{name: read[name] for name in names}}
 stack = sys.argv[sys.argv.index("--stack-name") + 1]
 cloudformation = boto3.client("cloudformation")
-cloudformation.update_stack(StackName=stack, UsePreviousTemplate=True, Parameters=[
-    {{"ParameterKey": name, "ParameterValue": given[name]}} for name in names])
+try:
+    cloudformation.update_stack(StackName=stack, UsePreviousTemplate=True, Parameters=[
+        {{"ParameterKey": name, "ParameterValue": given[name]}} for name in names])
+except cloudformation.exceptions.ClientError as error:  # as samconfig's fail_on_empty_changeset = false
+    if "No updates are to be performed" not in str(error):
+        raise
 """
 
 
 def test_deploy_deploys_a_raise_pending_then_records_when_it_took_effect(tmp_path: Path, commands: list[str]) -> None:
     # Given the stack deployed with runs kept 1 day (moto's CloudFormation on loopback)
     sam = tmp_path / "sam"
-    sam.write_text(FAKE_SAM.format(python=REPO / ".venv" / "bin" / "python"))
+    sam.write_text(FAKE_SAM.format(python=SAM_PYTHON))
     sam.chmod(0o755)
     names = ("RunRetentionDays", "PreviousRunRetentionDays", "RunRetentionChangedAt")
     stack = {
@@ -433,6 +442,32 @@ def test_deploy_deploys_a_raise_pending_then_records_when_it_took_effect(tmp_pat
     assert "the change of RunRetentionDays of poimen-admission-staging to 7 days took effect by 20" in result.stderr
     recorded = {entry["ParameterKey"]: entry["ParameterValue"] for entry in deployed["Parameters"]}
     assert recorded["RunRetentionChangedAt"] == second.rsplit("=", 1)[1]
+
+
+def test_deploy_with_runs_kept_forever_passes_sam_empty_values_it_takes(tmp_path: Path, commands: list[str]) -> None:
+    # Given the stack deployed with the default run retention (forever: every retention parameter empty)
+    sam = tmp_path / "sam"
+    sam.write_text(FAKE_SAM.format(python=SAM_PYTHON))
+    sam.chmod(0o755)
+    names = ("RunRetentionDays", "PreviousRunRetentionDays", "RunRetentionChangedAt")
+    stack = {
+        "Parameters": {name: {"Type": "String", "Default": ""} for name in names},
+        "Resources": {"Queue": {"Type": "AWS::SQS::Queue"}},
+    }
+    with EmbeddedMoto() as moto:
+        _reset(moto)
+        cloudformation = boto3.client("cloudformation", endpoint_url=moto.endpoint, region_name="eu-west-1")
+        cloudformation.create_stack(StackName="poimen-admission-staging", TemplateBody=json.dumps(stack))
+        env = _offline_env(AWS_ENDPOINT_URL=moto.endpoint, AWS_REGION="eu-west-1", AWS_DEFAULT_REGION="eu-west-1")
+        # When the README's deploy command runs as it is
+        result = _run(f"{commands[1]} SAM={sam} COMPILE_BYTECODE=true", env)
+        (deployed,) = cloudformation.describe_stacks(StackName="poimen-admission-staging")["Stacks"]
+    # Then sam deploy (SAM CLI's parser) takes the empty values, and the stack keeps runs forever
+    assert result.returncode == 0, result.stderr[-2000:]
+    (call,) = [line for line in result.stdout.splitlines() if line.startswith("sam deploy ")]
+    assert call.endswith(" RunRetentionDays='' PreviousRunRetentionDays='' RunRetentionChangedAt=''")
+    recorded = {entry["ParameterKey"]: entry.get("ParameterValue", "") for entry in deployed["Parameters"]}
+    assert recorded == dict.fromkeys(names, "")
 
 
 def test_sam_package_uploads_to_s3_and_keeps_the_loop(built: Path, tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from poimen_tools.dlq.api import AdmissionApi
 from poimen_tools.dlq.command import holding
 from poimen_tools.dlq.errors import AwsUnavailable
 from poimen_tools.dlq.letters import DeadLetterQueue, parse_message
+from poimen_tools.dlq.model import Held, record_verdict
 from poimen_tools.dlq.parked import FailedBatches, parse_object
 from poimen_tools.dlq.redrive import Progress, Redrive, RedriveSummary
 from poimen_tools.dlq.render import age
@@ -1452,3 +1453,56 @@ def test_a_letter_replaced_with_a_new_reason_keeps_the_time_its_record_was_first
     assert replaced["reason"]["kind"] == "rejected"
     assert replaced["deadLetteredAt"] == first_at
     assert ["refused (older than the run retention)", "1"] in _rows(again.out)
+
+
+@pytest.mark.parametrize("source", ["queue", "bucket"])
+def test_a_copy_stamped_by_a_clock_running_ahead_is_as_old_as_aws_says_it_is(source: str) -> None:
+    # Given a record stamped 2 days ahead, dead-lettered (or its batch parked) 8 days ago by AWS's clock (SQS's
+    # SentTimestamp, the object's LastModified), the copy's own time written by a clock running 3 days ahead
+    record = KafkaRecord(
+        topic="poimen.acme.dispatch",
+        partition=0,
+        offset=4,
+        timestamp_ms=days_ago(6),
+        value=json.dumps(spawn("k")).encode(),
+    )
+    written = rfc3339(datetime.now(UTC) + timedelta(days=3))
+    aws_time = datetime.now(UTC) - timedelta(days=8)
+    if source == "queue":
+        reason = DeadLetterReason("future-timestamp", "the record's timestamp is 2 days ahead of the relay's clock")
+        document = json.loads(dead_letter_body(KafkaEventRecord(msk_record(record)), reason, RunRetention(7)))
+        document["deadLetteredAt"] = written
+        (copy,) = parse_message("m", json.dumps(document), aws_time).letters
+    else:
+        document = json.loads(on_failure_object([record]))
+        document["timestamp"] = written
+        (copy,) = parse_object("o", json.dumps(document).encode(), aws_time).letters
+    # When redrive judges it with runs kept 7 days, its timestamp now 6 days past
+    found = record_verdict([copy], datetime.now(UTC).timestamp() * 1000, RunRetention(7))
+    # Then it is held back as older than the retention: no younger than AWS saw it
+    assert found is not None
+    assert isinstance(found[1], Held)
+    assert found[1].reason.kind == "expired"
+
+
+def test_a_letter_of_a_tenant_in_no_cell_of_the_map_is_kept_and_the_map_named(stack: Stack, tmp_path: Any) -> None:
+    # Given a letter, and a cell map whose one cell serves another tenant only
+    stack.dead_letter(stack.record(spawn(), 1), RELAY_ERROR)
+    cells = {"cells": {"c1": {"endpoints": ["https://api.example"], "tenants": ["other"]}}}
+    (tmp_path / "cells.json").write_text(json.dumps(cells))
+    # When it is redriven through the map
+    parser = argparse.ArgumentParser(prog="poimen")
+    add_dlq_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(
+        ["dlq", "redrive", "--yes", "--queue-url", stack.queue_url, "--cells", str(tmp_path / "cells.json")]
+    )
+    out, err = io.StringIO(), io.StringIO()
+    credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
+    code = run_dlq(args, http=stack.harness.api, credentials=credentials, stdin=io.StringIO(), stdout=out, stderr=err)
+    # Then nothing is sent (neither under its key nor its key of earlier versions), the letter is kept, and the
+    # refusal names the map to fix, not the API
+    assert code != EXIT_OK
+    assert stack.runs() == []
+    assert len(stack.messages()) == 1
+    assert f"tenant {stack.tenant} is in no cell of" in err.getvalue()
+    assert "check --api-url and that the API is up" not in err.getvalue()

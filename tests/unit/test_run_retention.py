@@ -8,6 +8,7 @@ import io
 import json
 import math
 import re
+import subprocess
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -525,7 +526,7 @@ def _deploy_parameters(tmp_path: Path, *argv: str, now_ms: int = NOW_MS) -> tupl
 
 def _update_stack(words: str, stack_name: str = "poimen-admission-staging") -> dict[str, str]:
     """The stack updated (the change set executed) with these `Key=Value` overrides; they, as a dict."""
-    parameters = dict(word.split("=", 1) for word in words.split())
+    parameters = _as_sam_reads(words)
     boto3.client("cloudformation").update_stack(
         StackName=stack_name,
         TemplateBody=STACK_TEMPLATE,
@@ -559,16 +560,16 @@ def test_make_deploy_reads_the_deployed_retention_and_records_a_raise(tmp_path: 
         _update_stack(settled[1])
         again = _deploy_parameters(tmp_path, "--settle")
     # Then the raise is passed pending with the previous value, and says so; the others record nothing
-    assert first == (0, "RunRetentionDays=1 PreviousRunRetentionDays= RunRetentionChangedAt=\n", "")
+    assert first == (0, "RunRetentionDays=1 PreviousRunRetentionDays='' RunRetentionChangedAt=''\n", "")
     assert raised[:2] == (0, "RunRetentionDays=7 PreviousRunRetentionDays=1 RunRetentionChangedAt=pending\n")
     assert raised[2].startswith(
         "make deploy: RunRetentionDays of poimen-admission-staging changes from 1 day to 7 days: until the update"
     )
-    assert unchanged == kept == (0, "RunRetentionDays=1 PreviousRunRetentionDays= RunRetentionChangedAt=\n", "")
+    assert unchanged == kept == (0, "RunRetentionDays=1 PreviousRunRetentionDays='' RunRetentionChangedAt=''\n", "")
     # And once it is deployed, the second step records when it took effect (AWS's time: the operator's clock,
     # NOW_MS, is behind it), and then has nothing left to record
     assert nothing_pending == again == (0, "", "")
-    changed_at = run_retention(_relay_env(dict(word.split("=", 1) for word in settled[1].split()))).changed_at_ms
+    changed_at = run_retention(_relay_env(_as_sam_reads(settled[1]))).changed_at_ms
     assert changed_at is not None
     assert changed_at > NOW_MS
     assert settled[2].startswith(
@@ -602,7 +603,7 @@ def test_make_deploy_refuses_to_guess_the_deployed_retention(tmp_path: Path) -> 
 
     assert disagreeing[0] == 1
     assert "RUN_RETENTION_DAYS=7 and RunRetentionDays=3 of" in disagreeing[2]
-    assert staged[:2] == (0, "RunRetentionDays=3 PreviousRunRetentionDays= RunRetentionChangedAt=\n")
+    assert staged[:2] == (0, "RunRetentionDays=3 PreviousRunRetentionDays='' RunRetentionChangedAt=''\n")
     assert unreachable == 1
 
 
@@ -617,7 +618,7 @@ def test_a_record_redelivered_after_a_deployed_raise_admits_no_second_run(
     with mock_aws():
         _deploy_stack("1")
         code, words, _ = _deploy_parameters(tmp_path, "--run-retention-days", "7")
-    parameters = dict(word.split("=", 1) for word in words.split())
+    parameters = _as_sam_reads(words)
     raised = harness.with_environment(template.function_environment("InboxRelayFunction", parameters))
     raised.run([record])
     # Then it is dead-lettered as expired, held to the 1 day its run was written under, and no run is admitted
@@ -754,7 +755,7 @@ class StubStack:
 
     def update(self, words: str, outcome: str = "complete") -> dict[str, str]:
         """The update's parameters, which functions run with while it is under way, whatever its outcome."""
-        parameters = dict(word.split("=", 1) for word in words.split())
+        parameters = _as_sam_reads(words)
         assert set(parameters) == set(self.parameters)
         self.ran.append(parameters)
         if OUTCOMES[outcome] == "UPDATE_COMPLETE":
@@ -890,8 +891,48 @@ def test_a_change_rolled_back_stays_pending_and_a_stack_not_complete_is_deployed
     assert run_retention(_relay_env(held)).days_for(NOW_MS) == 1
     # And the operator giving up the lowering deploys the hold as it is, still pending, settled once it completes
     unchanged = step(stack, "--run-retention-days", "7")[1]
-    assert dict(word.split("=", 1) for word in unchanged.split()) == held
+    assert _as_sam_reads(unchanged) == held
     # And a stack whose update or rollback is under way, or whose rollback failed, is deployed to by nobody
     for status in ("UPDATE_IN_PROGRESS", "UPDATE_ROLLBACK_FAILED", "UPDATE_ROLLBACK_IN_PROGRESS"):
         stack.status = status
         assert [step(stack, *argv)[0] for argv in ((), ("--hold",), ("--settle",))] == [1, 1, 1]
+
+
+# --- what sam deploy makes of the overrides -----------------------------------------------------------------
+
+SAM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-sam" / "bin" / "python"
+
+
+def _as_sam_reads(words: str) -> dict[str, str]:
+    """retention_change's output as `sam deploy` reads it once make's shell has split it (unquoted): `Key=''`
+    is the empty value (test_sam_reads_every_retention_override_make_deploy_passes checks SAM CLI's parser)."""
+    parameters = dict(word.split("=", 1) for word in words.split())
+    return {name: "" if value == "''" else value for name, value in parameters.items()}
+
+
+def test_sam_reads_every_retention_override_make_deploy_passes(tmp_path: Path) -> None:
+    # Given a first deploy with the default retention (forever), a stack deployed so, and one whose
+    # retention is switched on (held first) and off
+    with mock_aws():
+        outputs = [_deploy_parameters(tmp_path)[1], _deploy_parameters(tmp_path, "--run-retention-days", "")[1]]
+        _deploy_stack("")
+        outputs += [
+            _deploy_parameters(tmp_path)[1],
+            _deploy_parameters(tmp_path, "--hold", "--run-retention-days", "3")[1],
+        ]
+        _update_stack(outputs[-1])
+        outputs += [_deploy_parameters(tmp_path, "--run-retention-days", "3")[1]]
+    # When make's shell splits each (unquoted $$RETENTION_PARAMETERS) and SAM CLI's own parser reads the words
+    words = [output.split() for output in outputs]
+    script = (
+        "import json, sys; from samcli.cli.types import CfnParameterOverridesType;"
+        "read = [CfnParameterOverridesType().convert(tuple(w), None, None) for w in json.loads(sys.argv[1])];"
+        "print(json.dumps(read))"
+    )
+    result = subprocess.run([str(SAM_PYTHON), "-c", script, json.dumps(words)], capture_output=True, text=True)
+    # Then SAM takes every one, each empty value as the empty value
+    assert result.returncode == 0, result.stderr[-500:]
+    read = json.loads(result.stdout)
+    assert read == [_as_sam_reads(output) for output in outputs]
+    assert read[0] == {"RunRetentionDays": "", "PreviousRunRetentionDays": "", "RunRetentionChangedAt": ""}
+    assert read[3] == {"RunRetentionDays": "", "PreviousRunRetentionDays": "3", "RunRetentionChangedAt": "pending"}

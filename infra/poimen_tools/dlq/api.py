@@ -15,6 +15,7 @@ from poimen.client import (
     RUN_NOT_FOUND,
     AdmissionClient,
     AdmissionError,
+    CellRoutingError,
     Forbidden,
     InvalidRequest,
     NotFound,
@@ -138,6 +139,8 @@ class AdmissionApi:
             return DeadLetterReason("rejected", f"not sent: {error}")
         if isinstance(error, Forbidden) and status is None:
             raise AwsUnavailable(f"cannot sign admission API calls ({error}): refresh your AWS credentials") from error
+        if isinstance(error, CellRoutingError):  # nothing was sent: the cell map, not the API, is to fix
+            raise ApiRefused(f"{error}; then run redrive again") from error
         if isinstance(error, OutcomeUnknown):
             raise ApiUnavailable(
                 f"the admission API could not tell whether it admitted run {error.run_id} ({error}): "

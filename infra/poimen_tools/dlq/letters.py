@@ -10,7 +10,7 @@ import botocore.exceptions
 
 from poimen.dead_letter import holds_value, is_dead_letter, record_id, recorded_retention
 from poimen_tools.dlq.errors import aws_call
-from poimen_tools.dlq.model import DeadLetter, Parcel, coordinates, timestamp
+from poimen_tools.dlq.model import DeadLetter, Parcel, coordinates, older, timestamp
 from poimen_tools.dlq.parked import failed_batch, is_on_failure_record, unrecognised
 
 # Long polling asks every SQS server, so an empty answer means an empty queue (short polling samples).
@@ -33,7 +33,7 @@ def parse_message(message_id: str, body: str, sent_at: datetime | None = None) -
         record: dict[str, Any] = document["record"]
         reason: dict[str, Any] = document["reason"]
         kind = str(reason["kind"])
-        at = timestamp(document.get("deadLetteredAt")) or sent_at
+        at = older(timestamp(document.get("deadLetteredAt")), sent_at)
         blocked = None
         if not holds_value(record):
             blocked = f"value omitted; read it again from Kafka at {coordinates(record)}"

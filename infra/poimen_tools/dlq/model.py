@@ -72,6 +72,13 @@ def coordinates(record: dict[str, Any]) -> str:
     return f"{record.get('topic')}/{record.get('partition')}/{record.get('offset')}"
 
 
+def older(written: datetime | None, aws_time: datetime | None) -> datetime | None:
+    """The time of a copy (a letter, a parked batch): the older of the time it says it was written at and the
+    time AWS received it (SQS's SentTimestamp, S3's LastModified), so that a writer's clock running ahead never
+    makes its record look younger than it is."""
+    return min((at for at in (written, aws_time) if at is not None), default=None)
+
+
 def timestamp(value: Any) -> datetime | None:
     """An ISO 8601 time (UTC if it names no zone), or None."""
     if not isinstance(value, str):

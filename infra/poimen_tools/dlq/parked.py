@@ -21,7 +21,7 @@ import botocore.exceptions
 
 from poimen.dead_letter import coordinates_id, record_id
 from poimen_tools.dlq.errors import DeadLetterNotFound, aws_call
-from poimen_tools.dlq.model import FAILED_BATCH, UNRECOGNISED, DeadLetter, Parcel, timestamp
+from poimen_tools.dlq.model import FAILED_BATCH, UNRECOGNISED, DeadLetter, Parcel, older, timestamp
 
 PROGRESS = ".progress/"  # a marker's key: <parked object's key>.progress/<record id>
 _BUCKET_FIX = (
@@ -51,7 +51,7 @@ def parse_object(key: str, body: bytes, last_modified: datetime | None = None) -
 def failed_batch(parcel_id: str, document: dict[str, Any], fallback_at: datetime | None) -> Parcel:
     """The records of an on-failure record, in (topic, partition, offset) order; without a payload (as
     Lambda sends to SQS and SNS destinations), one letter saying where in Kafka they are."""
-    at = timestamp(document.get("timestamp")) or fallback_at
+    at = older(timestamp(document.get("timestamp")), fallback_at)
     request = document.get("requestContext") or {}
     response = document.get("responseContext") or {}
     error = f", {response['functionError']}" if response.get("functionError") else ""

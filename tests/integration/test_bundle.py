@@ -409,16 +409,27 @@ except cloudformation.exceptions.ClientError as error:  # as samconfig's fail_on
 """
 
 
-def test_deploy_deploys_a_raise_pending_then_records_when_it_took_effect(tmp_path: Path, commands: list[str]) -> None:
-    # Given the stack deployed with runs kept 1 day (moto's CloudFormation on loopback)
+# A stack of the run retention's three parameters alone, as the deploy tests create it in moto's CloudFormation.
+RETENTION_STACK = {
+    "Parameters": {
+        name: {"Type": "String", "Default": ""}
+        for name in ("RunRetentionDays", "PreviousRunRetentionDays", "RunRetentionChangedAt")
+    },
+    "Resources": {"Queue": {"Type": "AWS::SQS::Queue"}},
+}
+
+
+def _fake_sam(tmp_path: Path) -> Path:
+    """FAKE_SAM as an executable in `tmp_path`."""
     sam = tmp_path / "sam"
     sam.write_text(FAKE_SAM.format(python=SAM_PYTHON))
     sam.chmod(0o755)
-    names = ("RunRetentionDays", "PreviousRunRetentionDays", "RunRetentionChangedAt")
-    stack = {
-        "Parameters": {name: {"Type": "String", "Default": ""} for name in names},
-        "Resources": {"Queue": {"Type": "AWS::SQS::Queue"}},
-    }
+    return sam
+
+
+def test_deploy_deploys_a_raise_pending_then_records_when_it_took_effect(tmp_path: Path, commands: list[str]) -> None:
+    # Given the stack deployed with runs kept 1 day (moto's CloudFormation on loopback)
+    sam, stack = _fake_sam(tmp_path), RETENTION_STACK
     with EmbeddedMoto() as moto:
         _reset(moto)  # moto's backends are the process's: no stack of an earlier test's stands in
         cloudformation = boto3.client("cloudformation", endpoint_url=moto.endpoint, region_name="eu-west-1")
@@ -446,14 +457,7 @@ def test_deploy_deploys_a_raise_pending_then_records_when_it_took_effect(tmp_pat
 
 def test_deploy_with_runs_kept_forever_passes_sam_empty_values_it_takes(tmp_path: Path, commands: list[str]) -> None:
     # Given the stack deployed with the default run retention (forever: every retention parameter empty)
-    sam = tmp_path / "sam"
-    sam.write_text(FAKE_SAM.format(python=SAM_PYTHON))
-    sam.chmod(0o755)
-    names = ("RunRetentionDays", "PreviousRunRetentionDays", "RunRetentionChangedAt")
-    stack = {
-        "Parameters": {name: {"Type": "String", "Default": ""} for name in names},
-        "Resources": {"Queue": {"Type": "AWS::SQS::Queue"}},
-    }
+    sam, stack = _fake_sam(tmp_path), RETENTION_STACK
     with EmbeddedMoto() as moto:
         _reset(moto)
         cloudformation = boto3.client("cloudformation", endpoint_url=moto.endpoint, region_name="eu-west-1")
@@ -467,7 +471,7 @@ def test_deploy_with_runs_kept_forever_passes_sam_empty_values_it_takes(tmp_path
     (call,) = [line for line in result.stdout.splitlines() if line.startswith("sam deploy ")]
     assert call.endswith(" RunRetentionDays='' PreviousRunRetentionDays='' RunRetentionChangedAt=''")
     recorded = {entry["ParameterKey"]: entry.get("ParameterValue", "") for entry in deployed["Parameters"]}
-    assert recorded == dict.fromkeys(names, "")
+    assert recorded == dict.fromkeys(RETENTION_STACK["Parameters"], "")
 
 
 def test_sam_package_uploads_to_s3_and_keeps_the_loop(built: Path, tmp_path: Path) -> None:

@@ -1251,11 +1251,9 @@ EXPIRED_BEFORE = DeadLetterReason(
 )
 
 
-def test_redrive_holds_a_parked_record_from_before_a_raise_to_the_retention_before_it(stack: Stack) -> None:
-    # Given a parked record published 2 days ago, and RunRetentionDays raised from 1 to 7 an hour ago
-    stack.park([stack.record(spawn("k-1"), 1, timestamp_ms=days_ago(2))])
-    changed_at = rfc3339(datetime.now(UTC) - timedelta(hours=1))
-    raised = [
+def _raised_from_1_to_7(changed_at: str) -> list[str]:
+    """Redrive's flags for a stack whose RunRetentionDays was raised from 1 to 7 days at `changed_at`."""
+    return [
         "--run-retention-days",
         "7",
         "--previous-run-retention-days",
@@ -1263,8 +1261,14 @@ def test_redrive_holds_a_parked_record_from_before_a_raise_to_the_retention_befo
         "--run-retention-changed-at",
         changed_at,
     ]
+
+
+def test_redrive_holds_a_parked_record_from_before_a_raise_to_the_retention_before_it(stack: Stack) -> None:
+    # Given a parked record published 2 days ago, and RunRetentionDays raised from 1 to 7 an hour ago
+    stack.park([stack.record(spawn("k-1"), 1, timestamp_ms=days_ago(2))])
+    changed_at = rfc3339(datetime.now(UTC) - timedelta(hours=1))
     # When it is redriven with the stack's retention and the record of its change, as make deploy printed them
-    outcome = stack.cli("redrive", "--yes", *raised)
+    outcome = stack.cli("redrive", "--yes", *_raised_from_1_to_7(changed_at))
     # Then it is refused and kept: its run was written under 1 day
     assert outcome.code == EXIT_REMAINING
     assert stack.runs() == []
@@ -1311,16 +1315,7 @@ def test_a_future_timestamp_letter_is_as_old_as_its_letter_once_its_timestamp_ha
         QueueUrl=stack.queue_url, MessageBody=json.dumps(letter), MessageAttributes=dead_letter_attributes(record)
     )
     # When the queue is redriven with the runbook's flags, its timestamp now 6 days past
-    outcome = stack.cli(
-        "redrive",
-        "--yes",
-        "--run-retention-days",
-        "7",
-        "--previous-run-retention-days",
-        "1",
-        "--run-retention-changed-at",
-        changed_at,
-    )
+    outcome = stack.cli("redrive", "--yes", *_raised_from_1_to_7(changed_at))
     # Then it is refused as older than the retention (8 days, its letter's age), the letter kept, and the
     # table holds the first admission only
     assert outcome.code == EXIT_REMAINING

@@ -225,6 +225,9 @@ class Workload:
             else:
                 op.error = f"connection lost: {error}"
             return
+        except requests.exceptions.ChunkedEncodingError as error:  # hung up mid-answer: outcome unknown
+            op.error = f"connection lost: {error}"
+            return
         try:
             answer = response.json()
         except ValueError:

@@ -29,7 +29,9 @@ def _cut_off_server() -> Iterator[str]:
                 return
             with connection:
                 connection.recv(65536)
-                connection.sendall(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 280\r\n\r\n")
+                connection.sendall(
+                    b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 280\r\n\r\n"
+                )
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -47,5 +49,8 @@ def test_an_answer_cut_off_mid_body_leaves_the_spawn_without_an_answer() -> None
         op = history.begin(0, "spawn", "t", key="k")
         with requests.Session() as session:
             workload._send(session, op, "POST", "/v1/runs", body={"workflow_ref": "wf"})
-    assert op.sent and op.return_ is None and op.status is None
-    assert op.error is not None and op.error.startswith("connection lost")
+    assert op.sent
+    assert op.return_ is None
+    assert op.status is None
+    assert op.error is not None
+    assert op.error.startswith("connection lost")

@@ -38,6 +38,8 @@ def _cut_off_server() -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
+        # shutdown, not close alone: it wakes the accept() the serving thread is blocked in.
+        listener.shutdown(socket.SHUT_RDWR)
         listener.close()
         thread.join(timeout=5)
 

@@ -76,6 +76,7 @@ DEFAULT_MAXIMUM_POLLERS = 200
 # characters stays under CloudFormation's 4,096 bytes a parameter value), 36 groups a cluster.
 POLLER_GROUPS = "0123456789abcdefghijklmnopqrstuvwxyz"
 UNGROUPED = "ungrouped"  # the opt-out, asked for by name: every mapping on an EPU of its own
+NO_GROUP = "-"  # what RelayPollerGroups gives each tenant when ungrouped (the template names its group "")
 PARAMETER_VALUE_BYTES = 4096  # CloudFormation quotas (RESOURCES_A_STACK's page)
 DEFAULT_RELAY_MAXIMUM_POLLERS = 3  # the template's RelayMaximumPollers default; tests/unit/test_poller_groups.py
 POLLER_GROUPS_DOC = "docs/operations.md#poller-groups"
@@ -254,7 +255,7 @@ def assign_poller_groups(
 
 
 def poller_group_refusal(
-    assignment: dict[str, str] | None,
+    assignment: dict[str, str],
     tenants: list[str],
     mappings_a_tenant: int,
     maximum_pollers: int,
@@ -262,8 +263,8 @@ def poller_group_refusal(
     msk_cluster_arn: str,
 ) -> str | None:
     """Why Lambda (or the template) would refuse these tenants' mappings in the groups of `assignment` beside
-    what other stacks hold (`taken`), in one line; None if it would not. None for `assignment`: ungrouped."""
-    if assignment is None:
+    what other stacks hold (`taken`), in one line; None if it would not (every tenant given NO_GROUP: ungrouped)."""
+    if assignment and set(assignment.values()) == {NO_GROUP} and set(assignment) == set(tenants):
         return None
     one_tenant = mappings_a_tenant * maximum_pollers
     if one_tenant > MAXIMUM_POLLERS_A_POLLER_GROUP:
@@ -286,7 +287,10 @@ def poller_group_refusal(
         return f"RELAY_POLLER_GROUPS names {_listed(unknown)}, not in TENANTS ({POLLER_GROUPS_DOC})"
     bad = sorted({group for group in assignment.values() if len(group) != 1 or group not in POLLER_GROUPS})
     if bad:
-        return f"RELAY_POLLER_GROUPS has the group {bad[0]!r}: a group is one of 0-9 and a-z ({POLLER_GROUPS_DOC})"
+        return (
+            f"RELAY_POLLER_GROUPS has the group {bad[0]!r}: a group is one of 0-9 and a-z, for every tenant"
+            f" (RELAY_POLLER_GROUPS={UNGROUPED} ungroups them all) ({POLLER_GROUPS_DOC})"
+        )
     name = poller_group_name(msk_cluster_arn, "0")
     if not POLLER_GROUP_NAME_PATTERN.fullmatch(name):
         return (
@@ -536,11 +540,11 @@ def _groups(options: argparse.Namespace, tenants: list[str]) -> tuple[str | None
     maximum_pollers = int(options.maximum_pollers or deployed.maximum_pollers or DEFAULT_RELAY_MAXIMUM_POLLERS)
     sources = options.dispatch_sources.removeprefix("DispatchSources=").split(",")
     if options.poller_groups == UNGROUPED:
-        return None, UNGROUPED
-    if options.poller_groups:
+        assignment = dict.fromkeys(tenants, NO_GROUP)
+    elif options.poller_groups:
         assignment = parse_assignment(options.poller_groups)
     else:
-        previous = {} if deployed.previous == UNGROUPED else parse_assignment(deployed.previous)
+        previous = parse_assignment(deployed.previous)
         assignment = assign_poller_groups(tenants, len(sources), maximum_pollers, deployed.taken, previous)
     refusal = poller_group_refusal(
         assignment, tenants, len(sources), maximum_pollers, deployed.taken, options.msk_cluster_arn
@@ -609,7 +613,7 @@ def main(arguments: list[str]) -> int:
             return 3
         if refusal is None:
             print(f"RelayPollerGroups={assignment}")
-        if assignment == UNGROUPED:
+        if options.poller_groups == UNGROUPED:
             print(
                 f"{options.prog}: RELAY_POLLER_GROUPS={UNGROUPED}: each MSK event source mapping's pollers on an EPU"
                 f" of its own, about $135 a month a mapping whatever its traffic ({POLLER_GROUPS_DOC})",

@@ -110,16 +110,15 @@ def _transform(*parameters: str) -> subprocess.CompletedProcess[str]:
 
 def test_a_tenant_missing_from_the_assignment_fails_the_transform_and_ungrouped_is_asked_for_by_name() -> None:
     missing = _transform("Tenants=acme,globex", "RelayPollerGroups=acme=0")
-    ungrouped = _transform("Tenants=acme,globex", f"RelayPollerGroups={UNGROUPED}")
+    ungrouped = _transform("Tenants=acme,globex", "RelayPollerGroups=acme=-,globex=-")
 
     # A tenant with no group is never silently ungrouped: the template cannot be expanded
     assert missing.returncode != 0
     assert "Fn::Select index out of bounds" in missing.stderr
-    # The opt-out: the mappings have no PollerGroupName (an EPU each)
+    # The opt-out: the mappings' PollerGroupName is empty, no group (an EPU each)
     assert ungrouped.returncode == 0, ungrouped.stderr[-2000:]
     configs = [m["ProvisionedPollerConfig"] for m in _msk_mappings(json.loads(ungrouped.stdout))]
-    assert len(configs) == 2
-    assert all("PollerGroupName" not in config for config in configs)
+    assert [config["PollerGroupName"] for config in configs] == ["", ""]
 
 
 def test_the_parameter_has_no_default_and_its_pattern_is_the_checks() -> None:
@@ -130,8 +129,8 @@ def test_the_parameter_has_no_default_and_its_pattern_is_the_checks() -> None:
     # No default: a stack deployed without make deploy's assignment is refused, not ungrouped
     assert "Default" not in parameter
     assert pattern.fullmatch(render_assignment(dict.fromkeys(worst, POLLER_GROUPS[-1])))
-    assert pattern.fullmatch(UNGROUPED)
-    for refused in ("", "acme=", "acme=10", "acme=A", "acme", "acme=0,"):
+    assert pattern.fullmatch("acme=-,globex=-")  # RELAY_POLLER_GROUPS=ungrouped
+    for refused in ("", UNGROUPED, "acme=", "acme=10", "acme=A", "acme", "acme=0,", "acme=-,globex=0"):
         assert not pattern.fullmatch(refused), refused
     relay_maximum = Template(REPO / "template.yaml").document["Parameters"]["RelayMaximumPollers"]["Default"]
     assert relay_maximum == DEFAULT_RELAY_MAXIMUM_POLLERS
@@ -228,7 +227,7 @@ def test_the_load_of_a_group_counts_every_other_stacks_mapping_and_not_the_stack
 # --- refusals ------------------------------------------------------------------------------------------------
 
 
-def _refusal(assignment: dict[str, str] | None, tenants: list[str], **more: Any) -> str | None:
+def _refusal(assignment: dict[str, str], tenants: list[str], **more: Any) -> str | None:
     given: dict[str, Any] = {"mappings_a_tenant": 1, "maximum_pollers": DEFAULT_RELAY_MAXIMUM_POLLERS, "taken": {}}
     given.update(more)
     return poller_group_refusal(
@@ -282,8 +281,11 @@ def test_a_cluster_whose_group_names_lambda_would_refuse_is_refused() -> None:
     assert "PollerGroupName is 1-128" in refusal
 
 
-def test_ungrouped_is_never_refused() -> None:
-    assert _refusal(None, ["a"], maximum_pollers=2000, mappings_a_tenant=3) is None
+def test_ungrouped_is_never_refused_but_only_for_every_tenant() -> None:
+    assert _refusal({"a": "-", "b": "-"}, ["a", "b"], maximum_pollers=2000, mappings_a_tenant=3) is None
+    assert "the group '-'" in str(_refusal({"a": "-", "b": "0"}, ["a", "b"]))
+    # A tenant deployed ungrouped is grouped by the next deploy that computes the groups
+    assert assign_poller_groups(["a"], 1, DEFAULT_RELAY_MAXIMUM_POLLERS, {}, {"a": "-"}) == {"a": "0"}
 
 
 # --- what make deploy runs -----------------------------------------------------------------------------------
@@ -393,7 +395,7 @@ def test_make_deploys_group_check_says_what_ungrouped_costs(
 ) -> None:
     code, out, err = _run_groups(monkeypatch, capsys, [], "--poller-groups", UNGROUPED)
 
-    assert (code, out) == (0, "RelayPollerGroups=ungrouped\n")
+    assert (code, out) == (0, "RelayPollerGroups=acme=-,globex=-\n")
     assert "an EPU of its own, about $135 a month a mapping" in err
 
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import boto3
@@ -223,31 +223,57 @@ def render_assignment(assignment: dict[str, str]) -> str:
     return ",".join(f"{tenant}={group}" for tenant, group in assignment.items())
 
 
+def _is_group(group: str) -> bool:
+    return len(group) == 1 and group in POLLER_GROUPS
+
+
+def _during_update(taken: dict[str, GroupLoad], previous: dict[str, str], deployed: GroupLoad) -> dict[str, GroupLoad]:
+    """`taken`, and each deployed tenant's mappings (`deployed` each) in its `previous` group: they count there
+    until the update completes, as CloudFormation deletes the mappings of a removed tenant after it has created
+    and updated the others (its cleanup), and updates a moved one's group in parallel with the others (room it
+    leaves may be taken before it has left)."""
+    loads = dict(taken)
+    for group in previous.values():
+        if _is_group(group):
+            loads[group] = loads.get(group, GroupLoad()).plus(deployed.mappings, deployed.maximum_pollers)
+    return loads
+
+
+def _arrival(tenant: str, group: str, load: GroupLoad, previous: dict[str, str], deployed: GroupLoad) -> GroupLoad:
+    """What `tenant`'s mappings (`load`) add to `group`: all of them if it comes from elsewhere, its growth if it
+    stays (a peer alias's mapping more, a higher RelayMaximumPollers)."""
+    if previous.get(tenant) != group:
+        return load
+    return GroupLoad(max(0, load.mappings - deployed.mappings), max(0, load.maximum_pollers - deployed.maximum_pollers))
+
+
 def assign_poller_groups(
     tenants: list[str],
     mappings_a_tenant: int,
     maximum_pollers: int,
     taken: dict[str, GroupLoad],
     previous: dict[str, str],
+    deployed: GroupLoad = GroupLoad(),
 ) -> dict[str, str]:
     """Each tenant's group (all of its `mappings_a_tenant` mappings, of `maximum_pollers` each, in one), beside what
-    other stacks hold (`taken`): a tenant stays in its `previous` group while that has room (no mapping moves on a
-    redeploy that need not), the others go to the first group with room. A tenant no group has room for is left
-    out: poller_group_refusal names it."""
-    loads = dict(taken)
+    other stacks hold (`taken`) and the stack's deployed tenants where they are (`previous`, `deployed` a tenant:
+    _during_update): a tenant stays in its `previous` group while that has room (no mapping moves on a redeploy
+    that need not), the others go to the first group with room. A tenant no group has room for is left out:
+    poller_group_refusal names it."""
+    loads = _during_update(taken, previous, deployed)
+    load = GroupLoad(mappings_a_tenant, mappings_a_tenant * maximum_pollers)
     assignment: dict[str, str] = {}
 
     def place(tenant: str, group: str) -> bool:
-        load = loads.get(group, GroupLoad()).plus(mappings_a_tenant, mappings_a_tenant * maximum_pollers)
-        if not load.fits():
+        after = loads.get(group, GroupLoad()).plus(*astuple(_arrival(tenant, group, load, previous, deployed)))
+        if not after.fits():
             return False
-        loads[group], assignment[tenant] = load, group
+        loads[group], assignment[tenant] = after, group
         return True
 
     for tenant in tenants:
-        group = previous.get(tenant, "")
-        if len(group) == 1 and group in POLLER_GROUPS:
-            place(tenant, group)
+        if _is_group(previous.get(tenant, "")):
+            place(tenant, previous[tenant])
     for tenant in tenants:
         if tenant not in assignment:
             any(place(tenant, group) for group in POLLER_GROUPS)
@@ -261,9 +287,12 @@ def poller_group_refusal(
     maximum_pollers: int,
     taken: dict[str, GroupLoad],
     msk_cluster_arn: str,
+    previous: dict[str, str] | None = None,
+    deployed: GroupLoad = GroupLoad(),
 ) -> str | None:
     """Why Lambda (or the template) would refuse these tenants' mappings in the groups of `assignment` beside
-    what other stacks hold (`taken`), in one line; None if it would not (every tenant given NO_GROUP: ungrouped)."""
+    what other stacks hold (`taken`) and the stack's deployed tenants where they are (`previous`, `deployed` a
+    tenant: _during_update), in one line; None if it would not (every tenant given NO_GROUP: ungrouped)."""
     if assignment and set(assignment.values()) == {NO_GROUP} and set(assignment) == set(tenants):
         return None
     one_tenant = mappings_a_tenant * maximum_pollers
@@ -297,19 +326,22 @@ def poller_group_refusal(
             f"the poller groups of this cluster would be named {name!r}..., and a PollerGroupName is 1-128 of"
             f" a-z, A-Z, 0-9, '-' and '_' (Lambda refuses the mapping): check MSK_CLUSTER_ARN ({POLLER_GROUPS_DOC})"
         )
-    loads = dict(taken)
+    loads = _during_update(taken, previous or {}, deployed)
+    load = GroupLoad(mappings_a_tenant, one_tenant)
     for tenant in tenants:
         group = assignment[tenant]
-        loads[group] = loads.get(group, GroupLoad()).plus(mappings_a_tenant, one_tenant)
-    for group, load in sorted(loads.items()):
-        if not load.fits():
+        arrival = _arrival(tenant, group, load, previous or {}, deployed)
+        loads[group] = loads.get(group, GroupLoad()).plus(arrival.mappings, arrival.maximum_pollers)
+    for group, after in sorted(loads.items()):
+        if not after.fits():
             theirs = taken.get(group, GroupLoad())
             return (
-                f"poller group {poller_group_name(msk_cluster_arn, group)} would hold {load.mappings} mappings and"
-                f" {load.maximum_pollers:,} MaximumPollers ({theirs.mappings} and {theirs.maximum_pollers:,} of"
-                f" other stacks), over the {MAPPINGS_A_POLLER_GROUP} and {MAXIMUM_POLLERS_A_POLLER_GROUP:,} a group"
-                f" holds (Lambda refuses the mapping): leave RELAY_POLLER_GROUPS unset and make deploy assigns"
-                f" groups with room ({POLLER_GROUPS_DOC})"
+                f"poller group {poller_group_name(msk_cluster_arn, group)} would hold {after.mappings} mappings and"
+                f" {after.maximum_pollers:,} MaximumPollers ({theirs.mappings} and {theirs.maximum_pollers:,} of"
+                f" other stacks; this stack's deployed mappings count where they are until its update completes),"
+                f" over the {MAPPINGS_A_POLLER_GROUP} and {MAXIMUM_POLLERS_A_POLLER_GROUP:,} a group holds (Lambda"
+                f" refuses the mapping): leave RELAY_POLLER_GROUPS unset and make deploy assigns groups with room"
+                f" ({POLLER_GROUPS_DOC})"
             )
     return None
 
@@ -499,6 +531,7 @@ class DeployedGroups:
     taken: dict[str, GroupLoad]
     previous: str
     maximum_pollers: str
+    dispatch_sources: str = ""
 
 
 def deployed_groups(cloudformation: Any, lambda_: Any, stack_name: str, msk_cluster_arn: str) -> DeployedGroups:
@@ -528,6 +561,7 @@ def deployed_groups(cloudformation: Any, lambda_: Any, stack_name: str, msk_clus
         taken=group_loads(listed, msk_cluster_arn, frozenset(own)),
         previous=given.get("RelayPollerGroups", ""),
         maximum_pollers=given.get("RelayMaximumPollers", ""),
+        dispatch_sources=given.get("DispatchSources", ""),
     )
 
 
@@ -539,15 +573,18 @@ def _groups(options: argparse.Namespace, tenants: list[str]) -> tuple[str | None
     # As sam deploy passes it: given (samconfig.toml's overrides), else the deployed stack's, else the default.
     maximum_pollers = int(options.maximum_pollers or deployed.maximum_pollers or DEFAULT_RELAY_MAXIMUM_POLLERS)
     sources = options.dispatch_sources.removeprefix("DispatchSources=").split(",")
+    previous = parse_assignment(deployed.previous)
+    # What one deployed tenant's mappings hold where they are (the template's defaults where the stack predates them)
+    kinds = len((deployed.dispatch_sources or DISPATCH_SOURCES[0]).split(","))
+    held = GroupLoad(kinds, kinds * int(deployed.maximum_pollers or DEFAULT_RELAY_MAXIMUM_POLLERS))
     if options.poller_groups == UNGROUPED:
         assignment = dict.fromkeys(tenants, NO_GROUP)
     elif options.poller_groups:
         assignment = parse_assignment(options.poller_groups)
     else:
-        previous = parse_assignment(deployed.previous)
-        assignment = assign_poller_groups(tenants, len(sources), maximum_pollers, deployed.taken, previous)
+        assignment = assign_poller_groups(tenants, len(sources), maximum_pollers, deployed.taken, previous, held)
     refusal = poller_group_refusal(
-        assignment, tenants, len(sources), maximum_pollers, deployed.taken, options.msk_cluster_arn
+        assignment, tenants, len(sources), maximum_pollers, deployed.taken, options.msk_cluster_arn, previous, held
     )
     return refusal, render_assignment(assignment)
 

@@ -180,29 +180,51 @@ def test_the_assignment_fills_groups_in_order_within_lambdas_limits(count: int, 
     assert poller_group_refusal(groups, tenants, 1 + aliases, DEFAULT_RELAY_MAXIMUM_POLLERS, {}, CLUSTER) is None
 
 
+ONE_MAPPING = GroupLoad(1, DEFAULT_RELAY_MAXIMUM_POLLERS)  # what a deployed tenant without peer aliases holds
+
+
 def test_a_redeploy_keeps_every_mapping_in_its_group() -> None:
-    # Given a deployed cell, and another cell that took room in group 0 and 1 since
+    # Given a deployed cell of 150 tenants beside another cell's 30 mappings in group 2
     tenants = [f"t{n}" for n in range(150)]
-    deployed = assign_poller_groups(tenants, 1, DEFAULT_RELAY_MAXIMUM_POLLERS, {"2": GroupLoad(30, 90)}, {})
-    others = {"0": GroupLoad(0, 0), "2": GroupLoad(30, 90)}
+    others = {"2": GroupLoad(30, 90)}
+    deployed = assign_poller_groups(tenants, 1, DEFAULT_RELAY_MAXIMUM_POLLERS, others, {})
 
-    # When it is redeployed with one tenant more and one fewer
-    again = assign_poller_groups([*tenants[1:], "new"], 1, DEFAULT_RELAY_MAXIMUM_POLLERS, others, deployed)
+    # When it is redeployed as it is, and with one tenant fewer and one more
+    same = assign_poller_groups(tenants, 1, DEFAULT_RELAY_MAXIMUM_POLLERS, others, deployed, ONE_MAPPING)
+    again = assign_poller_groups([*tenants[1:], "new"], 1, DEFAULT_RELAY_MAXIMUM_POLLERS, others, deployed, ONE_MAPPING)
 
-    # Then every tenant it kept is in the group it had, and the new one goes where there is room
+    # Then no mapping moves, and the new tenant does not take the room t0 leaves in group 0: CloudFormation deletes
+    # t0's mapping in the update's cleanup, after it has created the new one, so for a while group 0 holds both
+    assert same == deployed
     assert {tenant: again[tenant] for tenant in tenants[1:]} == {tenant: deployed[tenant] for tenant in tenants[1:]}
-    assert again["new"] == "0"  # the room t0 left
-    assert assign_poller_groups(tenants, 1, DEFAULT_RELAY_MAXIMUM_POLLERS, {"2": GroupLoad(30, 90)}, deployed) == (
-        deployed
-    )
+    assert (deployed["t0"], again["new"]) == ("0", "1")
 
 
-def test_a_tenant_moves_only_when_its_group_has_no_room_left() -> None:
-    previous = {"a": "0", "b": "0"}
-    # Another cell filled group 0 to 99 mappings since: one of the two still fits, the other moves
-    moved = assign_poller_groups(["a", "b"], 1, DEFAULT_RELAY_MAXIMUM_POLLERS, {"0": GroupLoad(99, 297)}, previous)
+def test_a_tenant_moves_only_when_its_group_has_no_room_left_for_its_growth() -> None:
+    # Given two deployed tenants in group 0 beside another cell's 97 mappings (1,999 MaximumPollers in all)
+    previous, others = {"a": "0", "b": "0"}, {"0": GroupLoad(97, 1993)}
 
+    # When RelayMaximumPollers goes from 3 to 4: room for one more poller in group 0
+    moved = assign_poller_groups(["a", "b"], 1, 4, others, previous, ONE_MAPPING)
+
+    # Then the first stays and grows there, the second moves (its 3 pollers still counted in group 0 meanwhile)
     assert moved == {"a": "0", "b": "1"}
+    assert poller_group_refusal(moved, ["a", "b"], 1, 4, others, CLUSTER, previous, ONE_MAPPING) is None
+    assert poller_group_refusal({"a": "0", "b": "0"}, ["a", "b"], 1, 4, others, CLUSTER, previous, ONE_MAPPING)
+
+
+def test_a_given_assignment_is_refused_when_a_group_would_be_over_while_the_update_runs() -> None:
+    # Given tenant a deployed in group 0 beside another cell's 99 mappings: group 0 is full
+    previous, others = {"a": "0"}, {"0": GroupLoad(99, 297)}
+
+    # When a is moved to group 1 and b given group 0, the room a leaves
+    refusal = poller_group_refusal({"a": "1", "b": "0"}, ["a", "b"], 1, 3, others, CLUSTER, previous, ONE_MAPPING)
+
+    # Then it is refused: a leaves group 0 in parallel with b's creation, not before it
+    assert refusal is not None
+    assert "would hold 101 mappings" in refusal
+    assert "count where they are until its update completes" in refusal
+    assert poller_group_refusal({"a": "1", "b": "0"}, ["a", "b"], 1, 3, others, CLUSTER) is None
 
 
 def test_the_load_of_a_group_counts_every_other_stacks_mapping_and_not_the_stacks_own() -> None:
@@ -338,6 +360,7 @@ def test_the_deployed_groups_leave_out_the_stacks_own_mappings_and_keep_its_para
         "Parameters": [
             {"ParameterKey": "RelayPollerGroups", "ParameterValue": "acme=1"},
             {"ParameterKey": "RelayMaximumPollers", "ParameterValue": "5"},
+            {"ParameterKey": "DispatchSources", "ParameterValue": "Source,Peer1Source"},
         ],
     }
     cloudformation, lambda_ = _clients(stack, ["own-1"], [_esm("own-1", "1"), _esm("other-1", "1")])
@@ -345,7 +368,11 @@ def test_the_deployed_groups_leave_out_the_stacks_own_mappings_and_keep_its_para
     deployed = deployed_groups(cloudformation, lambda_, "S", CLUSTER)
 
     assert deployed.taken == {"1": GroupLoad(1, 3)}
-    assert (deployed.previous, deployed.maximum_pollers) == ("acme=1", "5")
+    assert (deployed.previous, deployed.maximum_pollers, deployed.dispatch_sources) == (
+        "acme=1",
+        "5",
+        "Source,Peer1Source",
+    )
 
 
 def _run_groups(

@@ -200,7 +200,7 @@ class GroupLoad:
 
 def group_loads(listed: list[dict[str, Any]], msk_cluster_arn: str, own: frozenset[str]) -> dict[str, GroupLoad]:
     """The load of each of the cluster's poller groups, from its mappings as ListEventSourceMappings lists them,
-    leaving out the stack's own (`own`: their UUIDs), which the deploy replaces."""
+    leaving out the stack's own (`own`: their UUIDs; _during_update counts them from the stack's parameters)."""
     names = {poller_group_name(msk_cluster_arn, group): group for group in POLLER_GROUPS}
     loads: dict[str, GroupLoad] = {}
     for mapping in listed:

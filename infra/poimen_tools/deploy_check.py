@@ -643,7 +643,7 @@ def main(arguments: list[str]) -> int:
             refusal, assignment = _groups(options, tenants)
         except (BotoCoreError, ClientError) as error:
             print(
-                f"{options.prog}: could not read the cluster's event source mappings from Lambda ({error}):"
+                f"{options.prog}: could not read the cluster's poller groups from Lambda and CloudFormation ({error}):"
                 " nothing deployed",
                 file=sys.stderr,
             )

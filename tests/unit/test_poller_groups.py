@@ -446,3 +446,27 @@ def test_make_deploy_passes_the_groups_it_checked_to_every_sam_deploy() -> None:
     deploys = result.stdout.split("sam deploy ")[1:]
     assert len(deploys) == 3  # the hold, the change, the settling (RunRetentionDays)
     assert all('"$(cat .aws-sam/poller-groups.parameter)"' in deploy.split("\n")[0] for deploy in deploys)
+
+
+def test_make_deploys_group_check_deploys_nothing_when_lambda_cannot_be_read(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a role without lambda:ListEventSourceMappings
+    cloudformation = boto3.client("cloudformation", region_name="us-east-1")
+    lambda_ = boto3.client("lambda", region_name="us-east-1")
+    cf_stub, lambda_stub = Stubber(cloudformation), Stubber(lambda_)
+    cf_stub.add_client_error("describe_stacks", "ValidationError", "Stack with id S does not exist")
+    lambda_stub.add_client_error("list_event_source_mappings", "AccessDeniedException", "not authorized")
+    cf_stub.activate()
+    lambda_stub.activate()
+    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
+    arguments = ["--tenants", "acme", "--msk-cluster-arn", CLUSTER, "--dispatch-sources", "DispatchSources=Source"]
+
+    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+
+    # Then it exits 3 with one line, and prints no parameter to deploy with
+    out, err = capsys.readouterr()
+    assert (code, out) == (3, "")
+    (line,) = err.splitlines()
+    assert line.startswith("make deploy: could not read the cluster's poller groups from Lambda and CloudFormation")
+    assert line.endswith("nothing deployed")

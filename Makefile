@@ -15,7 +15,7 @@ SAM := .venv-sam/bin/sam
 CHECKOV_VERSION := 3.3.30
 CHECKOV := .venv-checkov/bin/checkov
 CHECKOV_SCAN := CKV_SKIP_PACKAGE_UPDATE_CHECK=true $(CHECKOV) --framework cloudformation --skip-download --compact --quiet
-CHECKOV_PARAMETERS := Tenants=acme,globex SnapStart=PublishedVersions AdmissionReservedConcurrency=100 \
+CHECKOV_PARAMETERS := Tenants=acme,globex RelayPollerGroups=acme=0,globex=0 SnapStart=PublishedVersions AdmissionReservedConcurrency=100 \
 	RelayReservedConcurrency=20 OutboxReservedConcurrency=10 KmsKeyArn=arn:aws:kms:us-east-1:111122223333:key/00000000-0000-0000-0000-000000000000
 # Multi-Region mode (docs/operations.md#multi-region), hardened as above: a home stack in us-east-1 with
 # replicas in us-east-2 and us-west-2 (a key each), and the us-east-2 replica stack.

@@ -3,7 +3,7 @@
 The template gives what is configured (memory sizes, architecture, provisioned pollers, batch sizes, the
 event source mappings a tenant adds); `poimen topics ensure` the partitions a tenant adds; the prices are AWS's
 (US East, N. Virginia, each with its page); the durations are what `make bench` measured. `python -m
-benchmarks.cost_model` prints the section's tables, and tests/unit/test_cost_model.py holds the document to
+benchmarks.cost_model --tables` prints the section's tables, and tests/unit/test_cost_model.py holds the document to
 them, so no figure drifts from the template. After a new `make bench`, pass its figures:
 `python -m benchmarks.cost_model --admission-ms 30 --relay-ms 1.2 --outbox-ms 0.8 --tables` (and paste the tables).
 
@@ -182,12 +182,24 @@ class Deployment:
         return [ids[n * size : (n + 1) * size] for n in range(self.cells) if ids[n * size : (n + 1) * size]]
 
 
-def poller_group_loads(settings: Settings, deployment: Deployment) -> dict[str, GroupLoad]:
-    """Each poller group's mappings and their MinimumPollers (what runs, and is billed, before any traffic), as
-    make deploy assigns the groups (poimen_tools.deploy_check), one cell after the other on the cluster."""
+@dataclass(frozen=True)
+class BilledGroup:
+    """A poller group as Lambda bills it before any traffic: its mappings and their MinimumPollers."""
+
+    mappings: int = 0
+    pollers: int = 0
+
+    @property
+    def epus(self) -> int:
+        return math.ceil(self.pollers / POLLERS_A_EPU)  # a group is billed whole EPUs
+
+
+def poller_groups(settings: Settings, deployment: Deployment) -> dict[str, BilledGroup]:
+    """Each poller group of the deployment, as make deploy assigns the groups (poimen_tools.deploy_check: by
+    MaximumPollers, which the groups' limits count), one cell after the other on the cluster."""
     mappings_a_tenant = 1 + deployment.aliases
-    taken: dict[str, GroupLoad] = {}  # by MaximumPollers, which the groups' limits count
-    billed: dict[str, GroupLoad] = {}  # by MinimumPollers
+    taken: dict[str, GroupLoad] = {}
+    billed: dict[str, BilledGroup] = {}
     for tenants in deployment.cell_tenants():
         groups = assign_poller_groups(tenants, mappings_a_tenant, settings.maximum_pollers, taken, {})
         if len(groups) < len(tenants):
@@ -196,8 +208,9 @@ def poller_group_loads(settings: Settings, deployment: Deployment) -> dict[str, 
             taken[group] = taken.get(group, GroupLoad()).plus(
                 mappings_a_tenant, mappings_a_tenant * settings.maximum_pollers
             )
-            billed[group] = billed.get(group, GroupLoad()).plus(
-                mappings_a_tenant, mappings_a_tenant * settings.minimum_pollers
+            before = billed.get(group, BilledGroup())
+            billed[group] = BilledGroup(
+                before.mappings + mappings_a_tenant, before.pollers + mappings_a_tenant * settings.minimum_pollers
             )
     return billed
 
@@ -219,8 +232,8 @@ def poller_lines(settings: Settings, deployment: Deployment) -> list[Line]:
         epus = deployment.mappings * math.ceil(settings.minimum_pollers / POLLERS_A_EPU)
         item = f"event pollers ({each} RelayMinimumPollers, ungrouped: an EPU a mapping)"
     else:
-        loads = poller_group_loads(settings, deployment)
-        epus = sum(math.ceil(load.maximum_pollers / POLLERS_A_EPU) for load in loads.values())
+        loads = poller_groups(settings, deployment)
+        epus = sum(group.epus for group in loads.values())
         groups = f"{len(loads)} poller group{'s' if len(loads) > 1 else ''}"
         item = f"event pollers ({each} RelayMinimumPollers in {groups}: {epus} EPUs, whole ones a group)"
     return [Line(item, epus * HOURS_A_MONTH, "EPU-hours", "epu_hour")]
@@ -342,8 +355,8 @@ def _sizes_table(settings: Settings) -> list[str]:
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for size in SIZES:
-        loads = poller_group_loads(settings, size)
-        epus = sum(math.ceil(load.maximum_pollers / POLLERS_A_EPU) for load in loads.values())
+        loads = poller_groups(settings, size)
+        epus = sum(group.epus for group in loads.values())
         ungrouped = Deployment(size.tenants, size.aliases, size.cells, grouped=False)
         rows.append(
             f"| {size.tenants:,} | {size.aliases} | {size.cells} | {len(loads)} | {epus} |"

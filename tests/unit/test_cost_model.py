@@ -18,7 +18,7 @@ from benchmarks.cost_model import (
     fixed_lines,
     main,
     per_million_lines,
-    poller_group_loads,
+    poller_groups,
     render,
 )
 from poimen_tools.deploy_check import MAPPINGS_A_POLLER_GROUP, max_tenants
@@ -80,7 +80,7 @@ def test_the_pollers_are_billed_by_the_groups_make_deploy_assigns_each_rounded_u
     settings = Settings.of(_template())
     deployment = Deployment(tenants, aliases, cells)
 
-    loads = poller_group_loads(settings, deployment)
+    loads = poller_groups(settings, deployment)
     (pollers,) = [line for line in fixed_lines(settings, deployment) if line.unit == "EPU-hours"]
 
     assert sum(load.mappings for load in loads.values()) == tenants * (1 + aliases)

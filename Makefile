@@ -15,7 +15,7 @@ SAM := .venv-sam/bin/sam
 CHECKOV_VERSION := 3.3.30
 CHECKOV := .venv-checkov/bin/checkov
 CHECKOV_SCAN := CKV_SKIP_PACKAGE_UPDATE_CHECK=true $(CHECKOV) --framework cloudformation --skip-download --compact --quiet
-CHECKOV_PARAMETERS := Tenants=acme,globex SnapStart=PublishedVersions AdmissionReservedConcurrency=100 \
+CHECKOV_PARAMETERS := Tenants=acme,globex RelayPollerGroups=acme=0,globex=0 SnapStart=PublishedVersions AdmissionReservedConcurrency=100 \
 	RelayReservedConcurrency=20 OutboxReservedConcurrency=10 KmsKeyArn=arn:aws:kms:us-east-1:111122223333:key/00000000-0000-0000-0000-000000000000
 # Multi-Region mode (docs/operations.md#multi-region), hardened as above: a home stack in us-east-1 with
 # replicas in us-east-2 and us-west-2 (a key each), and the us-east-2 replica stack.
@@ -98,6 +98,13 @@ PEER_REGION_1_KMS_KEY_ARN ?=
 PEER_REGION_2_KMS_KEY_ARN ?=
 # The DispatchSources parameter the cell check derives from the aliases the stack will have, for sam deploy.
 DISPATCH_SOURCES := .aws-sam/dispatch-sources.parameter
+# Poller groups (docs/operations.md#poller-groups): the RelayPollerGroups parameter the group check computes from
+# the mappings already in each of the cluster's groups (deploy_check.py groups), or checks when
+# RELAY_POLLER_GROUPS=tenant=group,... is given; RELAY_POLLER_GROUPS=ungrouped opts out (an EPU a mapping).
+RELAY_POLLER_GROUPS ?=
+POLLER_GROUPS := .aws-sam/poller-groups.parameter
+# RelayMaximumPollers as the deploy passes it (samconfig.toml's overrides; empty: the deployed stack's, or 3).
+RELAY_MAXIMUM_POLLERS = $(patsubst RelayMaximumPollers=%,%,$(filter RelayMaximumPollers=%,$(STAGE_PARAMETERS)))
 # The numbers of the aliases given empty on the command line: cleared, passed as '' (SAM CLI refuses an override
 # with nothing after its '=').
 CLEARED_PEER_CLUSTER_ALIASES = $(foreach n,1 2,$(if $(and $(filter command line,$(origin PEER_CLUSTER_ALIAS_$(n))),$(if \
@@ -241,7 +248,8 @@ build: $(SAM)
 
 # Package and deploy what `make build` built to the stack of CONFIG_ENV (and CELL), with the caller's AWS
 # credentials, once CloudFormation says no other cell on the cluster or of the Stage (here, and in the peer
-# Regions in multi-Region mode) serves one of TENANTS, and with a change of RunRetentionDays recorded.
+# Regions in multi-Region mode) serves one of TENANTS, with the mappings in poller groups that have room for them
+# (or the groups given checked), and with a change of RunRetentionDays recorded.
 deploy: build $(STAMP)
 	@test -n "$(TENANTS)" -a -n "$(MSK_CLUSTER_ARN)" -a -n "$(KAFKA_BOOTSTRAP_SERVERS)" -a -n "$(OUTBOX_SUBNET_IDS)" \
 		-a -n "$(OUTBOX_SECURITY_GROUP_IDS)" || { echo "make deploy: set TENANTS=<ids>, MSK_CLUSTER_ARN=<arn>," \
@@ -260,12 +268,15 @@ deploy: build $(STAMP)
 		--msk-cluster-arn "$(MSK_CLUSTER_ARN)" --stage "$(STAGE)" --peer-regions "$(PEER_REGION_1),$(PEER_REGION_2)" \
 		--peer-cluster-aliases "$(PEER_CLUSTER_ALIAS_1),$(PEER_CLUSTER_ALIAS_2)" \
 		--cleared-peer-cluster-aliases "$(strip $(CLEARED_PEER_CLUSTER_ALIASES))" > $(DISPATCH_SOURCES)
+	$(DEPLOY_CHECK) groups --stack-name "$(STACK_NAME)" --tenants "$(TENANTS)" --msk-cluster-arn "$(MSK_CLUSTER_ARN)" \
+		--dispatch-sources "$$(cat $(DISPATCH_SOURCES))" --maximum-pollers "$(RELAY_MAXIMUM_POLLERS)" \
+		--poller-groups "$(RELAY_POLLER_GROUPS)" > $(POLLER_GROUPS)
 	HOLD_PARAMETERS="$$($(RETENTION_CHANGE) --hold $(RUN_RETENTION_OPTION))" && { test -z "$$HOLD_PARAMETERS" || \
-		$(SAM_DEPLOY) "$$(cat $(DISPATCH_SOURCES))" $$HOLD_PARAMETERS; } && \
+		$(SAM_DEPLOY) "$$(cat $(DISPATCH_SOURCES))" "$$(cat $(POLLER_GROUPS))" $$HOLD_PARAMETERS; } && \
 	RETENTION_PARAMETERS="$$($(RETENTION_CHANGE) $(RUN_RETENTION_OPTION))" && \
-	$(SAM_DEPLOY) "$$(cat $(DISPATCH_SOURCES))" $$RETENTION_PARAMETERS && \
+	$(SAM_DEPLOY) "$$(cat $(DISPATCH_SOURCES))" "$$(cat $(POLLER_GROUPS))" $$RETENTION_PARAMETERS && \
 	SETTLED_PARAMETERS="$$($(RETENTION_CHANGE) --settle)" && { test -z "$$SETTLED_PARAMETERS" || \
-		$(SAM_DEPLOY) "$$(cat $(DISPATCH_SOURCES))" $$SETTLED_PARAMETERS; }
+		$(SAM_DEPLOY) "$$(cat $(DISPATCH_SOURCES))" "$$(cat $(POLLER_GROUPS))" $$SETTLED_PARAMETERS; }
 
 # The local Kafka broker's jars, from Maven Central into .cache/kafka (needs Java 17 and Maven).
 kafka-jars: $(STAMP)

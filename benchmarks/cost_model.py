@@ -3,9 +3,14 @@
 The template gives what is configured (memory sizes, architecture, provisioned pollers, batch sizes, the
 event source mappings a tenant adds); `poimen topics ensure` the partitions a tenant adds; the prices are AWS's
 (US East, N. Virginia, each with its page); the durations are what `make bench` measured. `python -m
-benchmarks.cost_model` prints the section's tables, and tests/unit/test_cost_model.py holds the document to
+benchmarks.cost_model --tables` prints the section's tables, and tests/unit/test_cost_model.py holds the document to
 them, so no figure drifts from the template. After a new `make bench`, pass its figures:
-`python -m benchmarks.cost_model --admission-ms 30 --relay-ms 1.2 --outbox-ms 0.8` (and paste the tables).
+`python -m benchmarks.cost_model --admission-ms 30 --relay-ms 1.2 --outbox-ms 0.8 --tables` (and paste the tables).
+
+As a tool, `python -m benchmarks.cost_model --tenants 300 --aliases 1 --cells 2 --admissions 50000000 --mode
+provisioned` prints the monthly bill of that deployment by line, fixed and variable: the event pollers from the
+poller groups `make deploy` would assign (poimen_tools.deploy_check, cell after cell on one cluster; each group
+billed whole EPUs), the brokers' share, and the admissions' lines scaled from a million.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from poimen_tools.deploy_check import GroupLoad, assign_poller_groups, max_tenants
 from poimen_tools.local.template import Template
 from poimen_tools.topics import ensure_topics
 
@@ -24,6 +30,7 @@ HOURS_A_MONTH = 730  # AWS pricing pages' month
 MILLION = 1_000_000
 
 LAMBDA_PRICING = "https://aws.amazon.com/lambda/pricing/"
+KAFKA_SCALING_MODES = "https://docs.aws.amazon.com/lambda/latest/dg/kafka-scaling-modes.html"
 API_GATEWAY_PRICING = "https://aws.amazon.com/api-gateway/pricing/"
 DYNAMODB_PRICING = "https://aws.amazon.com/dynamodb/pricing/on-demand/"
 MSK_PRICING = "https://aws.amazon.com/msk/pricing/"
@@ -68,7 +75,7 @@ PRICES = {
     "s3_put": Price(0.005, 1000, "PUT requests (S3 Standard)", S3_PRICING),
 }
 POLLERS_A_EPU = 10  # Kafka: "EPU-hours price is $0.185/hour and supports 10 event pollers per EPU" (LAMBDA_PRICING)
-ESMS_A_POLLER_GROUP = 100  # ProvisionedPollerConfig.PollerGroupName: up to 100 ESMs a group
+MODES = ("provisioned", "on-demand")  # the inbox mappings' event pollers
 REPLICAS_A_BROKER = 1000  # MSK's recommended most partition replicas on a kafka.m7g.large (MSK_BEST_PRACTICES)
 REPLICATION_FACTOR = 3  # MSK's default.replication.factor, which `poimen topics ensure` takes (-1)
 TOPICS_A_TENANT = 2  # poimen.<tenant>.dispatch and .events; one more dispatch topic per peer cluster alias
@@ -103,6 +110,7 @@ class Settings:
     memory_mb: dict[str, int]
     architecture: dict[str, str]
     minimum_pollers: int
+    maximum_pollers: int
     relay_batch_size: int
     outbox_batch_size: int
     partitions: int
@@ -120,6 +128,7 @@ class Settings:
                 name: template.properties(name).get("Architectures", globals_["Architectures"])[0] for name in functions
             },
             minimum_pollers=int(parameters["RelayMinimumPollers"]["Default"]),
+            maximum_pollers=int(parameters["RelayMaximumPollers"]["Default"]),
             relay_batch_size=int(parameters["RelayBatchSize"]["Default"]),
             outbox_batch_size=int(template.properties("OutboxRelaySource")["BatchSize"]),
             partitions=int(inspect.signature(ensure_topics).parameters["partitions"].default),
@@ -145,29 +154,114 @@ def _gb_seconds(settings: Settings, function: str, ms: float) -> float:
     return settings.memory_mb[function] / 1024 * math.ceil(ms) / 1000  # Lambda bills whole milliseconds
 
 
-def fixed_lines(settings: Settings, aliases: int, grouped: bool) -> list[Line]:
-    """A tenant's monthly cost before any admission: its event source mappings' provisioned pollers, and its
-    share of the brokers its partition replicas take."""
-    mappings = 1 + aliases
-    pollers = mappings * settings.minimum_pollers
-    # Ungrouped, a mapping's pollers run on an EPU of their own; in a poller group, ten pollers share one.
-    epus = pollers / POLLERS_A_EPU if grouped else mappings * math.ceil(settings.minimum_pollers / POLLERS_A_EPU)
-    replicas = (TOPICS_A_TENANT + aliases) * settings.partitions * REPLICATION_FACTOR
+@dataclass(frozen=True)
+class Deployment:
+    """What the bill is for: tenants split evenly into cells (stacks) on one MSK cluster, each tenant with one
+    mapping and one more for each peer cluster alias, its mappings grouped (the default) or not."""
+
+    tenants: int
+    aliases: int = 0
+    cells: int = 1
+    grouped: bool = True
+    mode: str = "provisioned"
+
+    @property
+    def mappings(self) -> int:
+        return self.tenants * (1 + self.aliases)
+
+    def cell_tenants(self) -> list[list[str]]:
+        """Each cell's tenants (their ids made up), as evenly as they split; a cell over a stack's maximum is a
+        ValueError, as make build refuses it."""
+        ids = [f"t{n}" for n in range(self.tenants)]
+        size = -(-self.tenants // self.cells)
+        if size > max_tenants(self.aliases):
+            raise ValueError(
+                f"{self.tenants} tenants in {self.cells} cell(s) is {size} a cell, and a stack serves at most"
+                f" {max_tenants(self.aliases)} with {self.aliases} peer cluster alias(es): give more cells"
+            )
+        return [ids[n * size : (n + 1) * size] for n in range(self.cells) if ids[n * size : (n + 1) * size]]
+
+
+@dataclass(frozen=True)
+class BilledGroup:
+    """A poller group as Lambda bills it before any traffic: its mappings and their MinimumPollers."""
+
+    mappings: int = 0
+    pollers: int = 0
+
+    @property
+    def epus(self) -> int:
+        return math.ceil(self.pollers / POLLERS_A_EPU)  # a group is billed whole EPUs
+
+
+def poller_groups(settings: Settings, deployment: Deployment) -> dict[str, BilledGroup]:
+    """Each poller group of the deployment, as make deploy assigns the groups (poimen_tools.deploy_check: by
+    MaximumPollers, which the groups' limits count), one cell after the other on the cluster."""
+    mappings_a_tenant = 1 + deployment.aliases
+    taken: dict[str, GroupLoad] = {}
+    billed: dict[str, BilledGroup] = {}
+    for tenants in deployment.cell_tenants():
+        groups = assign_poller_groups(tenants, mappings_a_tenant, settings.maximum_pollers, taken, {})
+        if len(groups) < len(tenants):
+            raise ValueError(f"{deployment}: make deploy would find no poller group with room for every tenant")
+        for group in groups.values():
+            taken[group] = taken.get(group, GroupLoad()).plus(
+                mappings_a_tenant, mappings_a_tenant * settings.maximum_pollers
+            )
+            before = billed.get(group, BilledGroup())
+            billed[group] = BilledGroup(
+                before.mappings + mappings_a_tenant, before.pollers + mappings_a_tenant * settings.minimum_pollers
+            )
+    return billed
+
+
+def on_demand_poller_lines(settings: Settings, deployment: Deployment) -> list[Line]:
+    """What on-demand event pollers cost: nothing of their own. Lambda bills EPUs in provisioned mode only
+    ("Using provisioned mode incurs additional costs", KAFKA_SCALING_MODES; LAMBDA_PRICING prices EPU-hours for
+    provisioned mode): an on-demand mapping's records cost the invocations and duration of per_million_lines."""
+    return []
+
+
+def poller_lines(settings: Settings, deployment: Deployment) -> list[Line]:
+    """The event pollers of every mapping of the deployment, a month: grouped, each group billed whole EPUs of 10
+    pollers (its MinimumPollers summed, rounded up); ungrouped, each mapping its own EPUs."""
+    if deployment.mode == "on-demand":
+        return on_demand_poller_lines(settings, deployment)
+    each = f"{deployment.mappings:,} mapping{'s' if deployment.mappings > 1 else ''} x {settings.minimum_pollers}"
+    if not deployment.grouped:
+        epus = deployment.mappings * math.ceil(settings.minimum_pollers / POLLERS_A_EPU)
+        item = f"event pollers ({each} RelayMinimumPollers, ungrouped: an EPU a mapping)"
+    else:
+        loads = poller_groups(settings, deployment)
+        epus = sum(group.epus for group in loads.values())
+        groups = f"{len(loads)} poller group{'s' if len(loads) > 1 else ''}"
+        item = f"event pollers ({each} RelayMinimumPollers in {groups}: {epus} EPUs, whole ones a group)"
+    return [Line(item, epus * HOURS_A_MONTH, "EPU-hours", "epu_hour")]
+
+
+def fixed_lines(settings: Settings, deployment: Deployment) -> list[Line]:
+    """The deployment's monthly cost before any admission: its event source mappings' pollers, and the share of
+    the brokers its tenants' partition replicas take."""
+    replicas = deployment.tenants * (TOPICS_A_TENANT + deployment.aliases) * settings.partitions * REPLICATION_FACTOR
     return [
+        *poller_lines(settings, deployment),
         Line(
-            f"event pollers ({mappings} mapping{'s' if mappings > 1 else ''} x {settings.minimum_pollers}"
-            f" RelayMinimumPollers){', in a poller group' if grouped else ''}",
-            epus * HOURS_A_MONTH,
-            "EPU-hours",
-            "epu_hour",
-        ),
-        Line(
-            f"MSK brokers: {replicas} partition replicas of the {REPLICAS_A_BROKER:,} a broker holds",
+            f"MSK brokers: {replicas:,} partition replicas of the {REPLICAS_A_BROKER:,} a broker holds",
             replicas / REPLICAS_A_BROKER * HOURS_A_MONTH,
             "broker-hours",
             "msk_broker_hour",
         ),
     ]
+
+
+def scaled(lines: list[Line], factor: float) -> list[Line]:
+    """`lines` for `factor` times their quantity (a tenant's share: 1 / tenants; M admissions: M / a million)."""
+    return [Line(line.item, line.quantity * factor, line.unit, line.price, line.note) for line in lines]
+
+
+def a_tenant(settings: Settings, deployment: Deployment) -> float:
+    """The deployment's fixed cost a tenant a month, USD."""
+    return sum(line.usd for line in fixed_lines(settings, deployment)) / deployment.tenants
 
 
 def per_million_lines(settings: Settings, measured: Durations) -> list[Line]:
@@ -242,9 +336,39 @@ def _table(lines: list[Line], quantity_header: str) -> list[str]:
     return rows
 
 
+# The sizes docs/operations.md#what-a-tenant-costs prices: one tenant, a full poller group, one mapping into the
+# next, each stack's maximum by peer aliases, and two cells at the maximum on one cluster.
+SIZES = [
+    Deployment(1),
+    Deployment(100),
+    Deployment(101),
+    Deployment(max_tenants(0)),
+    Deployment(max_tenants(1), aliases=1),
+    Deployment(max_tenants(2), aliases=2),
+    Deployment(2 * max_tenants(0), cells=2),
+]
+
+
+def _sizes_table(settings: Settings) -> list[str]:
+    rows = [
+        "| tenants | peer aliases | cells | poller groups | EPUs | a tenant, grouped | a tenant, ungrouped |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for size in SIZES:
+        loads = poller_groups(settings, size)
+        epus = sum(group.epus for group in loads.values())
+        ungrouped = Deployment(size.tenants, size.aliases, size.cells, grouped=False)
+        rows.append(
+            f"| {size.tenants:,} | {size.aliases} | {size.cells} | {len(loads)} | {epus} |"
+            f" {a_tenant(settings, size):,.2f} | {a_tenant(settings, ungrouped):,.2f} |"
+        )
+    return rows
+
+
 def render(template: Template, measured: Durations = MEASURED) -> str:
     """The markdown tables of docs/operations.md#what-a-tenant-costs."""
     settings = Settings.of(template)
+    full = Deployment(100)
     out = [
         f"Inputs from template.yaml: memory {settings.memory_mb['AdmissionFunction']} / "
         f"{settings.memory_mb['InboxRelayFunction']} / {settings.memory_mb['OutboxRelayFunction']} MB (admission, "
@@ -255,14 +379,20 @@ def render(template: Template, measured: Durations = MEASURED) -> str:
         f"relay {measured.relay_ms_a_record:g} ms a record, outbox {measured.outbox_ms_a_record:g} ms a record, "
         f"{measured.admission_log_bytes:,} log bytes an admission.",
         "",
-        "**Fixed, a tenant a month** (no peer cluster alias; each alias adds one mapping and one replicated "
-        "dispatch topic):",
+        f"**Fixed, a tenant a month**, its mappings in [poller groups](#poller-groups) (the default), a tenant's "
+        f"share of a full group ({full.tenants} tenants, no peer cluster alias; each alias adds one mapping and one "
+        "replicated dispatch topic):",
         "",
-        *_table(fixed_lines(settings, aliases=0, grouped=False), "a month"),
+        *_table(scaled(fixed_lines(settings, full), 1 / full.tenants), "a month"),
         "",
-        "The same with the mappings in poller groups (`PollerGroupName`, not set by the template today):",
+        "By size (USD a tenant a month; each poller group billed whole EPUs, so a group's last tenants cost most "
+        "until it fills; two cells share the cluster's groups):",
         "",
-        *_table(fixed_lines(settings, aliases=0, grouped=True), "a month"),
+        *_sizes_table(settings),
+        "",
+        "Ungrouped (`RELAY_POLLER_GROUPS=ungrouped`), each mapping on an EPU of its own:",
+        "",
+        *_table(fixed_lines(settings, Deployment(1, grouped=False)), "a month"),
         "",
         "**A million admissions**, each relayed from its dispatch topic and published as its event:",
         "",
@@ -275,15 +405,54 @@ def render(template: Template, measured: Durations = MEASURED) -> str:
     return "\n".join(out)
 
 
-def main() -> None:
+def bill(settings: Settings, deployment: Deployment, admissions: int, measured: Durations = MEASURED) -> str:
+    """The deployment's monthly bill by line: fixed, then `admissions` admissions."""
+    fixed = fixed_lines(settings, deployment)
+    variable = scaled(per_million_lines(settings, measured), admissions / MILLION)
+    total = sum(line.usd for line in fixed + variable)
+    grouping = "" if deployment.mode == "on-demand" else (", grouped" if deployment.grouped else ", ungrouped")
+    return "\n".join(
+        [
+            f"{deployment.tenants:,} tenants, {deployment.aliases} peer cluster alias(es), {deployment.cells} cell(s),"
+            f" {deployment.mode} event pollers{grouping}, {admissions:,} admissions a month:",
+            "",
+            "**Fixed**",
+            "",
+            *_table(fixed, "a month"),
+            "",
+            f"**Variable**, {admissions:,} admissions",
+            "",
+            *_table(variable, "a month"),
+            "",
+            f"**Total**: {total:,.2f} USD a month, {total / deployment.tenants:,.2f} a tenant",
+        ]
+    )
+
+
+def main(arguments: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tables", action="store_true", help="print docs/operations.md's tables instead of a bill")
+    parser.add_argument("--tenants", type=int, default=1, help="tenants in all (split evenly into the cells)")
+    parser.add_argument("--aliases", type=int, choices=(0, 1, 2), default=0, help="peer cluster aliases")
+    parser.add_argument("--cells", type=int, default=1, help="stacks on the one MSK cluster")
+    parser.add_argument("--admissions", type=int, default=MILLION, help="admissions a month")
+    parser.add_argument("--mode", choices=MODES, default=MODES[0], help="the inbox mappings' event pollers")
+    parser.add_argument("--ungrouped", action="store_true", help="provisioned, RELAY_POLLER_GROUPS=ungrouped")
     parser.add_argument("--admission-ms", type=float, default=MEASURED.admission_ms)
     parser.add_argument("--relay-ms", type=float, default=MEASURED.relay_ms_a_record, help="ms a relayed record")
     parser.add_argument("--outbox-ms", type=float, default=MEASURED.outbox_ms_a_record, help="ms a published record")
     parser.add_argument("--log-bytes", type=int, default=MEASURED.admission_log_bytes, help="log bytes an admission")
-    arguments = parser.parse_args()
-    measured = Durations(arguments.admission_ms, arguments.relay_ms, arguments.outbox_ms, arguments.log_bytes)
-    print(render(Template(REPO / "template.yaml"), measured))
+    options = parser.parse_args(arguments)
+    measured = Durations(options.admission_ms, options.relay_ms, options.outbox_ms, options.log_bytes)
+    template = Template(REPO / "template.yaml")
+    if options.tables:
+        print(render(template, measured))
+        return
+    deployment = Deployment(options.tenants, options.aliases, options.cells, not options.ungrouped, options.mode)
+    try:
+        print(bill(Settings.of(template), deployment, options.admissions, measured))
+    except ValueError as error:
+        parser.exit(2, f"{parser.prog}: {error}\n")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,15 @@ Run by the SAM CLI's interpreter (the Makefile's build and deploy need nothing e
 `cells` prints, once it refuses nothing, the DispatchSources parameter to deploy with (`DispatchSources=Source,
 Peer1Source`): the kinds of the peer cluster aliases the stack will have, those given, else the deployed stack's
 (sam deploy keeps a parameter it is not given), none for one cleared (`--cleared-peer-cluster-aliases 1`).
+
+Poller groups (docs/operations.md#poller-groups): `groups` reads the cluster's event source mappings from Lambda
+and prints the RelayPollerGroups parameter to deploy with (`RelayPollerGroups=acme=0,globex=0`): each tenant's
+mappings in one of the cluster's groups with room for them beside every other stack's mappings there, a tenant
+kept in its deployed group while it still fits; or it refuses, in one line, what Lambda would refuse (a group of
+more than 100 mappings or 2,000 MaximumPollers, a name it does not take):
+
+    .venv-sam/bin/python infra/poimen_tools/deploy_check.py --prog "make deploy" groups --stack-name S \
+        --tenants a,b --msk-cluster-arn arn:aws:kafka:... --dispatch-sources DispatchSources=Source,Peer1Source
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import boto3
@@ -55,6 +64,22 @@ DISPATCH_SOURCES = ("Source", "Peer1Source", "Peer2Source")
 # the other variables take at most about 600 bytes (the quota test renders them at their longest).
 MAX_TENANT_CHARACTERS = 3000
 CELLS = "docs/operations.md#cells"
+# Poller groups: "You can group up to 100 ESMs per poller group and aggregate maximum pollers across all ESMs in a
+# group cannot exceed 2000"; a name is 0-128 of a-z, A-Z, 0-9, '-' and '_' (Lambda API Reference,
+# ProvisionedPollerConfig: https://docs.aws.amazon.com/lambda/latest/api/API_ProvisionedPollerConfig.html).
+MAPPINGS_A_POLLER_GROUP = 100
+MAXIMUM_POLLERS_A_POLLER_GROUP = 2000
+POLLER_GROUP_NAME_PATTERN = re.compile(r"[a-zA-Z0-9_-]{1,128}")
+# A Kafka mapping's MaximumPollers when it sets none (the same page).
+DEFAULT_MAXIMUM_POLLERS = 200
+# The template's RelayPollerGroups: one character a group (so that the assignment of 446 tenants in 3,000
+# characters stays under CloudFormation's 4,096 bytes a parameter value), 36 groups a cluster.
+POLLER_GROUPS = "0123456789abcdefghijklmnopqrstuvwxyz"
+UNGROUPED = "ungrouped"  # the opt-out, asked for by name: every mapping on an EPU of its own
+NO_GROUP = "-"  # what RelayPollerGroups gives each tenant when ungrouped (the template names its group "")
+PARAMETER_VALUE_BYTES = 4096  # CloudFormation quotas (RESOURCES_A_STACK's page)
+DEFAULT_RELAY_MAXIMUM_POLLERS = 3  # the template's RelayMaximumPollers default; tests/unit/test_poller_groups.py
+POLLER_GROUPS_DOC = "docs/operations.md#poller-groups"
 DEFAULT_STAGE = "dev"  # the template's Stage when none is given, as CloudFormation then describes the stack
 CELL_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,15}")  # the template's Cell parameter
 TENANT_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # each id of the template's Tenants parameter
@@ -140,6 +165,184 @@ def limit_refusal(tenants: list[str], peer_aliases: int) -> str | None:
             f" admission function carries the list in its 4 KB of environment variables): split them into cells"
             f" of at most {MAX_TENANT_CHARACTERS:,} characters, one stack each (CELL=<name>, {CELLS})"
         )
+    assignment = len(render_assignment(dict.fromkeys(tenants, POLLER_GROUPS[-1])).encode())
+    if assignment > PARAMETER_VALUE_BYTES:
+        return (
+            f"the poller groups of these tenants (RelayPollerGroups) are {assignment:,} bytes, over CloudFormation's"
+            f" {PARAMETER_VALUE_BYTES:,} a parameter value: split them into cells, one stack each (CELL=<name>,"
+            f" {CELLS})"
+        )
+    return None
+
+
+# --- poller groups ------------------------------------------------------------------------------------------
+
+
+def poller_group_name(msk_cluster_arn: str, group: str) -> str:
+    """The PollerGroupName of `group` on this cluster, as the template makes it: named after the cluster (its ARN's
+    last part), so every cell on the cluster shares it and no mapping of another cluster is in it unseen."""
+    return f"poimen-{msk_cluster_arn.rsplit('/', 1)[-1]}-{group}"
+
+
+@dataclass(frozen=True)
+class GroupLoad:
+    """What a poller group holds: its mappings and their MaximumPollers, summed."""
+
+    mappings: int = 0
+    maximum_pollers: int = 0
+
+    def plus(self, mappings: int, maximum_pollers: int) -> GroupLoad:
+        return GroupLoad(self.mappings + mappings, self.maximum_pollers + maximum_pollers)
+
+    def fits(self) -> bool:
+        return self.mappings <= MAPPINGS_A_POLLER_GROUP and self.maximum_pollers <= MAXIMUM_POLLERS_A_POLLER_GROUP
+
+
+def group_loads(listed: list[dict[str, Any]], msk_cluster_arn: str, own: frozenset[str]) -> dict[str, GroupLoad]:
+    """The load of each of the cluster's poller groups, from its mappings as ListEventSourceMappings lists them,
+    leaving out the stack's own (`own`: their UUIDs; _during_update counts them from the stack's parameters)."""
+    names = {poller_group_name(msk_cluster_arn, group): group for group in POLLER_GROUPS}
+    loads: dict[str, GroupLoad] = {}
+    for mapping in listed:
+        config = mapping.get("ProvisionedPollerConfig", {})
+        group = names.get(config.get("PollerGroupName", ""))
+        if group is None or mapping["UUID"] in own:
+            continue
+        pollers = int(config.get("MaximumPollers", DEFAULT_MAXIMUM_POLLERS))
+        loads[group] = loads.get(group, GroupLoad()).plus(1, pollers)
+    return loads
+
+
+def parse_assignment(text: str) -> dict[str, str]:
+    """RelayPollerGroups as a tenant -> group map (an entry without '=' maps to "")."""
+    pairs = (entry.partition("=") for entry in text.split(",") if entry)
+    return {tenant: group for tenant, _, group in pairs}
+
+
+def render_assignment(assignment: dict[str, str]) -> str:
+    return ",".join(f"{tenant}={group}" for tenant, group in assignment.items())
+
+
+def _is_group(group: str) -> bool:
+    return len(group) == 1 and group in POLLER_GROUPS
+
+
+def _during_update(taken: dict[str, GroupLoad], previous: dict[str, str], deployed: GroupLoad) -> dict[str, GroupLoad]:
+    """`taken`, and each deployed tenant's mappings (`deployed` each) in its `previous` group: they count there
+    until the update completes, as CloudFormation deletes the mappings of a removed tenant after it has created
+    and updated the others (its cleanup), and updates a moved one's group in parallel with the others (room it
+    leaves may be taken before it has left)."""
+    loads = dict(taken)
+    for group in previous.values():
+        if _is_group(group):
+            loads[group] = loads.get(group, GroupLoad()).plus(deployed.mappings, deployed.maximum_pollers)
+    return loads
+
+
+def _arrival(tenant: str, group: str, load: GroupLoad, previous: dict[str, str], deployed: GroupLoad) -> GroupLoad:
+    """What `tenant`'s mappings (`load`) add to `group`: all of them if it comes from elsewhere, its growth if it
+    stays (a peer alias's mapping more, a higher RelayMaximumPollers)."""
+    if previous.get(tenant) != group:
+        return load
+    return GroupLoad(max(0, load.mappings - deployed.mappings), max(0, load.maximum_pollers - deployed.maximum_pollers))
+
+
+def assign_poller_groups(
+    tenants: list[str],
+    mappings_a_tenant: int,
+    maximum_pollers: int,
+    taken: dict[str, GroupLoad],
+    previous: dict[str, str],
+    deployed: GroupLoad = GroupLoad(),
+) -> dict[str, str]:
+    """Each tenant's group (all of its `mappings_a_tenant` mappings, of `maximum_pollers` each, in one), beside what
+    other stacks hold (`taken`) and the stack's deployed tenants where they are (`previous`, `deployed` a tenant:
+    _during_update): a tenant stays in its `previous` group while that has room (no mapping moves on a redeploy
+    that need not), the others go to the first group with room. A tenant no group has room for is left out:
+    poller_group_refusal names it."""
+    loads = _during_update(taken, previous, deployed)
+    load = GroupLoad(mappings_a_tenant, mappings_a_tenant * maximum_pollers)
+    assignment: dict[str, str] = {}
+
+    def place(tenant: str, group: str) -> bool:
+        after = loads.get(group, GroupLoad()).plus(*astuple(_arrival(tenant, group, load, previous, deployed)))
+        if not after.fits():
+            return False
+        loads[group], assignment[tenant] = after, group
+        return True
+
+    for tenant in tenants:
+        if _is_group(previous.get(tenant, "")):
+            place(tenant, previous[tenant])
+    for tenant in tenants:
+        if tenant not in assignment:
+            any(place(tenant, group) for group in POLLER_GROUPS)
+    return {tenant: assignment[tenant] for tenant in tenants if tenant in assignment}
+
+
+def poller_group_refusal(
+    assignment: dict[str, str],
+    tenants: list[str],
+    mappings_a_tenant: int,
+    maximum_pollers: int,
+    taken: dict[str, GroupLoad],
+    msk_cluster_arn: str,
+    previous: dict[str, str] | None = None,
+    deployed: GroupLoad = GroupLoad(),
+) -> str | None:
+    """Why Lambda (or the template) would refuse these tenants' mappings in the groups of `assignment` beside
+    what other stacks hold (`taken`) and the stack's deployed tenants where they are (`previous`, `deployed` a
+    tenant: _during_update), in one line; None if it would not (every tenant given NO_GROUP: ungrouped)."""
+    if assignment and set(assignment.values()) == {NO_GROUP} and set(assignment) == set(tenants):
+        return None
+    one_tenant = mappings_a_tenant * maximum_pollers
+    if one_tenant > MAXIMUM_POLLERS_A_POLLER_GROUP:
+        return (
+            f"RelayMaximumPollers {maximum_pollers} x {mappings_a_tenant} mappings a tenant is {one_tenant:,}"
+            f" pollers, over the {MAXIMUM_POLLERS_A_POLLER_GROUP:,} a poller group holds (Lambda refuses the"
+            f" mapping): lower RelayMaximumPollers to {MAXIMUM_POLLERS_A_POLLER_GROUP // mappings_a_tenant} or less"
+            f" ({POLLER_GROUPS_DOC})"
+        )
+    missing = [tenant for tenant in tenants if tenant not in assignment]
+    if missing:
+        return (
+            f"no poller group for {_listed(missing)}: each of the cluster's {len(POLLER_GROUPS)} groups"
+            f" (0-9, a-z) would be over {MAPPINGS_A_POLLER_GROUP} mappings or {MAXIMUM_POLLERS_A_POLLER_GROUP:,}"
+            f" MaximumPollers with their {mappings_a_tenant} mapping(s) of {maximum_pollers} pollers (Lambda refuses"
+            f" the mapping): lower RelayMaximumPollers, or serve them from another cluster ({POLLER_GROUPS_DOC})"
+        )
+    unknown = sorted(set(assignment) - set(tenants))
+    if unknown:
+        return f"RELAY_POLLER_GROUPS names {_listed(unknown)}, not in TENANTS ({POLLER_GROUPS_DOC})"
+    bad = sorted({group for group in assignment.values() if len(group) != 1 or group not in POLLER_GROUPS})
+    if bad:
+        return (
+            f"RELAY_POLLER_GROUPS has the group {bad[0]!r}: a group is one of 0-9 and a-z, for every tenant"
+            f" (RELAY_POLLER_GROUPS={UNGROUPED} ungroups them all) ({POLLER_GROUPS_DOC})"
+        )
+    name = poller_group_name(msk_cluster_arn, "0")
+    if not POLLER_GROUP_NAME_PATTERN.fullmatch(name):
+        return (
+            f"the poller groups of this cluster would be named {name!r}..., and a PollerGroupName is 1-128 of"
+            f" a-z, A-Z, 0-9, '-' and '_' (Lambda refuses the mapping): check MSK_CLUSTER_ARN ({POLLER_GROUPS_DOC})"
+        )
+    loads = _during_update(taken, previous or {}, deployed)
+    load = GroupLoad(mappings_a_tenant, one_tenant)
+    for tenant in tenants:
+        group = assignment[tenant]
+        arrival = _arrival(tenant, group, load, previous or {}, deployed)
+        loads[group] = loads.get(group, GroupLoad()).plus(arrival.mappings, arrival.maximum_pollers)
+    for group, after in sorted(loads.items()):
+        if not after.fits():
+            theirs = taken.get(group, GroupLoad())
+            return (
+                f"poller group {poller_group_name(msk_cluster_arn, group)} would hold {after.mappings} mappings and"
+                f" {after.maximum_pollers:,} MaximumPollers ({theirs.mappings} and {theirs.maximum_pollers:,} of"
+                f" other stacks; this stack's deployed mappings count where they are until its update completes),"
+                f" over the {MAPPINGS_A_POLLER_GROUP} and {MAXIMUM_POLLERS_A_POLLER_GROUP:,} a group holds (Lambda"
+                f" refuses the mapping): leave RELAY_POLLER_GROUPS unset and make deploy assigns groups with room"
+                f" ({POLLER_GROUPS_DOC})"
+            )
     return None
 
 
@@ -320,6 +523,72 @@ def cell_refusal(
     )
 
 
+@dataclass(frozen=True)
+class DeployedGroups:
+    """What the deploy's poller groups depend on, as AWS describes it: the load of the cluster's groups without the
+    stack's own mappings, and the stack's deployed RelayPollerGroups and RelayMaximumPollers (empty if none)."""
+
+    taken: dict[str, GroupLoad]
+    previous: str
+    maximum_pollers: str
+    dispatch_sources: str = ""
+
+
+def deployed_groups(cloudformation: Any, lambda_: Any, stack_name: str, msk_cluster_arn: str) -> DeployedGroups:
+    """The cluster's poller groups from Lambda's ListEventSourceMappings, the stack's own mappings (its resources
+    in CloudFormation) left out, and the stack's deployed parameters; a stack not yet deployed has none."""
+    try:
+        (stack,) = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
+    except ClientError as error:
+        if "does not exist" not in str(error):
+            raise
+        stack = None
+    own: set[str] = set()
+    if stack is not None:
+        for page in cloudformation.get_paginator("list_stack_resources").paginate(StackName=stack_name):
+            own.update(
+                summary["PhysicalResourceId"]
+                for summary in page["StackResourceSummaries"]
+                if summary["ResourceType"] == "AWS::Lambda::EventSourceMapping" and summary.get("PhysicalResourceId")
+            )
+    listed = [
+        mapping
+        for page in lambda_.get_paginator("list_event_source_mappings").paginate(EventSourceArn=msk_cluster_arn)
+        for mapping in page["EventSourceMappings"]
+    ]
+    given = {p["ParameterKey"]: p.get("ParameterValue", "") for p in (stack or {}).get("Parameters", [])}
+    return DeployedGroups(
+        taken=group_loads(listed, msk_cluster_arn, frozenset(own)),
+        previous=given.get("RelayPollerGroups", ""),
+        maximum_pollers=given.get("RelayMaximumPollers", ""),
+        dispatch_sources=given.get("DispatchSources", ""),
+    )
+
+
+def _groups(options: argparse.Namespace, tenants: list[str]) -> tuple[str | None, str]:
+    """The `groups` verb: (its refusal, the RelayPollerGroups to deploy with)."""
+    deployed = deployed_groups(
+        boto3.client("cloudformation"), boto3.client("lambda"), options.stack_name, options.msk_cluster_arn
+    )
+    # As sam deploy passes it: given (samconfig.toml's overrides), else the deployed stack's, else the default.
+    maximum_pollers = int(options.maximum_pollers or deployed.maximum_pollers or DEFAULT_RELAY_MAXIMUM_POLLERS)
+    sources = options.dispatch_sources.removeprefix("DispatchSources=").split(",")
+    previous = parse_assignment(deployed.previous)
+    # What one deployed tenant's mappings hold where they are (the template's defaults where the stack predates them)
+    kinds = len((deployed.dispatch_sources or DISPATCH_SOURCES[0]).split(","))
+    held = GroupLoad(kinds, kinds * int(deployed.maximum_pollers or DEFAULT_RELAY_MAXIMUM_POLLERS))
+    if options.poller_groups == UNGROUPED:
+        assignment = dict.fromkeys(tenants, NO_GROUP)
+    elif options.poller_groups:
+        assignment = parse_assignment(options.poller_groups)
+    else:
+        assignment = assign_poller_groups(tenants, len(sources), maximum_pollers, deployed.taken, previous, held)
+    refusal = poller_group_refusal(
+        assignment, tenants, len(sources), maximum_pollers, deployed.taken, options.msk_cluster_arn, previous, held
+    )
+    return refusal, render_assignment(assignment)
+
+
 def main(arguments: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--prog", default="deploy_check", help="the name the refusal starts with")
@@ -348,10 +617,45 @@ def main(arguments: list[str]) -> int:
     cells.add_argument(
         "--peer-regions", default="", help="multi-Region mode: the comma-separated peer Regions, whose cells count too"
     )
+    groups = commands.add_parser(
+        "groups", help="print the RelayPollerGroups to deploy with, or refuse one Lambda would refuse"
+    )
+    groups.add_argument("--stack-name", required=True, help="the stack being deployed")
+    groups.add_argument("--tenants", required=True, help="the comma-separated tenant ids (TENANTS)")
+    groups.add_argument("--msk-cluster-arn", required=True, help="the stack's MSK cluster (MSK_CLUSTER_ARN)")
+    groups.add_argument(
+        "--dispatch-sources", required=True, help="the DispatchSources the stack deploys with (what `cells` prints)"
+    )
+    groups.add_argument(
+        "--maximum-pollers", default="", help="RelayMaximumPollers if given (empty: the deployed stack's, or 3)"
+    )
+    groups.add_argument(
+        "--poller-groups",
+        default="",
+        help=f"RELAY_POLLER_GROUPS: tenant=group,... checked instead of computed, or {UNGROUPED} (empty: computed)",
+    )
     options = parser.parse_args(arguments)
     tenants = options.tenants.split(",")
     if options.command == "limits":
         refusal = limit_refusal(tenants, options.peer_aliases)
+    elif options.command == "groups":
+        try:
+            refusal, assignment = _groups(options, tenants)
+        except (BotoCoreError, ClientError) as error:
+            print(
+                f"{options.prog}: could not read the cluster's poller groups from Lambda and CloudFormation ({error}):"
+                " nothing deployed",
+                file=sys.stderr,
+            )
+            return 3
+        if refusal is None:
+            print(f"RelayPollerGroups={assignment}")
+        if options.poller_groups == UNGROUPED:
+            print(
+                f"{options.prog}: RELAY_POLLER_GROUPS={UNGROUPED}: each MSK event source mapping's pollers on an EPU"
+                f" of its own, about $135 a month a mapping whatever its traffic ({POLLER_GROUPS_DOC})",
+                file=sys.stderr,
+            )
     else:
         peers = dict.fromkeys(region for region in options.peer_regions.split(",") if region)
         try:

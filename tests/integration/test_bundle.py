@@ -332,8 +332,14 @@ def test_deploy_command_hands_sam_the_stages_the_accounts_and_the_cells_paramete
         '--stage "staging" --peer-regions "," --peer-cluster-aliases "," --cleared-peer-cluster-aliases ""'
         " > .aws-sam/dispatch-sources.parameter"
     )
-    # sam deploy gets the DispatchSources the check derived from the aliases the stack will have.
+    # sam deploy gets the DispatchSources the check derived from the aliases the stack will have, and the poller
+    # groups the group check assigned after it (docs/operations.md#poller-groups).
     assert '"$(cat .aws-sam/dispatch-sources.parameter)"' in lines[deploy]
+    groups = next(n for n, line in enumerate(lines) if 'deploy_check.py --prog "make deploy" groups' in line)
+    assert check < groups < deploy
+    assert f'--stack-name "{stack}" --tenants "{variables["TENANTS"]}"' in lines[groups]
+    assert f'--msk-cluster-arn "{variables["MSK_CLUSTER_ARN"]}"' in lines[groups]
+    assert '"$(cat .aws-sam/poller-groups.parameter)"' in lines[deploy]
     deploy_line = lines[deploy]
     assert f"--config-env {variables['CONFIG_ENV']} --stack-name {stack}" in deploy_line
     assert "--parameter-overrides Stage=staging TableDeletionProtection=true LogRetentionDays=30" in deploy_line

@@ -107,7 +107,8 @@ def test_one_msk_event_source_per_tenant_topic(template: Template) -> None:
             "AdmissionFunctionAliaslive",  # the version that trusts the relay for this tenant
         ]
         assert mapping["MaximumRetryAttempts"] == {"Ref": "RelayMaxRetryAttempts"}
-        assert set(mapping["ProvisionedPollerConfig"]) == {"MinimumPollers", "MaximumPollers"}
+        # In a poller group (tests/unit/test_poller_groups.py resolves its name)
+        assert set(mapping["ProvisionedPollerConfig"]) == {"MinimumPollers", "MaximumPollers", "PollerGroupName"}
         assert mapping["BatchSize"] == {"Ref": "RelayBatchSize"}
 
 

@@ -22,12 +22,16 @@ from typing import Any
 import pytest
 
 from poimen_tools.deploy_check import (
+    DEFAULT_RELAY_MAXIMUM_POLLERS,
     MAX_EVENT_SOURCE_MAPPINGS,
     MAX_TENANT_CHARACTERS,
     OTHER_RESOURCES,
+    GroupLoad,
+    assign_poller_groups,
     dispatch_sources,
     limit_refusal,
     max_tenants,
+    render_assignment,
 )
 from tests.conftest import REPO
 from tests.unit.transforms import sam_transform
@@ -95,26 +99,58 @@ MODES = {
 }
 
 
-def _tenants(count: int) -> list[str]:
+def _tenants(count: int, prefix: str = "t") -> list[str]:
     """`count` distinct tenant ids, each as long as the character maximum allows for that many (at most 63)."""
     length = min(63, (MAX_TENANT_CHARACTERS + 1) // count - 1)
-    return [f"t{n:0{length - 1}d}" for n in range(count)]
+    return [f"{prefix}{n:0{length - 1}d}" for n in range(count)]
 
 
-def _scenario(mode: str, aliases: int, count: int) -> dict[str, str]:
-    given = {**HARDENED, **MODES[mode], "Tenants": ",".join(_tenants(count))}
+def _scenario(
+    mode: str, aliases: int, count: int, prefix: str = "t", beside: dict[str, GroupLoad] | None = None
+) -> dict[str, str]:
+    """The parameters of a stack of `count` tenants, its poller groups assigned as make deploy would beside the
+    other cells' mappings on the cluster (`beside`: the load of each group)."""
+    tenants = _tenants(count, prefix)
+    given = {**HARDENED, **MODES[mode], "Tenants": ",".join(tenants)}
     given.update({f"PeerClusterAlias{n + 1}": ALIASES[n] for n in range(aliases)})
     given["DispatchSources"] = dispatch_sources((ALIASES[0] if aliases > 0 else "", ALIASES[1] if aliases > 1 else ""))
+    groups = assign_poller_groups(tenants, 1 + aliases, DEFAULT_RELAY_MAXIMUM_POLLERS, beside or {}, {})
+    given["RelayPollerGroups"] = render_assignment(groups)
     return given
+
+
+def loads_of(given: dict[str, str]) -> dict[str, GroupLoad]:
+    """What the mappings of the stack of `given` put in each poller group."""
+    loads: dict[str, GroupLoad] = {}
+    mappings = len(given["DispatchSources"].split(","))
+    for group in given["RelayPollerGroups"].split(","):
+        token = group.rsplit("=", 1)[1]
+        loads[token] = loads.get(token, GroupLoad()).plus(mappings, mappings * DEFAULT_RELAY_MAXIMUM_POLLERS)
+    return loads
 
 
 SCENARIOS = {
     f"{mode}-{aliases}-aliases-{count}-tenants": _scenario(mode, aliases, count)
     for mode in MODES
     for aliases in (0, 1, 2)
-    for count in sorted({1, 50, 200, max_tenants(aliases)})
+    # 100 and 101: a full poller group and one mapping into the next (single Region: the groups do not depend on
+    # the table mode)
+    for count in sorted({1, 50, 200, max_tenants(aliases)} | ({100, 101} if mode == "single" else set()))
     if count <= max_tenants(aliases)
 }
+# Two cells on one cluster, each at the maximum: the second's groups assigned beside the first's mappings.
+TWO_CELLS = {
+    f"single-{aliases}-aliases-second-cell": _scenario(
+        "single",
+        aliases,
+        max_tenants(aliases),
+        "u",
+        loads_of(SCENARIOS[f"single-{aliases}-aliases-{max_tenants(aliases)}-tenants"]),
+    )
+    | {"Cell": "second"}
+    for aliases in (0, 1, 2)
+}
+SCENARIOS.update(TWO_CELLS)
 
 
 # One tenant more than the most a stack serves, with each number of aliases: the template must be over.

@@ -1,0 +1,472 @@
+"""Poller groups (docs/operations.md#poller-groups): every MSK event source mapping the template declares is in the
+poller group RelayPollerGroups gives its tenant, no group is over Lambda's 100 mappings or 2,000 MaximumPollers
+across two cells on one cluster, `make deploy`'s group check (poimen_tools.deploy_check groups) refuses in one
+line what Lambda would refuse, and a redeploy moves no mapping that need not move."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from typing import Any
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+
+from poimen_tools import deploy_check
+from poimen_tools.deploy_check import (
+    DEFAULT_RELAY_MAXIMUM_POLLERS,
+    MAPPINGS_A_POLLER_GROUP,
+    MAX_TENANT_CHARACTERS,
+    MAXIMUM_POLLERS_A_POLLER_GROUP,
+    PARAMETER_VALUE_BYTES,
+    POLLER_GROUPS,
+    UNGROUPED,
+    GroupLoad,
+    assign_poller_groups,
+    deployed_groups,
+    group_loads,
+    limit_refusal,
+    main,
+    max_tenants,
+    parse_assignment,
+    poller_group_name,
+    poller_group_refusal,
+    render_assignment,
+)
+from poimen_tools.local.template import Template
+from tests.conftest import REPO
+from tests.unit.test_template_quotas import SCENARIOS, TWO_CELLS, _declared_all
+from tests.unit.transforms import SAM_PYTHON, SAM_TRANSFORM
+
+CLUSTER = "arn:aws:kafka:us-east-1:111122223333:cluster/poimen/5f0c3a1e-8d2b-4c6a-9e1f-2b7d4c8a6e30-2"
+FULL = GroupLoad(MAPPINGS_A_POLLER_GROUP, MAPPINGS_A_POLLER_GROUP * DEFAULT_RELAY_MAXIMUM_POLLERS)
+
+
+def _msk_mappings(template: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        resource["Properties"]
+        for resource in template["Resources"].values()
+        if resource["Type"] == "AWS::Lambda::EventSourceMapping" and "Topics" in resource["Properties"]
+    ]
+
+
+def _group_of(mapping: dict[str, Any]) -> str:
+    name = mapping["ProvisionedPollerConfig"]["PollerGroupName"]
+    assert isinstance(name, str), f"unresolved: {name}"
+    return name
+
+
+# --- the template ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_every_declared_mapping_is_in_its_tenants_poller_group(scenario: str) -> None:
+    declared, given = _declared_all()[scenario], SCENARIOS[scenario]
+    groups = parse_assignment(given["RelayPollerGroups"])
+    cluster = given["MskClusterArn"]
+
+    for mapping in _msk_mappings(declared):
+        tenant = mapping["AmazonManagedKafkaEventSourceConfig"]["ConsumerGroupId"].removeprefix("poimen-relay-")
+        tenant = tenant.split(".", 1)[0]  # poimen-relay-<tenant>.<alias> for a peer alias's topic
+        assert _group_of(mapping) == poller_group_name(cluster, groups[tenant])
+        assert re.fullmatch(r"[a-zA-Z0-9_-]{1,128}", _group_of(mapping))
+
+
+@pytest.mark.parametrize("aliases", [0, 1, 2])
+def test_no_poller_group_is_over_lambdas_limits_across_two_cells_on_one_cluster(aliases: int) -> None:
+    # Given two cells at their maximum on one cluster, the second's groups assigned beside the first's mappings
+    first = f"single-{aliases}-aliases-{max_tenants(aliases)}-tenants"
+    second = f"single-{aliases}-aliases-second-cell"
+    assert SCENARIOS[first]["MskClusterArn"] == TWO_CELLS[second]["MskClusterArn"]
+
+    # When every mapping both templates declare is counted in its group
+    mappings: dict[str, int] = {}
+    pollers: dict[str, int] = {}
+    for scenario in (first, second):
+        for mapping in _msk_mappings(_declared_all()[scenario]):
+            group = _group_of(mapping)
+            mappings[group] = mappings.get(group, 0) + 1
+            pollers[group] = pollers.get(group, 0) + int(mapping["ProvisionedPollerConfig"]["MaximumPollers"])
+
+    # Then none is over 100 mappings or 2,000 MaximumPollers, and the two cells share a group
+    assert sum(mappings.values()) == 2 * max_tenants(aliases) * (1 + aliases)
+    assert max(mappings.values()) <= MAPPINGS_A_POLLER_GROUP
+    assert max(pollers.values()) <= MAXIMUM_POLLERS_A_POLLER_GROUP
+    groups_of = [{_group_of(m) for m in _msk_mappings(_declared_all()[s])} for s in (first, second)]
+    assert groups_of[0] & groups_of[1]
+
+
+def _transform(*parameters: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(SAM_PYTHON), str(SAM_TRANSFORM), str(REPO / "template.yaml"), *parameters],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "AWS_DEFAULT_REGION": "us-east-1", "SAM_CLI_TELEMETRY": "0"},
+    )
+
+
+def test_a_tenant_missing_from_the_assignment_fails_the_transform_and_ungrouped_is_asked_for_by_name() -> None:
+    missing = _transform("Tenants=acme,globex", "RelayPollerGroups=acme=0")
+    ungrouped = _transform("Tenants=acme,globex", "RelayPollerGroups=acme=-,globex=-")
+
+    # A tenant with no group is never silently ungrouped: the template cannot be expanded
+    assert missing.returncode != 0
+    assert "Fn::Select index out of bounds" in missing.stderr
+    # The opt-out: the mappings' PollerGroupName is empty, no group (an EPU each)
+    assert ungrouped.returncode == 0, ungrouped.stderr[-2000:]
+    configs = [m["ProvisionedPollerConfig"] for m in _msk_mappings(json.loads(ungrouped.stdout))]
+    assert [config["PollerGroupName"] for config in configs] == ["", ""]
+
+
+def test_the_parameter_has_no_default_and_its_pattern_is_the_checks() -> None:
+    parameter = Template(REPO / "template.yaml").document["Parameters"]["RelayPollerGroups"]
+    pattern = re.compile(parameter["AllowedPattern"])
+    worst = _tenants_of_characters(max_tenants(0), MAX_TENANT_CHARACTERS)
+
+    # No default: a stack deployed without make deploy's assignment is refused, not ungrouped
+    assert "Default" not in parameter
+    assert pattern.fullmatch(render_assignment(dict.fromkeys(worst, POLLER_GROUPS[-1])))
+    assert pattern.fullmatch("acme=-,globex=-")  # RELAY_POLLER_GROUPS=ungrouped
+    for refused in ("", UNGROUPED, "acme=", "acme=10", "acme=A", "acme", "acme=0,", "acme=-,globex=0"):
+        assert not pattern.fullmatch(refused), refused
+    relay_maximum = Template(REPO / "template.yaml").document["Parameters"]["RelayMaximumPollers"]["Default"]
+    assert relay_maximum == DEFAULT_RELAY_MAXIMUM_POLLERS
+
+
+def _tenants_of_characters(count: int, characters: int) -> list[str]:
+    """`count` distinct ids whose list is exactly `characters` long."""
+    ids = [f"t{n}" for n in range(count)]
+    short = characters - len(",".join(ids))
+    return [f"{tenant}{'x' * (short // count + (n < short % count))}" for n, tenant in enumerate(ids)]
+
+
+def test_the_assignment_of_the_most_tenants_fits_a_parameter_value_and_limits_checks_it() -> None:
+    worst = _tenants_of_characters(max_tenants(0), MAX_TENANT_CHARACTERS)
+    assignment = render_assignment(dict.fromkeys(worst, POLLER_GROUPS[-1]))
+
+    assert len(",".join(worst)) == MAX_TENANT_CHARACTERS
+    assert len(assignment.encode()) == MAX_TENANT_CHARACTERS + 2 * max_tenants(0) <= PARAMETER_VALUE_BYTES
+    assert limit_refusal(worst, 0) is None
+
+
+def test_limits_refuses_an_assignment_over_a_parameter_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a character maximum raised past what the assignment leaves room for
+    monkeypatch.setattr(deploy_check, "MAX_TENANT_CHARACTERS", PARAMETER_VALUE_BYTES)
+    tenants = _tenants_of_characters(max_tenants(0), 3800)
+
+    refusal = limit_refusal(tenants, 0)
+
+    assert refusal is not None
+    assert f"are {3800 + 2 * len(tenants):,} bytes, over CloudFormation's 4,096" in refusal
+
+
+# --- the assignment ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("count", "aliases"), [(1, 0), (100, 0), (101, 0), (446, 0), (223, 1), (148, 2)])
+def test_the_assignment_fills_groups_in_order_within_lambdas_limits(count: int, aliases: int) -> None:
+    tenants = [f"t{n}" for n in range(count)]
+
+    groups = assign_poller_groups(tenants, 1 + aliases, DEFAULT_RELAY_MAXIMUM_POLLERS, {}, {})
+
+    assert list(groups) == tenants
+    sizes = {group: list(groups.values()).count(group) * (1 + aliases) for group in set(groups.values())}
+    assert max(sizes.values()) <= MAPPINGS_A_POLLER_GROUP
+    # First fit: as few groups as 100 mappings a group allows (a tenant's mappings are never split)
+    assert len(sizes) == -(-count // (MAPPINGS_A_POLLER_GROUP // (1 + aliases)))
+    assert poller_group_refusal(groups, tenants, 1 + aliases, DEFAULT_RELAY_MAXIMUM_POLLERS, {}, CLUSTER) is None
+
+
+ONE_MAPPING = GroupLoad(1, DEFAULT_RELAY_MAXIMUM_POLLERS)  # what a deployed tenant without peer aliases holds
+
+
+def test_a_redeploy_keeps_every_mapping_in_its_group() -> None:
+    # Given a deployed cell of 150 tenants beside another cell's 30 mappings in group 2
+    tenants = [f"t{n}" for n in range(150)]
+    others = {"2": GroupLoad(30, 90)}
+    deployed = assign_poller_groups(tenants, 1, DEFAULT_RELAY_MAXIMUM_POLLERS, others, {})
+
+    # When it is redeployed as it is, and with one tenant fewer and one more
+    same = assign_poller_groups(tenants, 1, DEFAULT_RELAY_MAXIMUM_POLLERS, others, deployed, ONE_MAPPING)
+    again = assign_poller_groups([*tenants[1:], "new"], 1, DEFAULT_RELAY_MAXIMUM_POLLERS, others, deployed, ONE_MAPPING)
+
+    # Then no mapping moves, and the new tenant does not take the room t0 leaves in group 0: CloudFormation deletes
+    # t0's mapping in the update's cleanup, after it has created the new one, so for a while group 0 holds both
+    assert same == deployed
+    assert {tenant: again[tenant] for tenant in tenants[1:]} == {tenant: deployed[tenant] for tenant in tenants[1:]}
+    assert (deployed["t0"], again["new"]) == ("0", "1")
+
+
+def test_a_tenant_moves_only_when_its_group_has_no_room_left_for_its_growth() -> None:
+    # Given two deployed tenants in group 0 beside another cell's 97 mappings (1,999 MaximumPollers in all)
+    previous, others = {"a": "0", "b": "0"}, {"0": GroupLoad(97, 1993)}
+
+    # When RelayMaximumPollers goes from 3 to 4: room for one more poller in group 0
+    moved = assign_poller_groups(["a", "b"], 1, 4, others, previous, ONE_MAPPING)
+
+    # Then the first stays and grows there, the second moves (its 3 pollers still counted in group 0 meanwhile)
+    assert moved == {"a": "0", "b": "1"}
+    assert poller_group_refusal(moved, ["a", "b"], 1, 4, others, CLUSTER, previous, ONE_MAPPING) is None
+    assert poller_group_refusal({"a": "0", "b": "0"}, ["a", "b"], 1, 4, others, CLUSTER, previous, ONE_MAPPING)
+
+
+def test_a_given_assignment_is_refused_when_a_group_would_be_over_while_the_update_runs() -> None:
+    # Given tenant a deployed in group 0 beside another cell's 99 mappings: group 0 is full
+    previous, others = {"a": "0"}, {"0": GroupLoad(99, 297)}
+
+    # When a is moved to group 1 and b given group 0, the room a leaves
+    refusal = poller_group_refusal({"a": "1", "b": "0"}, ["a", "b"], 1, 3, others, CLUSTER, previous, ONE_MAPPING)
+
+    # Then it is refused: a leaves group 0 in parallel with b's creation, not before it
+    assert refusal is not None
+    assert "would hold 101 mappings" in refusal
+    assert "count where they are until its update completes" in refusal
+    assert poller_group_refusal({"a": "1", "b": "0"}, ["a", "b"], 1, 3, others, CLUSTER) is None
+
+
+def test_the_load_of_a_group_counts_every_other_stacks_mapping_and_not_the_stacks_own() -> None:
+    def mapping(uuid: str, group: str, pollers: int | None = None) -> dict[str, Any]:
+        config: dict[str, Any] = {"MinimumPollers": 1, "PollerGroupName": poller_group_name(CLUSTER, group)}
+        if pollers is not None:
+            config["MaximumPollers"] = pollers
+        return {"UUID": uuid, "ProvisionedPollerConfig": config}
+
+    listed = [
+        mapping("own", "0", 3),
+        mapping("theirs", "0", 3),
+        mapping("default", "1"),  # no MaximumPollers: Lambda's default, 200
+        {"UUID": "ungrouped", "ProvisionedPollerConfig": {"MinimumPollers": 1}},
+        {"UUID": "someone-elses", "ProvisionedPollerConfig": {"PollerGroupName": "other-0"}},
+        {"UUID": "on-demand"},
+    ]
+
+    assert group_loads(listed, CLUSTER, frozenset({"own"})) == {"0": GroupLoad(1, 3), "1": GroupLoad(1, 200)}
+
+
+# --- refusals ------------------------------------------------------------------------------------------------
+
+
+def _refusal(assignment: dict[str, str], tenants: list[str], **more: Any) -> str | None:
+    given: dict[str, Any] = {"mappings_a_tenant": 1, "maximum_pollers": DEFAULT_RELAY_MAXIMUM_POLLERS, "taken": {}}
+    given.update(more)
+    return poller_group_refusal(
+        assignment, tenants, given["mappings_a_tenant"], given["maximum_pollers"], given["taken"], CLUSTER
+    )
+
+
+@pytest.mark.parametrize(
+    ("assignment", "tenants", "more", "said"),
+    [
+        # RelayMaximumPollers too high for a tenant's three mappings: 3 x 700 is over 2,000 in any group
+        ({"a": "0"}, ["a"], {"mappings_a_tenant": 3, "maximum_pollers": 700}, "lower RelayMaximumPollers to 666"),
+        # Every group of the cluster full: nowhere to go
+        ({}, ["a"], {"taken": dict.fromkeys(POLLER_GROUPS, FULL)}, "no poller group for a: each of the cluster's 36"),
+        # Given explicitly, over a group's 100 mappings beside another cell's 99
+        ({"a": "0", "b": "0"}, ["a", "b"], {"taken": {"0": GroupLoad(99, 297)}}, "would hold 101 mappings"),
+        # Given explicitly, over a group's 2,000 MaximumPollers
+        ({"a": "0"}, ["a"], {"maximum_pollers": 201, "taken": {"0": GroupLoad(10, 1800)}}, "2,001 MaximumPollers"),
+        ({"a": "0"}, ["a", "b"], {}, "no poller group for b"),
+        ({"a": "0", "z": "0"}, ["a"], {}, "names z, not in TENANTS"),
+        ({"a": "A"}, ["a"], {}, "the group 'A'"),
+        ({"a": "10"}, ["a"], {}, "the group '10'"),
+    ],
+)
+def test_an_assignment_lambda_would_refuse_is_refused_in_one_line(
+    assignment: dict[str, str], tenants: list[str], more: dict[str, Any], said: str
+) -> None:
+    refusal = _refusal(assignment, tenants, **more)
+
+    assert refusal is not None
+    assert said in refusal
+    assert "\n" not in refusal
+    assert "docs/operations.md#poller-groups" in refusal
+
+
+def test_the_computed_assignment_is_refused_when_every_group_is_full() -> None:
+    full = dict.fromkeys(POLLER_GROUPS, FULL)
+
+    groups = assign_poller_groups(["a"], 1, DEFAULT_RELAY_MAXIMUM_POLLERS, full, {})
+
+    assert groups == {}
+    assert _refusal(groups, ["a"], taken=full) is not None
+
+
+def test_a_cluster_whose_group_names_lambda_would_refuse_is_refused() -> None:
+    odd = "arn:aws:kafka:us-east-1:111122223333:cluster/poimen/not.a.uuid"
+
+    refusal = poller_group_refusal({"a": "0"}, ["a"], 1, 3, {}, odd)
+
+    assert refusal is not None
+    assert "PollerGroupName is 1-128" in refusal
+
+
+def test_ungrouped_is_never_refused_but_only_for_every_tenant() -> None:
+    assert _refusal({"a": "-", "b": "-"}, ["a", "b"], maximum_pollers=2000, mappings_a_tenant=3) is None
+    assert "the group '-'" in str(_refusal({"a": "-", "b": "0"}, ["a", "b"]))
+    # A tenant deployed ungrouped is grouped by the next deploy that computes the groups
+    assert assign_poller_groups(["a"], 1, DEFAULT_RELAY_MAXIMUM_POLLERS, {}, {"a": "-"}) == {"a": "0"}
+
+
+# --- what make deploy runs -----------------------------------------------------------------------------------
+
+
+def _clients(stack: dict[str, Any] | None, resources: list[str], listed: list[dict[str, Any]]) -> tuple[Any, Any]:
+    """CloudFormation and Lambda clients answering as AWS would (botocore's Stubber: requests and answers checked
+    against the services' models; moto cannot create an MSK event source mapping)."""
+    cloudformation = boto3.client("cloudformation", region_name="us-east-1")
+    lambda_ = boto3.client("lambda", region_name="us-east-1")
+    cf_stub, lambda_stub = Stubber(cloudformation), Stubber(lambda_)
+    if stack is None:
+        cf_stub.add_client_error(
+            "describe_stacks", "ValidationError", "Stack with id S does not exist", expected_params={"StackName": "S"}
+        )
+    else:
+        cf_stub.add_response("describe_stacks", {"Stacks": [stack]}, {"StackName": "S"})
+        summaries = [
+            {
+                "LogicalResourceId": f"RelaySource{uuid}",
+                "PhysicalResourceId": _uuid(uuid),
+                "ResourceType": "AWS::Lambda::EventSourceMapping",
+                "LastUpdatedTimestamp": "2026-12-01T00:00:00Z",
+                "ResourceStatus": "CREATE_COMPLETE",
+            }
+            for uuid in resources
+        ]
+        cf_stub.add_response("list_stack_resources", {"StackResourceSummaries": summaries}, {"StackName": "S"})
+    lambda_stub.add_response("list_event_source_mappings", {"EventSourceMappings": listed}, {"EventSourceArn": CLUSTER})
+    cf_stub.activate()
+    lambda_stub.activate()
+    return cloudformation, lambda_
+
+
+def _uuid(name: str) -> str:
+    """A mapping's UUID (36 characters, as Lambda's model requires) standing for `name`."""
+    return f"{name:0>12}".replace("-", "0")[-12:].join(["00000000-0000-0000-0000-", ""])
+
+
+def _esm(uuid: str, group: str) -> dict[str, Any]:
+    config = {"MinimumPollers": 1, "MaximumPollers": 3, "PollerGroupName": poller_group_name(CLUSTER, group)}
+    return {"UUID": _uuid(uuid), "EventSourceArn": CLUSTER, "ProvisionedPollerConfig": config}
+
+
+def test_the_deployed_groups_leave_out_the_stacks_own_mappings_and_keep_its_parameters() -> None:
+    stack = {
+        "StackName": "S",
+        "CreationTime": "2026-12-01T00:00:00Z",
+        "StackStatus": "UPDATE_COMPLETE",
+        "Parameters": [
+            {"ParameterKey": "RelayPollerGroups", "ParameterValue": "acme=1"},
+            {"ParameterKey": "RelayMaximumPollers", "ParameterValue": "5"},
+            {"ParameterKey": "DispatchSources", "ParameterValue": "Source,Peer1Source"},
+        ],
+    }
+    cloudformation, lambda_ = _clients(stack, ["own-1"], [_esm("own-1", "1"), _esm("other-1", "1")])
+
+    deployed = deployed_groups(cloudformation, lambda_, "S", CLUSTER)
+
+    assert deployed.taken == {"1": GroupLoad(1, 3)}
+    assert (deployed.previous, deployed.maximum_pollers, deployed.dispatch_sources) == (
+        "acme=1",
+        "5",
+        "Source,Peer1Source",
+    )
+
+
+def _run_groups(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], listed: list[dict[str, Any]], *extra: str
+) -> tuple[int, str, str]:
+    cloudformation, lambda_ = _clients(None, [], listed)
+    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
+    arguments = [
+        "--tenants",
+        "acme,globex",
+        "--msk-cluster-arn",
+        CLUSTER,
+        "--dispatch-sources",
+        "DispatchSources=Source",
+    ]
+    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments, *extra])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_make_deploys_group_check_prints_the_assignment_beside_the_other_cells(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given another cell's 99 mappings in group 0
+    listed = [_esm(f"other-{n}", "0") for n in range(99)]
+
+    code, out, err = _run_groups(monkeypatch, capsys, listed)
+
+    # Then one tenant fills group 0 and the other goes to group 1
+    assert (code, out, err) == (0, "RelayPollerGroups=acme=0,globex=1\n", "")
+
+
+def test_make_deploys_group_check_refuses_what_lambda_would_refuse_in_one_line_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    listed = [_esm(f"other-{n}", "0") for n in range(99)]
+
+    code, out, err = _run_groups(monkeypatch, capsys, listed, "--poller-groups", "acme=0,globex=0")
+
+    assert (code, out) == (2, "")
+    (line,) = err.splitlines()
+    assert line.startswith("make deploy: poller group poimen-5f0c3a1e-8d2b-4c6a-9e1f-2b7d4c8a6e30-2-0 would hold 101")
+
+
+def test_make_deploys_group_check_says_what_ungrouped_costs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run_groups(monkeypatch, capsys, [], "--poller-groups", UNGROUPED)
+
+    assert (code, out) == (0, "RelayPollerGroups=acme=-,globex=-\n")
+    assert "an EPU of its own, about $135 a month a mapping" in err
+
+
+def test_make_deploy_passes_the_groups_it_checked_to_every_sam_deploy() -> None:
+    given = ["TENANTS=acme", "MSK_CLUSTER_ARN=x", "KAFKA_BOOTSTRAP_SERVERS=b", "OUTBOX_SUBNET_IDS=s"]
+    result = subprocess.run(
+        ["make", "-n", "deploy", *given, "OUTBOX_SECURITY_GROUP_IDS=g", "RELAY_POLLER_GROUPS=acme=3"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    commands = result.stdout.replace("\\\n", " ").splitlines()
+
+    (check,) = [line for line in commands if "deploy_check.py" in line and " groups " in line]
+    assert '--poller-groups "acme=3"' in check
+    assert '--dispatch-sources "$(cat .aws-sam/dispatch-sources.parameter)"' in check
+    assert check.rstrip().endswith("> .aws-sam/poller-groups.parameter")
+    deploys = result.stdout.split("sam deploy ")[1:]
+    assert len(deploys) == 3  # the hold, the change, the settling (RunRetentionDays)
+    assert all('"$(cat .aws-sam/poller-groups.parameter)"' in deploy.split("\n")[0] for deploy in deploys)
+
+
+def test_make_deploys_group_check_deploys_nothing_when_lambda_cannot_be_read(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a role without lambda:ListEventSourceMappings
+    cloudformation = boto3.client("cloudformation", region_name="us-east-1")
+    lambda_ = boto3.client("lambda", region_name="us-east-1")
+    cf_stub, lambda_stub = Stubber(cloudformation), Stubber(lambda_)
+    cf_stub.add_client_error("describe_stacks", "ValidationError", "Stack with id S does not exist")
+    lambda_stub.add_client_error("list_event_source_mappings", "AccessDeniedException", "not authorized")
+    cf_stub.activate()
+    lambda_stub.activate()
+    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
+    arguments = ["--tenants", "acme", "--msk-cluster-arn", CLUSTER, "--dispatch-sources", "DispatchSources=Source"]
+
+    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+
+    # Then it exits 3 with one line, and prints no parameter to deploy with
+    out, err = capsys.readouterr()
+    assert (code, out) == (3, "")
+    (line,) = err.splitlines()
+    assert line.startswith("make deploy: could not read the cluster's poller groups from Lambda and CloudFormation")
+    assert line.endswith("nothing deployed")

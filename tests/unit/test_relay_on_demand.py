@@ -20,7 +20,7 @@ from poimen_tools.local.template import Template
 from tests.conftest import count_runs
 from tests.unit.relay_harness import RelayHarness
 
-SPAWN = {"workflow_ref": "wf/hello", "input": {}, "goal_id": None}
+SPAWN: dict[str, Any] = {"workflow_ref": "wf/hello", "input": {}, "goal_id": None}
 HOUR_MS = 3600 * 1000
 
 

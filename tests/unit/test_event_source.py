@@ -537,3 +537,11 @@ def test_the_local_mapping_retries_and_parks_as_the_templates_mode_says(mode: st
     parameters = {"Tenants": "acme,globex", "RelayEventPollers": mode}
 
     assert event_source.relay_mapping_attempts(template, parameters) == attempts
+
+
+def test_a_template_declaring_no_relay_mapping_gets_the_local_attempts(tmp_path: Path) -> None:
+    (tmp_path / "template.yaml").write_text(SLOW_TEMPLATE)
+
+    assert (
+        event_source.relay_mapping_attempts(Template(tmp_path / "template.yaml"), {}) == event_source.LOCAL_MAX_ATTEMPTS
+    )

@@ -55,10 +55,15 @@ def relay_mapping_attempts(template: Template, parameters: Mapping[str, str]) ->
     tenants = parameters.get("Tenants", "").split(",") if parameters.get("Tenants") else []
     resources = template.expanded_resources({"Tenants": tenants} if tenants else {})
     properties = next(
-        body["Properties"]
-        for name, body in resources.items()
-        if body.get("Type") == "AWS::Lambda::EventSourceMapping" and name.startswith("RelaySource")
+        (
+            body["Properties"]
+            for name, body in resources.items()
+            if body.get("Type") == "AWS::Lambda::EventSourceMapping" and name.startswith("RelaySource")
+        ),
+        None,
     )
+    if properties is None:  # a template (`poimen dev --template`) declaring no relay mapping: the local default
+        return LOCAL_MAX_ATTEMPTS
     declared = [template.declares(properties, key, parameters) for key in ("MaximumRetryAttempts", "DestinationConfig")]
     if all(declared):
         return LOCAL_MAX_ATTEMPTS

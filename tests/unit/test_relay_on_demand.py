@@ -16,6 +16,8 @@ import urllib3
 from poimen.config import ON_DEMAND_POLLERS, PROVISIONED_POLLERS, ConfigurationError, RelaySettings
 from poimen.relay import AdmissionApiRefused, AdmissionApiUnavailable
 from poimen.store import Store
+from poimen_tools.cli import _dev_options, build_parser
+from poimen_tools.local.event_source import LOCAL_MAX_ATTEMPTS, relay_mapping_attempts
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs
 from tests.unit.relay_harness import RelayHarness
@@ -157,3 +159,36 @@ def test_poller_settings_are_validated() -> None:
     ):
         with pytest.raises(ConfigurationError):
             RelaySettings.from_env({**env, **broken})
+
+
+@pytest.mark.parametrize(
+    ("arguments", "environment", "mode"),
+    [
+        ([], None, None),  # the template's default
+        (["--event-pollers", "on-demand"], None, ON_DEMAND_POLLERS),
+        ([], "on-demand", ON_DEMAND_POLLERS),
+        (["--event-pollers", "provisioned"], "on-demand", PROVISIONED_POLLERS),  # the option over the variable
+    ],
+)
+def test_poimen_dev_takes_the_mode_from_its_option_or_environment(
+    template: Template, monkeypatch: pytest.MonkeyPatch, arguments: list[str], environment: str | None, mode: str | None
+) -> None:
+    if environment is not None:
+        monkeypatch.setenv("POIMEN_EVENT_POLLERS", environment)
+    else:
+        monkeypatch.delenv("POIMEN_EVENT_POLLERS", raising=False)
+
+    options = _dev_options(build_parser().parse_args(["dev", *arguments]))
+
+    assert options.event_pollers == mode
+    relay = template.function_environment("InboxRelayFunction", options.template_parameters)
+    assert relay["RELAY_EVENT_POLLERS"] == (mode or PROVISIONED_POLLERS)
+    expected = LOCAL_MAX_ATTEMPTS if mode in (None, PROVISIONED_POLLERS) else None
+    assert relay_mapping_attempts(template, options.template_parameters) == expected
+
+
+def test_poimen_dev_refuses_an_unknown_mode_in_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POIMEN_EVENT_POLLERS", "lazy")
+
+    with pytest.raises(ConfigurationError, match="POIMEN_EVENT_POLLERS"):
+        _dev_options(build_parser().parse_args(["dev"]))

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from pynamodb.exceptions import PynamoDBException
 
 from poimen.admission import normalise_principal
-from poimen.config import ConfigurationError, Settings
+from poimen.config import EVENT_POLLER_MODES, ConfigurationError, Settings
 from poimen.contract import RunRequest
 from poimen.dispatch import DispatchPublisher, InvalidDispatch, KeylessDispatchWarning, PublishFailed
 from poimen.errors import StoreUnavailable
@@ -260,6 +260,13 @@ def _add_dev(commands: Commands) -> None:
         "retention (default: forever)",
     )
     dev.add_argument(
+        "--event-pollers",
+        choices=EVENT_POLLER_MODES,
+        help="the template's RelayEventPollers, also POIMEN_EVENT_POLLERS: provisioned, a failing batch tried 3 times "
+        "then parked in the failed-batches bucket; on-demand, retried until handled, nothing parked, the relay "
+        "dead-lettering a batch past RelayOnDemandMaxRecordAgeSeconds (default: the template's, provisioned)",
+    )
+    dev.add_argument(
         "--tenants",
         type=tenant_list,
         metavar="LIST",
@@ -384,7 +391,16 @@ def _dev_options(args: argparse.Namespace) -> DevOptions:
         kafka_bootstrap=args.kafka_bootstrap,
         run_retention_days=args.run_retention_days,
         tenants=args.tenants,
+        event_pollers=args.event_pollers or _event_pollers_from_environment(),
     )
+
+
+def _event_pollers_from_environment() -> str | None:
+    """POIMEN_EVENT_POLLERS, as --event-pollers takes it; None when unset."""
+    mode = os.environ.get("POIMEN_EVENT_POLLERS", "").strip()
+    if mode and mode not in EVENT_POLLER_MODES:
+        raise ConfigurationError(f"POIMEN_EVENT_POLLERS must be one of {', '.join(EVENT_POLLER_MODES)}, got {mode!r}")
+    return mode or None
 
 
 def _topics_ensure(args: argparse.Namespace) -> int:

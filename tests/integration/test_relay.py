@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
 import socket
@@ -412,6 +413,39 @@ def test_an_api_refusing_the_relay_fails_the_batch_instead_of_dead_lettering(
         relay([_record(tenant, SPAWN, offset=i, key=f"k{i}".encode()) for i in range(3)])
 
     assert dead_letters(dev, dlq) == []
+
+
+@pytest.mark.parametrize(("mode", "given_up"), [("provisioned", False), ("on-demand", True)])
+def test_an_api_refusing_the_relay_for_hours_ends_as_dead_letters_only_under_on_demand_pollers(
+    relay_against: Callable[[str], Relay],
+    dev: DevServer,
+    dlq: str,
+    tenant: str,
+    scripted_api: ScriptedApi,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    given_up: bool,
+) -> None:
+    # Given the API refusing the relay, and a batch of three records two hours old, the age limit an hour
+    scripted_api.responder = lambda _: (403, {}, b'{"message": "Forbidden"}')
+    monkeypatch.setenv("RELAY_EVENT_POLLERS", mode)
+    monkeypatch.setenv("RELAY_MAX_RECORD_AGE_SECONDS", "3600")
+    relay = relay_against(scripted_api.url)
+    old = int(time.time() * 1000) - 2 * 3600 * 1000
+    records = [
+        dataclasses.replace(_record(tenant, SPAWN, offset=i, key=f"k{i}".encode()), timestamp_ms=old) for i in range(3)
+    ]
+    # When the batch is relayed
+    if given_up:
+        relay(records)
+    else:
+        with pytest.raises(AdmissionApiRefused):
+            relay(records)
+    # Then provisioned it failed, nothing dead-lettered (its mapping retries it, then parks it in S3); on-demand,
+    # where nothing would park it, each record is one retries-exhausted letter and the batch is done
+    letters = dead_letters(dev, dlq)
+    kinds = sorted((int(letter["record"]["offset"]), letter["reason"]["kind"]) for letter in letters)
+    assert kinds == ([(offset, "retries-exhausted") for offset in range(3)] if given_up else [])
 
 
 def test_tombstones_keyless_records_and_oversize_values(relay: Relay, dev: DevServer, tenant: str, dlq: str) -> None:

@@ -20,6 +20,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from poimen_tools.local import event_source
 from poimen_tools.local.devserver import ExecutionEnvironments
 from poimen_tools.local.event_source import LocalMskEventSource
+from poimen_tools.local.template import Template
 from tests.conftest import wait_for
 
 
@@ -504,3 +505,43 @@ def _parked_records(parked: dict[str, Any]) -> list[tuple[str, int, int]]:
     """The (topic, partition, offset) of each record of a parked batch."""
     event = json.loads(parked["payload"])
     return [(r["topic"], r["partition"], r["offset"]) for group in event["records"].values() for r in group]
+
+
+def test_without_bounded_retries_a_failing_batch_is_retried_until_handled_and_never_parked(
+    consumer: _Consumer,
+    running: Callable[[LocalMskEventSource], LocalMskEventSource],
+) -> None:
+    # Given a mapping as the template's under on-demand pollers (no retry bound, no on-failure destination), and a
+    # relay failing its first 5 invocations (an outage) then handling the batch
+    calls: list[float] = []
+
+    def recovering(_event: dict[str, Any], _context: Any) -> dict[str, Any]:
+        calls.append(time.monotonic())
+        if len(calls) <= 5:
+            raise ConnectionError("the API is down")
+        return {}
+
+    running(_source(recovering, _never, max_attempts=None, retry_base_seconds=0.01))
+    # When a tenant publishes a record
+    consumer.publish("poimen.a.dispatch")
+    # Then the batch is tried past any bound the provisioned mapping has (LOCAL_MAX_ATTEMPTS), handled by its sixth
+    # invocation, committed, and nothing was parked (_never)
+    wait_for(lambda: consumer.commits, timeout=30, what="the batch handled and committed")
+    assert len(calls) == 6 > event_source.LOCAL_MAX_ATTEMPTS
+    assert consumer.commits == {("poimen.a.dispatch", 0): 1}
+
+
+@pytest.mark.parametrize(("mode", "attempts"), [("provisioned", event_source.LOCAL_MAX_ATTEMPTS), ("on-demand", None)])
+def test_the_local_mapping_retries_and_parks_as_the_templates_mode_says(mode: str, attempts: int | None) -> None:
+    template = Template(Path(__file__).parents[2] / "template.yaml")
+    parameters = {"Tenants": "acme,globex", "RelayEventPollers": mode}
+
+    assert event_source.relay_mapping_attempts(template, parameters) == attempts
+
+
+def test_a_template_declaring_no_relay_mapping_gets_the_local_attempts(tmp_path: Path) -> None:
+    (tmp_path / "template.yaml").write_text(SLOW_TEMPLATE)
+
+    assert (
+        event_source.relay_mapping_attempts(Template(tmp_path / "template.yaml"), {}) == event_source.LOCAL_MAX_ATTEMPTS
+    )

@@ -98,7 +98,8 @@ def test_one_msk_event_source_per_tenant_topic(template: Template) -> None:
         assert deployed["Topics"] == [f"poimen.{tenant}.dispatch"]
         assert deployed["AmazonManagedKafkaEventSourceConfig"]["ConsumerGroupId"] == f"poimen-relay-{tenant}"
         assert mapping["StartingPosition"] == "TRIM_HORIZON"
-        assert mapping["DestinationConfig"]["OnFailure"]["Destination"] == {
+        # Provisioned pollers (RelayEventPollers' default): tests/unit/test_template_pollers.py has both modes.
+        assert deployed["DestinationConfig"]["OnFailure"]["Destination"] == {
             "Fn::GetAtt": ["FailedBatchesBucket", "Arn"]
         }
         assert resources[f"RelaySource{tenant.replace('-', '')}"]["DependsOn"] == [
@@ -106,9 +107,11 @@ def test_one_msk_event_source_per_tenant_topic(template: Template) -> None:
             "RelayMskNetworkAccess",
             "AdmissionFunctionAliaslive",  # the version that trusts the relay for this tenant
         ]
-        assert mapping["MaximumRetryAttempts"] == {"Ref": "RelayMaxRetryAttempts"}
-        # In a poller group (tests/unit/test_poller_groups.py resolves its name)
-        assert set(mapping["ProvisionedPollerConfig"]) == {"MinimumPollers", "MaximumPollers", "PollerGroupName"}
+        assert deployed["MaximumRetryAttempts"] == template.document["Parameters"]["RelayMaxRetryAttempts"]["Default"]
+        # In a poller group (tests/unit/test_poller_groups.py resolves its name), when provisioned.
+        condition, provisioned, _ = mapping["ProvisionedPollerConfig"]["Fn::If"]
+        assert condition == "HasProvisionedPollers"
+        assert set(provisioned) == {"MinimumPollers", "MaximumPollers", "PollerGroupName"}
         assert mapping["BatchSize"] == {"Ref": "RelayBatchSize"}
 
 

@@ -23,7 +23,12 @@ from poimen.config import Settings
 from poimen.kafka import dispatch_topics_pattern
 from poimen.store import Store
 from poimen_tools.local.devserver import ExecutionEnvironments, LineWriter, LocalApiServer, Route
-from poimen_tools.local.event_source import LocalMskEventSource, failed_batch_key, local_relay_group
+from poimen_tools.local.event_source import (
+    LocalMskEventSource,
+    failed_batch_key,
+    local_relay_group,
+    relay_mapping_attempts,
+)
 from poimen_tools.local.kafka_broker import BrokerError, KafkaBroker
 from poimen_tools.local.mapping import park_in_s3
 from poimen_tools.local.moto import EmbeddedMoto
@@ -46,6 +51,7 @@ ADMISSION_TABLE = "AdmissionTable"
 RELAY_DLQ = "RelayDeadLetterQueue"
 RELAY_FUNCTION = "InboxRelayFunction"
 RUN_RETENTION_PARAMETER = "RunRetentionDays"
+EVENT_POLLERS_PARAMETER = "RelayEventPollers"
 TENANTS_PARAMETER = "Tenants"
 # The tenants `poimen dev` serves unless told otherwise: the README's session uses acme.
 DEFAULT_TENANTS = ("acme",)
@@ -96,12 +102,16 @@ class DevOptions:
     # The template's Tenants: the tenants admission serves (any other is refused, as the deployed stack
     # refuses it), whose topics are created at start and whose dispatch topics the relay consumes.
     tenants: tuple[str, ...] = DEFAULT_TENANTS
+    # The template's RelayEventPollers (provisioned, on-demand): how the local MSK mapping retries a failing batch
+    # and whether it parks it, and the relay's RELAY_EVENT_POLLERS. None: the template's default.
+    event_pollers: str | None = None
 
     @property
     def template_parameters(self) -> dict[str, str]:
         """The template parameters these options stand for, as a deploy would pass them."""
         days = self.run_retention_days
-        return {RUN_RETENTION_PARAMETER: "" if days is None else str(days), TENANTS_PARAMETER: ",".join(self.tenants)}
+        given = {RUN_RETENTION_PARAMETER: "" if days is None else str(days), TENANTS_PARAMETER: ",".join(self.tenants)}
+        return given if self.event_pollers is None else {**given, EVENT_POLLERS_PARAMETER: self.event_pollers}
 
     @property
     def table_home(self) -> str:
@@ -365,7 +375,8 @@ def _start_event_source(
     one), and each
     is a process holding the relay handler (45 MiB): `--concurrency 256` for one tenant would start 256.
     Each tenant topic progresses on its own (LocalMskEventSource), and an invocation past the relay's Timeout
-    is ended and fails, as on AWS."""
+    is ended and fails, as on AWS. A failing batch is retried and parked as the template's mappings do with these
+    parameters (RelayEventPollers: relay_mapping_attempts)."""
     s3 = boto3.client("s3")
     mapping_id = str(uuid.uuid4())
     concurrency = min(concurrency, len(tenants))
@@ -386,6 +397,7 @@ def _start_event_source(
         environments.handler,
         park_in_s3(s3, bucket, lambda record: failed_batch_key(record, mapping_id)),
         group_id=local_relay_group(table_name),
+        max_attempts=relay_mapping_attempts(template, parameters),
         topics=[dispatch_topics_pattern(tenants)],
         function_timeout_seconds=environments.timeout_seconds,
         concurrency=concurrency,

@@ -8,9 +8,10 @@ time (its order kept), several topics' batches at once (`concurrency`, each in a
 own), a busy topic's partitions paused while the consumer goes on polling the others. A batch's offsets are
 committed as soon as it is handled: the handler returned, or, after `max_attempts` failures (an invocation past
 the function's timeout is one: its execution environment ends it), it went to the on-failure destination in the
-record Lambda writes to an S3 destination (metadata plus the whole event). Nothing is committed past a record
-not handled; stopping while a batch is still failing, or before it was invoked, commits nothing of it: it comes
-again.
+record Lambda writes to an S3 destination (metadata plus the whole event). With `max_attempts` None, as the
+template's mappings under on-demand event pollers (`relay_mapping_attempts`), a failing batch is retried until
+handled and nothing is parked. Nothing is committed past a record not handled; stopping while a batch is still
+failing, or before it was invoked, commits nothing of it: it comes again.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ from poimen.kafka import DISPATCH_TOPIC_PATTERN
 from poimen_tools.local.devserver import LambdaHandler
 from poimen_tools.local.mapping import LocalMapping, OnFailure, invocation_record, parked_batch_key
 from poimen_tools.local.msk import KafkaRecord, msk_event
+from poimen_tools.local.template import Template
 
 log = logging.getLogger(__name__)
 SESSION_TIMEOUT_MS = 6000
@@ -38,6 +40,36 @@ MAX_POLL_INTERVAL_MS = 300_000
 # Not errors: the end of a partition, and no dispatch topic yet (no tenant has published), which the
 # subscription picks up once one is created.
 _NOT_YET = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+# The attempts a failing batch gets locally before it is parked, where the template's mappings bound retries and
+# park (provisioned pollers): not their RelayMaxRetryAttempts, whose 100 retries of up to 120 s would hold a local
+# batch for hours.
+LOCAL_MAX_ATTEMPTS = 3
+
+
+def relay_mapping_attempts(template: Template, parameters: Mapping[str, str]) -> int | None:
+    """The attempts the local MSK mapping gives a failing batch, as the template's relay mappings handle failures
+    with `parameters` (its Tenants, RelayEventPollers): LOCAL_MAX_ATTEMPTS, then the batch parked, where they
+    declare bounded retries and an on-failure destination (provisioned pollers); None, retried until handled,
+    where they declare neither (on-demand pollers: AWS retries a failed batch "until processing succeeds or the
+    messages expire", https://docs.aws.amazon.com/lambda/latest/dg/with-msk-process.html)."""
+    tenants = parameters.get("Tenants", "").split(",") if parameters.get("Tenants") else []
+    resources = template.expanded_resources({"Tenants": tenants} if tenants else {})
+    properties = next(
+        (
+            body["Properties"]
+            for name, body in resources.items()
+            if body.get("Type") == "AWS::Lambda::EventSourceMapping" and name.startswith("RelaySource")
+        ),
+        None,
+    )
+    if properties is None:  # a template (`poimen dev --template`) declaring no relay mapping: the local default
+        return LOCAL_MAX_ATTEMPTS
+    declared = [template.declares(properties, key, parameters) for key in ("MaximumRetryAttempts", "DestinationConfig")]
+    if all(declared):
+        return LOCAL_MAX_ATTEMPTS
+    if any(declared):
+        raise ValueError("the relay mappings bound retries without an on-failure destination, or the reverse")
+    return None
 
 
 def local_relay_group(table_name: str) -> str:
@@ -59,7 +91,7 @@ class LocalMskEventSource(LocalMapping):
         group_id: str = "poimen-relay-local",
         batch_size: int = 100,
         batching_window_seconds: float = 0.5,
-        max_attempts: int = 3,
+        max_attempts: int | None = LOCAL_MAX_ATTEMPTS,
         retry_base_seconds: float = 0.5,
         function_timeout_seconds: float = 120.0,
         topics: list[str] | None = None,

@@ -1,7 +1,9 @@
 """What the local event source mappings share (poimen_tools.local.event_source for MSK, .stream_source for the
 DynamoDB stream), as Lambda's mappings do: a polling thread, the invocation of the function with retries and
 exponential backoff, and, once the attempts are spent, the on-failure destination: the invocation record
-Lambda writes to an S3 destination, parked under a key of Lambda's shape.
+Lambda writes to an S3 destination, parked under a key of Lambda's shape. A mapping without bounded retries
+(`max_attempts` None: an MSK mapping with on-demand event pollers) retries a failing batch until it is handled,
+its backoff capped at MAX_RETRY_DELAY_SECONDS, and parks nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from poimen import on_failure
 from poimen_tools.local.devserver import LambdaHandler, LocalLambdaContext
 
 log = logging.getLogger(__name__)
+# The longest wait between two tries of a batch retried until it is handled (max_attempts None).
+MAX_RETRY_DELAY_SECONDS = 30.0
 OnFailure = Callable[[dict[str, Any]], None]
 Handler = LambdaHandler | Callable[[dict[str, Any], Any], Any]
 
@@ -30,7 +34,7 @@ class LocalMapping(abc.ABC):
         on_failure: OnFailure,
         *,
         function_name: str,
-        max_attempts: int,
+        max_attempts: int | None,
         retry_base_seconds: float,
         function_timeout_seconds: float,
     ) -> None:
@@ -62,20 +66,25 @@ class LocalMapping(abc.ABC):
 
     def _deliver(self, event: dict[str, Any], on_failure_record: Callable[[int], dict[str, Any]]) -> bool:
         """True once the batch is handled: by the function, or, after `max_attempts` failures, sent to the
-        on-failure destination as `on_failure_record(attempts)`. False: stopping before it began (a batch left
-        waiting for an execution environment is not invoked once its owner is asked to stop) or while it still
-        fails."""
+        on-failure destination as `on_failure_record(attempts)` (never, when `max_attempts` is None: retried until
+        the function handles it). False: stopping before it began (a batch left waiting for an execution
+        environment is not invoked once its owner is asked to stop) or while it still fails."""
         if self._stop.is_set():
             return False
-        for attempt in range(1, self._max_attempts + 1):
+        limit = self._max_attempts
+        attempt = 0
+        while limit is None or attempt < limit:
+            attempt += 1
             try:
                 self._handler(event, LocalLambdaContext(self._function_name, timeout_seconds=self._timeout))
                 return True
             except Exception as error:  # the function failed: retry the same batch, as the mapping does
-                log.warning("%s invocation %d/%d failed: %s", self._function_name, attempt, self._max_attempts, error)
-            if attempt < self._max_attempts and self._stop.wait(self._retry_base * 2 ** (attempt - 1)):
+                of = "until handled" if limit is None else str(limit)
+                log.warning("%s invocation %d/%s failed: %s", self._function_name, attempt, of, error)
+            delay = min(MAX_RETRY_DELAY_SECONDS, self._retry_base * 2 ** min(attempt - 1, 30))
+            if (limit is None or attempt < limit) and self._stop.wait(delay):
                 return False
-        self._on_failure(on_failure_record(self._max_attempts))
+        self._on_failure(on_failure_record(attempt))
         return True
 
 

@@ -146,6 +146,15 @@ class Template:
             raise ValueError(f"cannot evaluate {value!r} without a deploy")
         return {key: self.evaluate(item, given) for key, item in value.items()}
 
+    def declares(self, properties: Mapping[str, Any], key: str, parameters: Mapping[str, str] | None = None) -> bool:
+        """Whether `properties` hold `key` once deployed with `parameters` (else the defaults): absent, or an
+        Fn::If whose chosen branch is AWS::NoValue, it is not there."""
+        value = properties.get(key)
+        while isinstance(value, dict) and set(value) == {"Fn::If"}:
+            condition, when_true, when_false = value["Fn::If"]
+            value = when_true if self.condition(condition, parameters) else when_false
+        return value is not None and value != {"Ref": "AWS::NoValue"}
+
     def condition(self, name: str, parameters: Mapping[str, str] | None = None) -> bool:
         """Whether the template's condition `name` holds with `parameters` (else the defaults)."""
         return self._holds(self.document["Conditions"][name], parameters or {})

@@ -22,6 +22,15 @@ _REGION_NAME = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)")
 # API Gateway HTTP APIs give up on an integration after at most 30 s (and answer 503, poimen.api).
 API_GATEWAY_MAX_INTEGRATION_SECONDS = 30.0
 
+# The event pollers of the relay's MSK mappings (template RelayEventPollers, RELAY_EVENT_POLLERS).
+PROVISIONED_POLLERS = "provisioned"
+ON_DEMAND_POLLERS = "on-demand"
+EVENT_POLLER_MODES = (PROVISIONED_POLLERS, ON_DEMAND_POLLERS)
+# RELAY_MAX_RECORD_AGE_SECONDS' bounds, the template's RelayOnDemandMaxRecordAgeSeconds': at most a day, the
+# shortest `.dispatch` retention (RunRetentionDays 1), so a record is dead-lettered before the topic drops it.
+MIN_RECORD_AGE_SECONDS = 60
+MAX_RECORD_AGE_SECONDS = 86400
+
 
 class ConfigurationError(ValueError):
     """The environment does not describe a usable configuration."""
@@ -200,6 +209,17 @@ class RelaySettings:
     # RUN_RETENTION_DAYS, as admission reads it (days None: runs kept forever), and its last change
     # (PREVIOUS_RUN_RETENTION_DAYS, RUN_RETENTION_CHANGED_AT), as make deploy records it.
     run_retention: RunRetention = field(default_factory=RunRetention)
+    # The event pollers of its mappings (RELAY_EVENT_POLLERS). Provisioned, the mapping bounds a failing batch's
+    # retries and parks it in S3; on-demand, AWS retries it until it succeeds or its records leave the topic,
+    # so the relay dead-letters a batch's records as `retries-exhausted` rather than fail it again once its
+    # oldest record is `max_record_age_seconds` old (RELAY_MAX_RECORD_AGE_SECONDS; docs/operations.md).
+    event_pollers: str = PROVISIONED_POLLERS
+    max_record_age_seconds: float = 10800.0
+
+    @property
+    def bounds_failed_batches(self) -> bool:
+        """Whether the relay itself gives up on a failing batch (on-demand pollers: nothing else does)."""
+        return self.event_pollers == ON_DEMAND_POLLERS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RelaySettings:
@@ -224,7 +244,14 @@ class RelaySettings:
             retry_base_seconds=_number(env, "RELAY_RETRY_BASE_SECONDS", cls.retry_base_seconds, float),
             retry_cap_seconds=_number(env, "RELAY_RETRY_CAP_SECONDS", cls.retry_cap_seconds, float),
             run_retention=_relay_retention(env),
+            event_pollers=_event_pollers(env),
+            max_record_age_seconds=_number(env, "RELAY_MAX_RECORD_AGE_SECONDS", cls.max_record_age_seconds, float),
         )
+        if not MIN_RECORD_AGE_SECONDS <= settings.max_record_age_seconds <= MAX_RECORD_AGE_SECONDS:
+            raise ConfigurationError(
+                f"RELAY_MAX_RECORD_AGE_SECONDS must be {MIN_RECORD_AGE_SECONDS} to {MAX_RECORD_AGE_SECONDS} "
+                "(at most the shortest .dispatch retention, a day)"
+            )
         positive = (
             settings.max_concurrency,
             settings.http_timeout_seconds,
@@ -237,6 +264,13 @@ class RelaySettings:
         if settings.time_margin_seconds < 0:
             raise ConfigurationError("RELAY_TIME_MARGIN_SECONDS must not be negative")
         return settings
+
+
+def _event_pollers(env: Mapping[str, str]) -> str:
+    mode = env.get("RELAY_EVENT_POLLERS", "").strip() or PROVISIONED_POLLERS
+    if mode not in EVENT_POLLER_MODES:
+        raise ConfigurationError(f"RELAY_EVENT_POLLERS must be provisioned or on-demand, got {mode!r}")
+    return mode
 
 
 @dataclass(frozen=True)

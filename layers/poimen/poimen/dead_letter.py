@@ -28,6 +28,9 @@ RELAY_KINDS = (
     "keyless-replica",  # a keyless spawn replicated from another Region: relayed only in its own
     "rejected",  # the admission API refused it (400, 413, 415, 422)
     "outcome-unknown",  # keyless, and the API could not tell whether it admitted it: the letter names the run
+    # on-demand pollers: its batch still failed (the API down, or refusing the relay) once its oldest record was
+    # RELAY_MAX_RECORD_AGE_SECONDS old; a spawn all the same, for redrive once the cause is fixed
+    "retries-exhausted",
     "relay-error",  # a fault nobody foresaw
 )
 INVALID_TOPIC_DETAIL = "topic is neither poimen.<tenant>.dispatch nor <alias>.poimen.<tenant>.dispatch"

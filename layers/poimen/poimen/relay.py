@@ -5,13 +5,17 @@ IAM role has no DynamoDB permission. Redelivered records are absorbed by admissi
 deduplication alone; the relay keeps no idempotency state of its own. No record stalls a batch: only
 the API (unreachable, or refusing the relay itself), the dead-letter queue, or time running out fail it.
 Dead letters are sent only by an invocation that relayed its whole batch, so a batch retried or parked
-for an outage does not dead-letter its bad records once per attempt.
+for an outage does not dead-letter its bad records once per attempt. Under on-demand event pollers, which
+retry a failed batch until it succeeds or its records leave the topic, the relay bounds that itself: a batch
+that would fail once its oldest record is RELAY_MAX_RECORD_AGE_SECONDS old has its records not yet admitted
+dead-lettered as `retries-exhausted` instead, and succeeds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import random
 import socket
 import threading
@@ -36,7 +40,13 @@ from botocore.compat import HTTPHeaders
 
 from poimen.aws_session import bounded_session
 from poimen.config import RelaySettings
-from poimen.dead_letter import MAX_DETAIL_CHARS, DeadLetterReason, dead_letter_attributes, dead_letter_body
+from poimen.dead_letter import (
+    MAX_DETAIL_CHARS,
+    DeadLetterReason,
+    age_text,
+    dead_letter_attributes,
+    dead_letter_body,
+)
 from poimen.inbox_rule import RECORD_FAULT_STATUSES, RETRYABLE_STATUSES, HeldBack, header, judge, rejected
 from poimen.kafka import tenant_of_dispatch_topic
 from poimen.observability import logger, metrics
@@ -123,18 +133,25 @@ class _DeadLetter:
 
 @dataclass(frozen=True)
 class _Batch:
-    """What the records of one invocation share: its deadline, its outcome, whether it already failed, and
-    the dead letters its records made so far."""
+    """What the records of one invocation share: its deadline (and the API calls', earlier when the dead letters
+    of a batch given up need time after them), its outcome, whether it already failed, the dead letters its
+    records made so far, and the records settled (admitted, or their letter held)."""
 
     deadline: float
+    api_deadline: float
     outcome: BatchOutcome
     abort: threading.Event
     letters: list[_DeadLetter] = field(default_factory=list)
+    settled: set[tuple[str, int, int]] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def hold(self, letter: _DeadLetter) -> None:
         with self._lock:
             self.letters.append(letter)
+
+    def settle(self, record: KafkaEventRecord) -> None:
+        with self._lock:
+            self.settled.add(_coordinates(record))
 
 
 _T = TypeVar("_T")
@@ -198,11 +215,21 @@ class Relay:
         A failing batch sends no dead letter: its retry, or the redrive of the batch once parked, makes them
         then, so each bad record is one dead letter however often its batch fails. (Only a dead-letter queue
         failing midway, or the function dying between a send and the event source's commit, repeats some.)
+        Under on-demand pollers a batch that fails once its oldest record is past RELAY_MAX_RECORD_AGE_SECONDS
+        is given up instead: its records not yet settled are dead-lettered as `retries-exhausted`, and the API
+        calls of such a batch end early enough for those letters to be sent before the deadline.
         """
         deadline = time.monotonic() + remaining_ms() / 1000 - self._settings.time_margin_seconds
-        batch = _Batch(deadline, outcome, threading.Event())
         groups = _ordered_groups(event.records)
-        tenants = {tenant_of_dispatch_topic(record.topic) for group in groups for record in group}
+        records = [record for group in groups for record in group]
+        workers = max(1, min(self._settings.max_concurrency, len(records)))
+        oldest_ms = min((record.timestamp for record in records if record.timestamp >= 0), default=None)
+        gives_up = self._gives_up(oldest_ms)
+        # Every record may need its letter sent after the API calls: rounds of `workers` sends, each attempt
+        # within twice the DLQ timeout, and one round more for a retried send.
+        reserve = 2 * self._settings.dlq_timeout_seconds * (math.ceil(len(records) / workers) + 1) if gives_up else 0
+        batch = _Batch(deadline, deadline - reserve, outcome, threading.Event())
+        tenants = {tenant_of_dispatch_topic(record.topic) for record in records}
         if len(tenants) == 1:
             outcome.tenant = tenants.pop()  # None for a topic that is no tenant's: no tenant dimension
 
@@ -212,10 +239,38 @@ class Relay:
                     return  # the batch will be retried whole; later records must not overtake
                 self._relay_or_dead_letter(record, batch)
 
-        workers = max(1, min(self._settings.max_concurrency, sum(len(group) for group in groups)))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            _each(pool, relay_group, groups, batch)
+            try:
+                _each(pool, relay_group, groups, batch)
+            except BatchFailed as failure:
+                if oldest_ms is None or not gives_up:
+                    raise
+                self._give_up(records, failure, oldest_ms, batch)
             _each(pool, lambda letter: self._send_dead_letter(letter, batch), batch.letters, batch)
+
+    def _gives_up(self, oldest_ms: int | None) -> bool:
+        """Whether a failure of a batch whose oldest record has this timestamp ends as its records' dead letters
+        rather than as the batch's retry: under on-demand pollers only, past the age limit. A batch of records
+        without timestamps has no age: it is retried as it is under provisioned pollers, without a bound."""
+        if not self._settings.bounds_failed_batches or oldest_ms is None:
+            return False
+        return time.time() * 1000 - oldest_ms >= self._settings.max_record_age_seconds * 1000
+
+    def _give_up(self, records: list[KafkaEventRecord], failure: BatchFailed, oldest_ms: int, batch: _Batch) -> None:
+        """Hold a `retries-exhausted` letter for each record the failed batch did not settle, so that the batch
+        succeeds (its partition moves on) and no record is lost once the topic's retention drops it."""
+        batch.abort.clear()  # every record's work has ended: the letters may go out
+        limit = age_text(self._settings.max_record_age_seconds * 1000)
+        detail = (
+            f"its batch failed with its oldest record {age_text(time.time() * 1000 - oldest_ms)} old, past "
+            f"RELAY_MAX_RECORD_AGE_SECONDS ({limit}): on-demand event pollers would retry it until its records "
+            f"leave the topic; redrive it once the cause is fixed. {type(failure).__name__}: {failure}"
+        )
+        reason = DeadLetterReason("retries-exhausted", detail)
+        given_up = [record for record in records if _coordinates(record) not in batch.settled]
+        logger.warning("batch given up: its records not admitted are dead-lettered", records=len(given_up))
+        for record in given_up:
+            self._dead_letter(record, reason, batch, tenant_id=tenant_of_dispatch_topic(record.topic))
 
     def _relay_or_dead_letter(self, record: KafkaEventRecord, batch: _Batch) -> None:
         """Relay one record. A fault of the record's own, foreseen or not, ends as its dead letter."""
@@ -226,6 +281,7 @@ class Relay:
         except Exception as error:
             logger.exception("relaying the record failed", topic=record.topic, offset=record.offset)
             self._dead_letter(record, DeadLetterReason("relay-error", f"{type(error).__name__}: {error}"), batch)
+        batch.settle(record)
 
     def _relay_record(self, record: KafkaEventRecord, batch: _Batch) -> None:
         verdict = judge(record.raw_event, time.time() * 1000, self._settings.run_retention)
@@ -290,10 +346,10 @@ class Relay:
             headers["traceparent"] = traceparent
         attempt = 0
         while True:
-            if batch.deadline <= time.monotonic():
+            if batch.api_deadline <= time.monotonic():
                 raise AdmissionApiUnavailable("no time left to call the admission API")
             signed = self._signed(headers, body)  # a credentials refresh counts against the deadline too
-            timeout = min(self._settings.http_timeout_seconds, batch.deadline - time.monotonic())
+            timeout = min(self._settings.http_timeout_seconds, batch.api_deadline - time.monotonic())
             if timeout <= 0:
                 raise AdmissionApiUnavailable("no time left to call the admission API")
             retry_after = 0.0
@@ -318,7 +374,7 @@ class Relay:
             finally:
                 _EXCHANGE_DEADLINE.reset(exchange)
             delay = max(retry_after, self._jitter(attempt))
-            if time.monotonic() + delay >= batch.deadline:
+            if time.monotonic() + delay >= batch.api_deadline:
                 raise AdmissionApiUnavailable(f"admission API unavailable after {attempt + 1} attempts: {failure}")
             logger.warning("admission API call failed; retrying", failure=failure, delay_seconds=round(delay, 3))
             batch.outcome.count("retries")
@@ -445,6 +501,10 @@ def _transient_sqs_error(error: botocore.exceptions.ClientError) -> bool:
     status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
     code = error.response.get("Error", {}).get("Code", "")
     return status >= 500 or status == 429 or "Throttl" in code
+
+
+def _coordinates(record: KafkaEventRecord) -> tuple[str, int, int]:
+    return (record.topic, record.partition, record.offset)
 
 
 def _ordered_groups(records: Iterable[KafkaEventRecord]) -> list[list[KafkaEventRecord]]:

@@ -1,0 +1,194 @@
+"""The relay under each poller mode (RelayEventPollers). Provisioned, the mapping retries a failed batch
+MaximumRetryAttempts times and parks it in S3, so the relay fails it for an outage whatever its age. On-demand,
+AWS retries it until it succeeds or its records leave the topic, so the relay bounds that itself: a batch that
+would fail once its oldest record is RELAY_MAX_RECORD_AGE_SECONDS old dead-letters its records not yet settled
+(`retries-exhausted`), once, and succeeds."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import urllib3
+
+from poimen.config import ON_DEMAND_POLLERS, PROVISIONED_POLLERS, ConfigurationError, RelaySettings
+from poimen.relay import AdmissionApiRefused, AdmissionApiUnavailable
+from poimen.store import Store
+from poimen_tools.cli import _dev_options, build_parser
+from poimen_tools.local.event_source import LOCAL_MAX_ATTEMPTS, relay_mapping_attempts
+from poimen_tools.local.template import Template
+from tests.conftest import count_runs
+from tests.unit.relay_harness import RelayHarness
+
+SPAWN: dict[str, Any] = {"workflow_ref": "wf/hello", "input": {}, "goal_id": None}
+HOUR_MS = 3600 * 1000
+
+
+class PartlyDownApi:
+    """The API reachable for the bodies naming `reachable` in them, connection refused for every other."""
+
+    def __init__(self, up: Any, reachable: bytes) -> None:
+        self._up = up
+        self._reachable = reachable
+        self.refused = 0
+
+    def request(self, method: str, url: str, **kw: Any) -> Any:
+        if self._reachable in kw["body"]:
+            return self._up.request(method, url, **kw)
+        self.refused += 1
+        raise urllib3.exceptions.NewConnectionError(None, "connection refused")  # type: ignore[arg-type]
+
+
+class RefusingApi:
+    """The API answering 403 to the relay itself (its grant or URL wrong): every record would meet it."""
+
+    def request(self, *_: Any, **__: Any) -> Any:
+        return urllib3.HTTPResponse(body=b'{"type": "about:blank", "status": 403}', status=403, preload_content=True)
+
+
+@pytest.fixture
+def harness(template: Template, handler: Callable[[dict[str, Any], Any], dict[str, Any]], store: Store) -> RelayHarness:
+    return RelayHarness.start(template, handler, store)
+
+
+def _on_demand(harness: RelayHarness) -> RelayHarness:
+    return harness.with_settings(event_pollers=ON_DEMAND_POLLERS, max_record_age_seconds=3600)
+
+
+def _batch(harness: RelayHarness, age_ms: int) -> list[Any]:
+    """One admitted record (key a), one malformed (key b) and one the outage keeps out (key c), `age_ms` old."""
+    born = int(time.time() * 1000) - age_ms
+    return [
+        harness.record({**SPAWN, "dispatch_key": "reachable-1"}, 0, key=b"a", timestamp_ms=born),
+        harness.record(b"{not json", 1, key=b"b", timestamp_ms=born),
+        harness.record({**SPAWN, "dispatch_key": "kept-out-2"}, 2, key=b"c", timestamp_ms=born + 1000),
+    ]
+
+
+def test_on_demand_a_batch_failing_past_the_age_limit_dead_letters_what_it_did_not_settle_once_and_succeeds(
+    harness: RelayHarness, dynamodb: Any, table_name: str
+) -> None:
+    # Given on-demand pollers (age limit 1 h), a batch 2 h old, and the API down for one of its records
+    relay = _on_demand(harness)
+    down = PartlyDownApi(relay.relay._http, b"reachable-1")
+    relay.relay._http = down  # type: ignore[assignment]
+    records = _batch(relay, 2 * HOUR_MS)
+    started = time.monotonic()
+    # When the batch is invoked with 10 s left
+    outcome = relay.run(records, seconds=10)
+    # Then it succeeds before its deadline: the reachable record admitted, the malformed one dead-lettered for
+    # itself, the one the outage kept out dead-lettered as retries-exhausted, each once
+    assert time.monotonic() - started < 10
+    assert down.refused >= 1
+    letters = sorted((letter["record"]["offset"], letter["reason"]["kind"]) for _, letter in relay.dead_letters())
+    assert letters == [(1, "invalid-json"), (2, "retries-exhausted")]
+    assert (outcome.relayed, outcome.dead_lettered) == (1, 2)
+    assert len(count_runs(dynamodb, table_name, relay.tenant)) == 1
+
+
+def test_on_demand_the_letter_of_a_given_up_record_says_why_and_holds_the_record(harness: RelayHarness) -> None:
+    # Given on-demand pollers and a batch 2 h old the API refuses to the relay itself
+    relay = _on_demand(harness)
+    relay.relay._http = RefusingApi()  # type: ignore[assignment]
+    (record,) = _batch(relay, 2 * HOUR_MS)[2:]
+    # When it is invoked
+    relay.run([record], seconds=10)
+    # Then its letter names the age limit and the cause, and keeps the record's value for redrive
+    ((_, letter),) = relay.dead_letters()
+    assert letter["reason"]["kind"] == "retries-exhausted"
+    assert "RELAY_MAX_RECORD_AGE_SECONDS (1 h)" in letter["reason"]["detail"]
+    assert "AdmissionApiRefused" in letter["reason"]["detail"]
+    assert letter["record"]["value"] is not None
+
+
+def test_on_demand_a_batch_younger_than_the_age_limit_still_fails_for_an_outage(harness: RelayHarness) -> None:
+    # Given on-demand pollers and a batch a minute old, the API down for one of its records
+    relay = _on_demand(harness)
+    relay.relay._http = PartlyDownApi(relay.relay._http, b"reachable-1")  # type: ignore[assignment]
+    # When it is invoked, the batch fails (AWS retries it: nothing is lost while the topic keeps it)
+    with pytest.raises(AdmissionApiUnavailable):
+        relay.run(_batch(relay, 60 * 1000), seconds=5)
+    # Then nothing is dead-lettered yet
+    assert relay.dead_letters() == []
+
+
+def test_on_demand_a_batch_without_timestamps_has_no_age_and_still_fails(harness: RelayHarness) -> None:
+    relay = _on_demand(harness)
+    relay.relay._http = RefusingApi()  # type: ignore[assignment]
+
+    with pytest.raises(AdmissionApiRefused):
+        relay.run([relay.record({**SPAWN, "dispatch_key": "no-time"}, 0)], seconds=5)
+    assert relay.dead_letters() == []
+
+
+def test_provisioned_an_old_batch_fails_for_an_outage_as_its_mapping_parks_it(harness: RelayHarness) -> None:
+    # Given provisioned pollers (the default) and the same batch 2 h old, the API down for one record
+    assert harness.relay._settings.event_pollers == PROVISIONED_POLLERS
+    relay = harness.with_settings(max_record_age_seconds=3600)
+    relay.relay._http = PartlyDownApi(relay.relay._http, b"reachable-1")  # type: ignore[assignment]
+    # When it is invoked, the batch fails: the mapping's retries and its S3 destination bound it
+    with pytest.raises(AdmissionApiUnavailable):
+        relay.run(_batch(relay, 2 * HOUR_MS), seconds=5)
+    assert relay.dead_letters() == []
+
+
+@pytest.mark.parametrize("mode", [PROVISIONED_POLLERS, ON_DEMAND_POLLERS])
+def test_the_relay_reads_its_poller_mode_from_the_template(
+    harness: RelayHarness, template: Template, mode: str
+) -> None:
+    environment = template.function_environment("InboxRelayFunction", {"RelayEventPollers": mode})
+
+    settings = harness.with_environment(environment).relay._settings
+
+    assert settings.event_pollers == mode
+    assert settings.bounds_failed_batches == (mode == ON_DEMAND_POLLERS)
+    assert settings.max_record_age_seconds == 10800
+
+
+def test_poller_settings_are_validated() -> None:
+    env = {"ADMISSION_API_URL": "https://api.example", "DLQ_URL": "q", "AWS_REGION": "eu-west-1"}
+
+    assert RelaySettings.from_env(env).event_pollers == PROVISIONED_POLLERS
+    assert RelaySettings.from_env({**env, "RELAY_MAX_RECORD_AGE_SECONDS": "86400"}).max_record_age_seconds == 86400
+    for broken in (
+        {"RELAY_EVENT_POLLERS": "on_demand"},
+        {"RELAY_MAX_RECORD_AGE_SECONDS": "59"},
+        {"RELAY_MAX_RECORD_AGE_SECONDS": "86401"},
+    ):
+        with pytest.raises(ConfigurationError):
+            RelaySettings.from_env({**env, **broken})
+
+
+@pytest.mark.parametrize(
+    ("arguments", "environment", "mode"),
+    [
+        ([], None, None),  # the template's default
+        (["--event-pollers", "on-demand"], None, ON_DEMAND_POLLERS),
+        ([], "on-demand", ON_DEMAND_POLLERS),
+        (["--event-pollers", "provisioned"], "on-demand", PROVISIONED_POLLERS),  # the option over the variable
+    ],
+)
+def test_poimen_dev_takes_the_mode_from_its_option_or_environment(
+    template: Template, monkeypatch: pytest.MonkeyPatch, arguments: list[str], environment: str | None, mode: str | None
+) -> None:
+    if environment is not None:
+        monkeypatch.setenv("POIMEN_EVENT_POLLERS", environment)
+    else:
+        monkeypatch.delenv("POIMEN_EVENT_POLLERS", raising=False)
+
+    options = _dev_options(build_parser().parse_args(["dev", *arguments]))
+
+    assert options.event_pollers == mode
+    relay = template.function_environment("InboxRelayFunction", options.template_parameters)
+    assert relay["RELAY_EVENT_POLLERS"] == (mode or PROVISIONED_POLLERS)
+    expected = LOCAL_MAX_ATTEMPTS if mode in (None, PROVISIONED_POLLERS) else None
+    assert relay_mapping_attempts(template, options.template_parameters) == expected
+
+
+def test_poimen_dev_refuses_an_unknown_mode_in_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POIMEN_EVENT_POLLERS", "lazy")
+
+    with pytest.raises(ConfigurationError, match="POIMEN_EVENT_POLLERS"):
+        _dev_options(build_parser().parse_args(["dev"]))

@@ -48,7 +48,9 @@ def test_provisioned_mappings_bound_retries_and_park_failed_batches_in_s3() -> N
 
     assert len(mappings) == 4  # two tenants, each its own topic and one peer's replica
     for name, properties in mappings.items():
-        assert properties["ProvisionedPollerConfig"] == {"MinimumPollers": 1, "MaximumPollers": 3}, name
+        pollers = properties["ProvisionedPollerConfig"]
+        assert (pollers["MinimumPollers"], pollers["MaximumPollers"]) == (1, 3), name
+        assert "PollerGroupName" in pollers, name  # its value: tests/unit/test_poller_groups.py
         assert properties["MaximumRetryAttempts"] == 100, name
         assert properties["DestinationConfig"] == {
             "OnFailure": {"Destination": {"Fn::GetAtt": ["FailedBatchesBucket", "Arn"]}}

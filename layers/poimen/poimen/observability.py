@@ -6,12 +6,18 @@ active tracing (template Globals) still records the function and API Gateway seg
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 from aws_lambda_powertools import Logger, Metrics
 
 logger = Logger()
 metrics = Metrics()
+
+# Under a JSON LogFormat (the admission function's) the runtime sets the root logger to the ApplicationLogLevel,
+# INFO, which would let libraries' INFO records (botocore's "Found credentials ...") into the log group: they
+# stay at WARNING, as under the text format. The Logger keeps its own level (POWERTOOLS_LOG_LEVEL).
+logging.getLogger().setLevel(logging.WARNING)
 
 # Look-ups (GET) and refusals publish no metric, which is expected: Powertools' documented way to keep
 # `log_metrics` from warning about it on each such invocation.

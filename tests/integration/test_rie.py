@@ -477,6 +477,13 @@ def test_admission_answers_503_within_its_timeout_when_dynamodb_does_not_answer(
     assert "Task timed out" not in function.log()
     assert accepted
     assert count_runs(local.dev.dynamodb(), local.dev.table_name, local.tenant) == []
+    # And under the JSON log format it still logged why, at WARNING: the cause, and the request's ids
+    events = [json.loads(event) for event in bundle["AdmissionFunction"].log_events(function.log())]
+    (warned,) = [event for event in events if event.get("level") == "WARNING"]
+    assert warned["message"] == "store unavailable"
+    assert "Read timeout" in warned["reason"]
+    assert warned["correlation_id"]
+    assert warned["function_request_id"]
 
 
 # --- what the layers hold against what the functions import ---------------------------------------------

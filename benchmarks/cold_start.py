@@ -46,7 +46,7 @@ class Measured:
     init_ms: list[float] = field(default_factory=list)
     first_ms: list[float] = field(default_factory=list)  # the first invocation's answer, INIT included
     warm_ms: list[float] = field(default_factory=list)  # REPORT Duration of the invocations after the first
-    log_bytes: list[float] = field(default_factory=list)  # log written a warm invocation, START to REPORT
+    log_bytes: list[float] = field(default_factory=list)  # what CloudWatch Logs ingests of a warm invocation
 
 
 @dataclass(frozen=True)
@@ -120,14 +120,15 @@ def measure(subject: Subject, runtime: dict[str, str], logs: Path, number: int, 
         into.init_ms.append(init)
         if subject.warm:
             _reported_durations(function, 1)  # the first invocation's REPORT is in, before counting bytes
-            logged = len(function.log().encode())
+            logged = len(function.log())
             for request in range(1, warm + 1):
                 function.invoke(subject.event(number * 1000 + request))
             reported = _reported_durations(function, warm + 1)
             if len(reported) != warm + 1:
                 raise SystemExit(f"{subject.function.name}: {len(reported)} REPORT lines for {warm + 1} invocations")
             into.warm_ms.extend(reported[1:])
-            into.log_bytes.append((len(function.log().encode()) - logged) / max(warm, 1))
+            ingested = subject.function.ingested_log_bytes(function.log()[logged:])
+            into.log_bytes.append(ingested / max(warm, 1))
 
 
 def _reported_durations(function: rie.RunningFunction, expected: int, timeout: float = 10.0) -> list[float]:
@@ -161,8 +162,9 @@ def table(results: list[Measured], inits: int, bytecode: bool) -> str:
         )
     lines.append(
         "warm ms: median REPORT Duration (what Lambda bills) of the requests each fresh environment answered after "
-        "its first; log B: what each of them wrote to its log. The admission function's are the cost model's "
-        "duration and log bytes per admission (docs/operations.md#what-a-tenant-costs)"
+        "its first; log B: what CloudWatch Logs would ingest of each (rie.FunctionBundle.ingested_log_bytes). The "
+        "admission function's are the cost model's duration and log bytes per admission "
+        "(docs/operations.md#what-a-tenant-costs)"
     )
     return "\n".join(lines)
 

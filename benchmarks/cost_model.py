@@ -39,7 +39,8 @@ SQS_PRICING = "https://aws.amazon.com/sqs/pricing/"
 S3_PRICING = "https://aws.amazon.com/s3/pricing/"
 CLOUDWATCH_PRICING = "https://aws.amazon.com/cloudwatch/pricing/"
 XRAY_PRICING = "https://aws.amazon.com/xray/pricing/"
-XRAY_SAMPLING = "https://docs.aws.amazon.com/xray/latest/devguide/xray-console-sampling.html"
+LAMBDA_XRAY = "https://docs.aws.amazon.com/lambda/latest/dg/services-xray.html"
+HTTP_API_VS_REST = "https://docs.aws.amazon.com/apigateway/latest/developerguide/http-api-vs-rest.html"
 
 
 @dataclass(frozen=True)
@@ -89,18 +90,22 @@ class Durations:
     admission_ms: float
     relay_ms_a_record: float
     outbox_ms_a_record: float
-    admission_log_bytes: int  # what one admission writes to its log group (its line, EMF, START/END/REPORT)
+    admission_log_bytes: int  # what CloudWatch Logs ingests of one admission (rie.FunctionBundle.ingested_log_bytes)
 
 
 # `make bench` on the shared 2-core machine (load average 1-3), 2026-12-01: the admission function of the built
-# bundle under the RIE (median warm REPORT Duration, and its log bytes), the relay and outbox handlers in-process
-# at the template's batch sizes (the relay waiting on a local `poimen dev` API, 16 calls in flight). Local
+# bundle under the RIE (median warm REPORT Duration), the relay and outbox handlers in-process at the template's
+# batch sizes (the relay waiting on a local `poimen dev` API, 16 calls in flight). The log bytes, 2026-12-03: one
+# warm admission's one EMF line, as CloudWatch Logs counts it (tests/integration/test_rie.py, a 14-character
+# tenant and a 6-character dispatch key; 1,101 before, with its JSON line and START/END/REPORT). Local
 # stand-ins (moto, a local broker, a local API) are not DynamoDB, MSK or API Gateway, and the machine is not
 # Lambda's: substitute CloudWatch's Duration of a deployed stack; the model is linear in each.
-MEASURED = Durations(admission_ms=11.5, relay_ms_a_record=11.26, outbox_ms_a_record=0.175, admission_log_bytes=1200)
-# X-Ray's default sampling rule records the first request each second and 5 % of the others (XRAY_SAMPLING);
-# the functions trace actively (template Globals), HTTP APIs do not trace.
-SAMPLED = 0.05
+MEASURED = Durations(admission_ms=11.5, relay_ms_a_record=11.26, outbox_ms_a_record=0.175, admission_log_bytes=427)
+# The share of admissions X-Ray records, by the admission function's Tracing (template AdmissionTracing). Active:
+# Lambda records one request a second and 5 % of the others, a rate no sampling rule changes (LAMBDA_XRAY), so
+# 5 % from a second's first request on. PassThrough: only requests that arrive sampled, and an HTTP API does not
+# trace (it has no X-Ray, HTTP_API_VS_REST): none.
+SAMPLED = {"Active": 0.05, "PassThrough": 0.0}
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,7 @@ class Settings:
     relay_batch_size: int
     outbox_batch_size: int
     partitions: int
+    admission_tracing: str
 
     @classmethod
     def of(cls, template: Template) -> Settings:
@@ -132,6 +138,9 @@ class Settings:
             relay_batch_size=int(parameters["RelayBatchSize"]["Default"]),
             outbox_batch_size=int(template.properties("OutboxRelaySource")["BatchSize"]),
             partitions=int(inspect.signature(ensure_topics).parameters["partitions"].default),
+            admission_tracing=str(
+                template.evaluate(template.properties("AdmissionFunction").get("Tracing", globals_["Tracing"]))
+            ),
         )
 
 
@@ -310,7 +319,13 @@ def per_million_lines(settings: Settings, measured: Durations) -> list[Line]:
             "GB",
             "log_gb",
         ),
-        Line(f"X-Ray: {SAMPLED:.0%} of admissions traced", MILLION * SAMPLED, "traces", "trace"),
+        Line(
+            f"X-Ray: {SAMPLED[settings.admission_tracing]:.0%} of admissions traced (AdmissionTracing "
+            f"{settings.admission_tracing})",
+            MILLION * SAMPLED[settings.admission_tracing],
+            "traces",
+            "trace",
+        ),
     ]
 
 

@@ -382,6 +382,55 @@ def test_admission_answers_the_look_ups(admission: rie.RunningFunction, local: L
     assert "/v1/runs" in document[2]["paths"]
 
 
+# Issue 35's budget: what one admission may add to CloudWatch Logs, counted as CloudWatch Logs meters ingestion.
+ADMISSION_LOG_BUDGET_BYTES = 450
+# The audit fields each admission's line carries, as docs/operations.md#finding-an-admission queries them.
+AUDIT_FIELDS = {"message", "tenant_id", "run_id", "dispatch_key", "status", "correlation_id", "latency_ms"}
+
+
+def _log_once_reported(function: rie.RunningFunction, invocations: int) -> str:
+    """The function's log once it holds the REPORT lines of `invocations` (the RIE may write one just after
+    answering)."""
+    log: str = wait_for(
+        lambda: (text := function.log()).count("REPORT RequestId: ") >= invocations and text,
+        timeout=10,
+        what=f"{invocations} REPORT lines",
+    )
+    return log
+
+
+def test_a_warm_admission_logs_one_emf_line_within_the_budget(
+    admission: rie.RunningFunction, local: Local, bundle: dict[str, rie.FunctionBundle]
+) -> None:
+    """Counted as CloudWatch Logs meters it (rie.FunctionBundle.ingested_log_bytes: each event's UTF-8 bytes plus
+    26). The RIE knows no LoggingConfig: it prints START, END and REPORT whatever the level (and lines of its
+    own, which no log group gets), so the count leaves them out as Lambda does under the template's
+    SystemLogLevel WARN; the runtime gets the JSON format as Lambda gives it (AWS_LAMBDA_LOG_FORMAT). A tenant
+    id of 14 characters and a dispatch key of 6: each character more of either is a byte more."""
+    # Given the built admission function, initialised by a first admission
+    admission.invoke(_create(local.tenant, "k-cold"))
+    before = _log_once_reported(admission, 1)
+
+    # When a warm admission comes
+    answer = _answer(admission.invoke(_create(local.tenant, "k-warm")))
+    written = _log_once_reported(admission, 2)[len(before) :]
+
+    # Then what CloudWatch Logs would ingest of it is one line within the budget
+    function = bundle["AdmissionFunction"]
+    events = function.log_events(written)
+    ingested = function.ingested_log_bytes(written)
+    print(f"a warm admission: {len(written.encode())} bytes printed under the RIE, {len(events)} events, {ingested} B")
+    assert ingested <= ADMISSION_LOG_BUDGET_BYTES, written
+    assert len(events) == 1, written
+    # And that line is its metric's EMF line, the audit fields in it as metadata
+    line = json.loads(events[0])
+    assert line["_aws"]["CloudWatchMetrics"][0]["Metrics"] == [{"Name": "RunsAdmitted", "Unit": "Count"}]
+    assert line["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [["service"]]
+    assert set(line) >= AUDIT_FIELDS
+    assert (line["tenant_id"], line["run_id"], line["dispatch_key"]) == (local.tenant, answer[2]["run_id"], "k-warm")
+    assert (line["message"], line["status"]) == ("run admitted", 201)
+
+
 @pytest.fixture
 def unanswering_dynamodb() -> Iterator[tuple[str, list[socket.socket]]]:
     """A DynamoDB endpoint that accepts connections and never answers (an outage short of a refusal)."""
@@ -428,6 +477,13 @@ def test_admission_answers_503_within_its_timeout_when_dynamodb_does_not_answer(
     assert "Task timed out" not in function.log()
     assert accepted
     assert count_runs(local.dev.dynamodb(), local.dev.table_name, local.tenant) == []
+    # And under the JSON log format it still logged why, at WARNING: the cause, and the request's ids
+    events = [json.loads(event) for event in bundle["AdmissionFunction"].log_events(function.log())]
+    (warned,) = [event for event in events if event.get("level") == "WARNING"]
+    assert warned["message"] == "store unavailable"
+    assert "Read timeout" in warned["reason"]
+    assert warned["correlation_id"]
+    assert warned["function_request_id"]
 
 
 # --- what the layers hold against what the functions import ---------------------------------------------

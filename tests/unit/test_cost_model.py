@@ -147,3 +147,18 @@ def test_lambda_bills_whole_milliseconds() -> None:
 def test_every_price_names_its_page() -> None:
     for name, price in PRICES.items():
         assert re.fullmatch(r"https://(aws\.amazon\.com|docs\.aws\.amazon\.com)/\S+", price.source), name
+
+
+def test_the_traces_follow_the_admission_functions_tracing() -> None:
+    # Given the template as it is (AdmissionTracing's default), and with the admission function tracing actively
+    template = _template()
+    active = copy.deepcopy(template)
+    active.resources["AdmissionFunction"]["Properties"]["Tracing"] = "Active"
+
+    def traces(t: Template) -> float:
+        return next(line.usd for line in per_million_lines(Settings.of(t), MEASURED) if line.price == "trace")
+
+    # Then PassThrough records none (an HTTP API sends no sampled request), Active Lambda's 5 %: $0.25 a million
+    assert template.document["Parameters"]["AdmissionTracing"]["Default"] == "PassThrough"
+    assert traces(template) == 0
+    assert traces(active) == pytest.approx(0.25)

@@ -72,6 +72,17 @@ shift 3
 exec "$@"
 """
 _INIT_REPORT = re.compile(r"INIT REPORT\(durationMs: ([0-9.]+)\)")
+# An invocation's platform lines, which the RIE prints as text whatever the function's LoggingConfig: Lambda
+# logs them as platform.start and platform.report (and, in text, END), system logs at INFO, none of which a
+# SystemLogLevel of WARN sends to CloudWatch Logs ("Log-level filtering",
+# https://docs.aws.amazon.com/lambda/latest/dg/monitoring-cloudwatchlogs-log-level.html).
+_PLATFORM_INFO_LINE = re.compile(r"(START|END|REPORT) RequestId: ")
+# The emulator's own diagnostics ("03 Dec 2026 10:58:57,821 [INFO] (rapid) INVOKE START(...)"): no log group gets them.
+_EMULATOR_LINE = re.compile(r"\d\d \w{3} \d{4} [\d:,]+ \[\w+\] \(rapid\) ")
+# CloudWatch Logs counts a log event as "the sum of all event messages in UTF-8, plus 26 bytes for each log
+# event" (https://docs.aws.amazon.com/AmazonCloudWatchLogs/latest/APIReference/API_PutLogEvents.html); ingestion
+# is billed by the GB (https://aws.amazon.com/cloudwatch/pricing/).
+LOG_EVENT_OVERHEAD_BYTES = 26
 INVOCATIONS = "/2015-03-31/functions/function/invocations"
 
 
@@ -184,6 +195,28 @@ class FunctionBundle:
             raise RieError(f"{self.name}: no such variable {sorted(unknown)}; no local value for {sorted(missing)}")
         return {**declared, **values}
 
+    @property
+    def logging_config(self) -> dict[str, str]:
+        """The function's LoggingConfig (LogFormat, ApplicationLogLevel, SystemLogLevel), as the template sets it."""
+        return dict(self.template.properties(self.name).get("LoggingConfig", {}))
+
+    def log_events(self, log: str) -> list[str]:
+        """The log events Lambda would send to CloudWatch Logs of `log`, a stretch of what the function's RIE
+        printed: each line one event, but the emulator's own and the platform lines the function's
+        SystemLogLevel keeps from CloudWatch (the RIE prints them whatever the level)."""
+        config = self.logging_config
+        filtered = config.get("LogFormat") == "JSON" and config.get("SystemLogLevel") == "WARN"
+        return [
+            line
+            for line in log.splitlines()
+            if not _EMULATOR_LINE.match(line) and not (filtered and _PLATFORM_INFO_LINE.match(line))
+        ]
+
+    def ingested_log_bytes(self, log: str) -> int:
+        """What CloudWatch Logs would ingest, and bill, of `log`: each of its log_events' UTF-8 bytes plus
+        LOG_EVENT_OVERHEAD_BYTES."""
+        return sum(len(event.encode()) + LOG_EVENT_OVERHEAD_BYTES for event in self.log_events(log))
+
 
 def functions(build: Path) -> dict[str, FunctionBundle]:
     """Every function of the built bundle in `build`, by logical id."""
@@ -229,7 +262,16 @@ def _link_over(source: str, target: str) -> None:
 
 def lambda_variables(function: FunctionBundle, runtime: Mapping[str, str]) -> dict[str, str]:
     """What Lambda's python3.13 runtime sets itself, then `runtime`: what Lambda gives each function too
-    (region, the role's credentials), and here the local endpoints (AWS_ENDPOINT_URL_<SERVICE>)."""
+    (region, the role's credentials), and here the local endpoints (AWS_ENDPOINT_URL_<SERVICE>). A JSON
+    LoggingConfig reaches the runtime as AWS_LAMBDA_LOG_FORMAT and AWS_LAMBDA_LOG_LEVEL ("Log-level filtering",
+    https://docs.aws.amazon.com/lambda/latest/dg/monitoring-cloudwatchlogs-log-level.html), which awslambdaric
+    and Powertools read; the RIE knows no LoggingConfig."""
+    logging = function.logging_config
+    json_logs = (
+        {"AWS_LAMBDA_LOG_FORMAT": "JSON", "AWS_LAMBDA_LOG_LEVEL": logging.get("ApplicationLogLevel", "INFO")}
+        if logging.get("LogFormat") == "JSON"
+        else {}
+    )
     return {
         "PATH": "/usr/local/bin:/usr/bin:/bin:/opt/bin",
         "LANG": "en_US.UTF-8",
@@ -243,6 +285,7 @@ def lambda_variables(function: FunctionBundle, runtime: Mapping[str, str]) -> di
         "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
         "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(function.memory),
         "AWS_LAMBDA_FUNCTION_TIMEOUT": str(function.timeout),  # the RIE's, for its timeout
+        **json_logs,
         **runtime,
     }
 

@@ -6,6 +6,7 @@ import base64
 import binascii
 import json
 import re
+import time
 from collections.abc import Mapping
 from functools import lru_cache
 from http import HTTPStatus
@@ -99,8 +100,10 @@ class AdmissionResolver(APIGatewayHttpResolver):
     def __init__(self) -> None:
         super().__init__(enable_validation=True, json_body_deserializer=self._screened_body)
         self._body: dict[str, Any] = {}
+        self.started = 0.0  # perf_counter() when the request in hand arrived: its admission's latency_ms
 
     def resolve(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
+        self.started = time.perf_counter()
         try:
             event, self._body = _screened(event)
         except _Refused as refusal:
@@ -353,11 +356,12 @@ def create_run(
     key = dispatch_key_of(idempotency_key, body.dispatch_key)
     request = body if key == body.dispatch_key else body.model_copy(update={"dispatch_key": key})
     admitted = admission_service().admit_run(_caller(), tenant_id, request, traceparent=_traceparent())
-    # Written: from here on only the answer admission built before the write, and metrics and a log line.
-    _record(admitted)
+    # Written: from here on only the answer admission built before the write, and its metric and log line.
     run = admitted.run
     if admitted.replayed:
+        _record(admitted, HTTPStatus.OK)
         return _run_answer(run, HTTPStatus.OK, {REPLAYED_HEADER: "true"})
+    _record(admitted, HTTPStatus.CREATED)
     return _run_answer(run, HTTPStatus.CREATED, {"Location": f"/v1/runs/{run.run_id}"})
 
 
@@ -475,15 +479,24 @@ def _caller() -> str | None:
     return app.current_event.request_context.authorizer.iam.user_arn or None
 
 
-def _record(admitted: Admitted) -> None:
+def _record(admitted: Admitted, status: HTTPStatus) -> None:
+    """The admission's one log line: the EMF line of its metric, the audit fields in it as metadata (not
+    dimensions, each of which would make a metric of its own). docs/operations.md#finding-an-admission
+    queries them."""
     run = admitted.run
     metrics.add_metric(name="RunsReplayed" if admitted.replayed else "RunsAdmitted", unit=MetricUnit.Count, value=1)
-    logger.info(
-        "run replayed" if admitted.replayed else "run admitted",
-        tenant_id=run.tenant_id,
-        run_id=run.run_id,
-        dispatch_key=run.dispatch_key,
-    )
+    audit = {
+        "message": "run replayed" if admitted.replayed else "run admitted",
+        "tenant_id": run.tenant_id,
+        "run_id": run.run_id,
+        "dispatch_key": run.dispatch_key,
+        "status": int(status),  # 200 exactly when replayed
+        # API Gateway's request id, the correlation_id of the Logger's lines (a refusal's, an error's).
+        "correlation_id": app.current_event.request_context.request_id,
+        "latency_ms": round((time.perf_counter() - app.started) * 1000, 1),
+    }
+    for key, value in audit.items():
+        metrics.add_metadata(key=key, value=value)
 
 
 # --- errors: every failure leaves as application/problem+json, mapped here and nowhere else ---

@@ -1,17 +1,23 @@
 """Logger and metrics shared by every function; Powertools reads its own POWERTOOLS_* settings.
 
 No Powertools Tracer: it imports the X-Ray SDK (~130 ms of cold start, see benchmarks/). Lambda's
-active tracing (template Globals) still records the function and API Gateway segments.
+tracing (template Globals; the admission function's AdmissionTracing) still records the function's segments.
 """
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 from aws_lambda_powertools import Logger, Metrics
 
 logger = Logger()
 metrics = Metrics()
+
+# Under a JSON LogFormat (the admission function's) the runtime sets the root logger to the ApplicationLogLevel,
+# INFO, which would let libraries' INFO records (botocore's "Found credentials ...") into the log group: they
+# stay at WARNING, as under the text format. The Logger keeps its own level (POWERTOOLS_LOG_LEVEL).
+logging.getLogger().setLevel(logging.WARNING)
 
 # Look-ups (GET) and refusals publish no metric, which is expected: Powertools' documented way to keep
 # `log_metrics` from warning about it on each such invocation.

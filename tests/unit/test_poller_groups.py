@@ -108,29 +108,36 @@ def _transform(*parameters: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_a_tenant_missing_from_the_assignment_fails_the_transform_and_ungrouped_is_asked_for_by_name() -> None:
-    missing = _transform("Tenants=acme,globex", "RelayPollerGroups=acme=0")
-    ungrouped = _transform("Tenants=acme,globex", "RelayPollerGroups=acme=-,globex=-")
+def test_a_tenant_missing_from_the_assignment_is_in_group_0_and_ungrouped_is_asked_for_by_name() -> None:
+    cluster = "arn:aws:kafka:us-east-1:111122223333:cluster/poimen/abc-1"
+    missing = _transform("Tenants=acme,globex", "RelayPollerGroups=acme=1", f"MskClusterArn={cluster}")
+    unnamed = _transform("Tenants=acme,globex", f"MskClusterArn={cluster}")
+    ungrouped = _transform("Tenants=acme,globex", "RelayPollerGroups=acme=-,globex=-", f"MskClusterArn={cluster}")
 
-    # A tenant with no group is never silently ungrouped: the template cannot be expanded
-    assert missing.returncode != 0
-    assert "Fn::Select index out of bounds" in missing.stderr
+    # A tenant the assignment does not name (the template deployed or built by hand) is grouped, in group 0, never
+    # silently ungrouped; the prefix of a longer id is never taken for it
+    for result in (missing, unnamed, ungrouped):
+        assert result.returncode == 0, result.stderr[-2000:]
+    groups = [m["ProvisionedPollerConfig"]["PollerGroupName"] for m in _msk_mappings(json.loads(missing.stdout))]
+    assert sorted(groups) == ["poimen-abc-1-0", "poimen-abc-1-1"]
+    groups = [m["ProvisionedPollerConfig"]["PollerGroupName"] for m in _msk_mappings(json.loads(unnamed.stdout))]
+    assert groups == ["poimen-abc-1-0", "poimen-abc-1-0"]
     # The opt-out: the mappings' PollerGroupName is empty, no group (an EPU each)
-    assert ungrouped.returncode == 0, ungrouped.stderr[-2000:]
     configs = [m["ProvisionedPollerConfig"] for m in _msk_mappings(json.loads(ungrouped.stdout))]
     assert [config["PollerGroupName"] for config in configs] == ["", ""]
 
 
-def test_the_parameter_has_no_default_and_its_pattern_is_the_checks() -> None:
+def test_the_parameters_default_is_group_0_for_all_and_its_pattern_is_the_checks() -> None:
     parameter = Template(REPO / "template.yaml").document["Parameters"]["RelayPollerGroups"]
     pattern = re.compile(parameter["AllowedPattern"])
     worst = _tenants_of_characters(max_tenants(0), MAX_TENANT_CHARACTERS)
 
-    # No default: a stack deployed without make deploy's assignment is refused, not ungrouped
-    assert "Default" not in parameter
+    # Empty by default: every tenant in group 0 (sam build, sam validate and a deploy by hand expand the loop)
+    assert parameter["Default"] == ""
+    assert pattern.fullmatch("")
     assert pattern.fullmatch(render_assignment(dict.fromkeys(worst, POLLER_GROUPS[-1])))
     assert pattern.fullmatch("acme=-,globex=-")  # RELAY_POLLER_GROUPS=ungrouped
-    for refused in ("", UNGROUPED, "acme=", "acme=10", "acme=A", "acme", "acme=0,", "acme=-,globex=0"):
+    for refused in (UNGROUPED, "acme=", "acme=10", "acme=A", "acme", "acme=0,", "acme=-,globex=0"):
         assert not pattern.fullmatch(refused), refused
     relay_maximum = Template(REPO / "template.yaml").document["Parameters"]["RelayMaximumPollers"]["Default"]
     assert relay_maximum == DEFAULT_RELAY_MAXIMUM_POLLERS

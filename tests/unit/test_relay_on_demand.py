@@ -192,3 +192,20 @@ def test_poimen_dev_refuses_an_unknown_mode_in_its_environment(monkeypatch: pyte
 
     with pytest.raises(ConfigurationError, match="POIMEN_EVENT_POLLERS"):
         _dev_options(build_parser().parse_args(["dev"]))
+
+
+def test_on_demand_a_large_batch_past_the_age_limit_is_admitted_when_the_api_is_up(harness: RelayHarness) -> None:
+    # Given on-demand pollers and a batch past the age limit (a backlog, not a failure: the API answers), so large
+    # for the relay's concurrency that the time its letters would need, were it given up, is the whole invocation's
+    # (as RelayBatchSize 1,000 is for 16 workers and 120 s: 128 s)
+    relay = _on_demand(harness).with_settings(max_concurrency=1)
+    born = int(time.time() * 1000) - 2 * HOUR_MS
+    records = [
+        relay.record({**SPAWN, "dispatch_key": f"backlog-{n}"}, n, key=f"k{n}".encode(), timestamp_ms=born)
+        for n in range(5)
+    ]
+    # When it is invoked with 10 s left
+    outcome = relay.run(records, seconds=10)
+    # Then every record is admitted: the API is given time first, and nothing is dead-lettered
+    assert (outcome.relayed, outcome.dead_lettered) == (5, 0)
+    assert relay.dead_letters() == []

@@ -217,7 +217,8 @@ class Relay:
         failing midway, or the function dying between a send and the event source's commit, repeats some.)
         Under on-demand pollers a batch that fails once its oldest record is past RELAY_MAX_RECORD_AGE_SECONDS
         is given up instead: its records not yet settled are dead-lettered as `retries-exhausted`, and the API
-        calls of such a batch end early enough for those letters to be sent before the deadline.
+        calls of such a batch end early enough for those letters to be sent before the deadline (but have half the
+        time at least: such a batch may be a backlog the API admits).
         """
         deadline = time.monotonic() + remaining_ms() / 1000 - self._settings.time_margin_seconds
         groups = _ordered_groups(event.records)
@@ -226,8 +227,13 @@ class Relay:
         oldest_ms = min((record.timestamp for record in records if record.timestamp >= 0), default=None)
         gives_up = self._gives_up(oldest_ms)
         # Every record may need its letter sent after the API calls: rounds of `workers` sends, each attempt
-        # within twice the DLQ timeout, and one round more for a retried send.
-        reserve = 2 * self._settings.dlq_timeout_seconds * (math.ceil(len(records) / workers) + 1) if gives_up else 0
+        # within twice the DLQ timeout, and one round more for a retried send. At most half the time left: a batch
+        # past the age limit may be a backlog the API admits, and one too large for that worst case (RelayBatchSize
+        # 1,000 by 16 workers would need 128 s of a 120 s invocation) must still be tried, not given up unsent.
+        # Its letters take far less than the worst case (one SendMessage round trip a round); should the DLQ be so
+        # slow that they do not fit, the batch fails and is retried, as for any DLQ failure.
+        worst_case = 2 * self._settings.dlq_timeout_seconds * (math.ceil(len(records) / workers) + 1)
+        reserve = min(worst_case, (deadline - time.monotonic()) / 2) if gives_up else 0
         batch = _Batch(deadline, deadline - reserve, outcome, threading.Event())
         tenants = {tenant_of_dispatch_topic(record.topic) for record in records}
         if len(tenants) == 1:

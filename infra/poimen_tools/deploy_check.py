@@ -38,6 +38,11 @@ more than 100 mappings or 2,000 MaximumPollers, a name it does not take):
 
     .venv-sam/bin/python infra/poimen_tools/deploy_check.py --prog "make deploy" groups --stack-name S \
         --tenants a,b --msk-cluster-arn arn:aws:kafka:... --dispatch-sources DispatchSources=Source,Peer1Source
+
+Under on-demand event pollers (RelayEventPollers, given or the deployed stack's) a mapping has no
+ProvisionedPollerConfig and joins no group: `groups` then gives every tenant none (`acme=-`), counts nothing and
+refuses nothing, so that a cluster whose groups are full refuses no on-demand stack, and an on-demand stack holds
+no room in them.
 """
 
 from __future__ import annotations
@@ -78,6 +83,9 @@ POLLER_GROUPS = "0123456789abcdefghijklmnopqrstuvwxyz"
 UNGROUPED = "ungrouped"  # the opt-out, asked for by name: every mapping on an EPU of its own
 NO_GROUP = "-"  # what RelayPollerGroups gives each tenant when ungrouped (the template names its group "")
 PARAMETER_VALUE_BYTES = 4096  # CloudFormation quotas (RESOURCES_A_STACK's page)
+# The template's RelayEventPollers whose mappings have no ProvisionedPollerConfig (poimen.config's, which this script,
+# run by the SAM CLI's interpreter, cannot import).
+ON_DEMAND_POLLERS = "on-demand"
 DEFAULT_RELAY_MAXIMUM_POLLERS = 3  # the template's RelayMaximumPollers default; tests/unit/test_poller_groups.py
 POLLER_GROUPS_DOC = "docs/operations.md#poller-groups"
 DEFAULT_STAGE = "dev"  # the template's Stage when none is given, as CloudFormation then describes the stack
@@ -526,12 +534,14 @@ def cell_refusal(
 @dataclass(frozen=True)
 class DeployedGroups:
     """What the deploy's poller groups depend on, as AWS describes it: the load of the cluster's groups without the
-    stack's own mappings, and the stack's deployed RelayPollerGroups and RelayMaximumPollers (empty if none)."""
+    stack's own mappings, and the stack's deployed RelayPollerGroups, RelayMaximumPollers and RelayEventPollers
+    (empty if none)."""
 
     taken: dict[str, GroupLoad]
     previous: str
     maximum_pollers: str
     dispatch_sources: str = ""
+    event_pollers: str = ""
 
 
 def deployed_groups(cloudformation: Any, lambda_: Any, stack_name: str, msk_cluster_arn: str) -> DeployedGroups:
@@ -562,6 +572,7 @@ def deployed_groups(cloudformation: Any, lambda_: Any, stack_name: str, msk_clus
         previous=given.get("RelayPollerGroups", ""),
         maximum_pollers=given.get("RelayMaximumPollers", ""),
         dispatch_sources=given.get("DispatchSources", ""),
+        event_pollers=given.get("RelayEventPollers", ""),
     )
 
 
@@ -570,11 +581,16 @@ def _groups(options: argparse.Namespace, tenants: list[str]) -> tuple[str | None
     deployed = deployed_groups(
         boto3.client("cloudformation"), boto3.client("lambda"), options.stack_name, options.msk_cluster_arn
     )
+    if (options.event_pollers or deployed.event_pollers) == ON_DEMAND_POLLERS:
+        return None, render_assignment(dict.fromkeys(tenants, NO_GROUP))  # no mapping joins a group (module doc)
     # As sam deploy passes it: given (samconfig.toml's overrides), else the deployed stack's, else the default.
     maximum_pollers = int(options.maximum_pollers or deployed.maximum_pollers or DEFAULT_RELAY_MAXIMUM_POLLERS)
     sources = options.dispatch_sources.removeprefix("DispatchSources=").split(",")
     previous = parse_assignment(deployed.previous)
-    # What one deployed tenant's mappings hold where they are (the template's defaults where the stack predates them)
+    # What one deployed tenant's mappings hold where they are (the template's defaults where the stack predates them;
+    # nothing where it is deployed on-demand, its RelayPollerGroups of an earlier provisioned deploy notwithstanding)
+    if deployed.event_pollers == ON_DEMAND_POLLERS:
+        previous = {}
     kinds = len((deployed.dispatch_sources or DISPATCH_SOURCES[0]).split(","))
     held = GroupLoad(kinds, kinds * int(deployed.maximum_pollers or DEFAULT_RELAY_MAXIMUM_POLLERS))
     if options.poller_groups == UNGROUPED:
@@ -628,6 +644,9 @@ def main(arguments: list[str]) -> int:
     )
     groups.add_argument(
         "--maximum-pollers", default="", help="RelayMaximumPollers if given (empty: the deployed stack's, or 3)"
+    )
+    groups.add_argument(
+        "--event-pollers", default="", help="RelayEventPollers if given (empty: the deployed stack's, or provisioned)"
     )
     groups.add_argument(
         "--poller-groups",

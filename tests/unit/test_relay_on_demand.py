@@ -209,3 +209,26 @@ def test_on_demand_a_large_batch_past_the_age_limit_is_admitted_when_the_api_is_
     # Then every record is admitted: the API is given time first, and nothing is dead-lettered
     assert (outcome.relayed, outcome.dead_lettered) == (5, 0)
     assert relay.dead_letters() == []
+
+
+def test_on_demand_a_given_up_record_the_relay_would_dead_letter_for_itself_keeps_its_own_reason(
+    harness: RelayHarness,
+) -> None:
+    # Given on-demand pollers and a batch 2 h old the API refuses: behind a spawn of key a, records of the same key
+    # the relay never reached (malformed, a tombstone) and a keyless spawn replicated from another Region
+    relay = _on_demand(harness)
+    relay.relay._http = RefusingApi()  # type: ignore[assignment]
+    born = int(time.time() * 1000) - 2 * HOUR_MS
+    replica = f"peer.poimen.{relay.tenant}.dispatch"
+    records = [
+        relay.record({**SPAWN, "dispatch_key": "first"}, 0, key=b"a", timestamp_ms=born),
+        relay.record(b"{not json", 1, key=b"a", timestamp_ms=born),
+        relay.record(None, 2, key=b"a", timestamp_ms=born),
+        relay.record(SPAWN, 3, key=b"a", timestamp_ms=born, topic=replica),
+    ]
+    # When it is given up
+    relay.run(records, seconds=10)
+    # Then only the spawn the outage kept out is retries-exhausted; each other record's letter says what the relay
+    # would have said of it, so that its reason (and whether redrive sends it by default) is the relay's own
+    letters = sorted((letter["record"]["offset"], letter["reason"]["kind"]) for _, letter in relay.dead_letters())
+    assert letters == [(0, "retries-exhausted"), (1, "invalid-json"), (2, "empty-value"), (3, "keyless-replica")]

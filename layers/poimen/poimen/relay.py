@@ -276,7 +276,23 @@ class Relay:
         given_up = [record for record in records if _coordinates(record) not in batch.settled]
         logger.warning("batch given up: its records not admitted are dead-lettered", records=len(given_up))
         for record in given_up:
-            self._dead_letter(record, reason, batch, tenant_id=tenant_of_dispatch_topic(record.topic))
+            # A record the batch never reached is judged first: one the relay would dead-letter for itself (not
+            # a spawn, expired, a keyless replica) gets that letter, whose kind redrive chooses by, not this one.
+            own = self._own_reason(record)
+            if own is None:
+                self._dead_letter(record, reason, batch, tenant_id=tenant_of_dispatch_topic(record.topic))
+            else:
+                self._dead_letter(record, own, batch)
+
+    def _own_reason(self, record: KafkaEventRecord) -> DeadLetterReason | None:
+        """Why the relay dead-letters this record whatever the API says (poimen.inbox_rule), if it does."""
+        try:
+            verdict = judge(record.raw_event, time.time() * 1000, self._settings.run_retention)
+        except Exception as error:  # as _relay_or_dead_letter: a fault of the record's own
+            return DeadLetterReason("relay-error", f"{type(error).__name__}: {error}")
+        if isinstance(verdict, HeldBack):
+            return verdict.reason
+        return verdict if isinstance(verdict, DeadLetterReason) else None
 
     def _relay_or_dead_letter(self, record: KafkaEventRecord, batch: _Batch) -> None:
         """Relay one record. A fault of the record's own, foreseen or not, ends as its dead letter."""

@@ -88,6 +88,7 @@ PARAMETER_VALUE_BYTES = 4096  # CloudFormation quotas (RESOURCES_A_STACK's page)
 ON_DEMAND_POLLERS = "on-demand"
 DEFAULT_RELAY_MAXIMUM_POLLERS = 3  # the template's RelayMaximumPollers default; tests/unit/test_poller_groups.py
 POLLER_GROUPS_DOC = "docs/operations.md#poller-groups"
+EVENT_POLLER_MODES_DOC = "docs/operations.md#event-poller-modes"
 DEFAULT_STAGE = "dev"  # the template's Stage when none is given, as CloudFormation then describes the stack
 CELL_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,15}")  # the template's Cell parameter
 TENANT_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # each id of the template's Tenants parameter
@@ -542,6 +543,8 @@ class DeployedGroups:
     maximum_pollers: str
     dispatch_sources: str = ""
     event_pollers: str = ""
+    # The stack's own mappings in provisioned mode (Lambda lists a ProvisionedPollerConfig), by UUID.
+    provisioned: tuple[str, ...] = ()
 
 
 def deployed_groups(cloudformation: Any, lambda_: Any, stack_name: str, msk_cluster_arn: str) -> DeployedGroups:
@@ -573,6 +576,25 @@ def deployed_groups(cloudformation: Any, lambda_: Any, stack_name: str, msk_clus
         maximum_pollers=given.get("RelayMaximumPollers", ""),
         dispatch_sources=given.get("DispatchSources", ""),
         event_pollers=given.get("RelayEventPollers", ""),
+        provisioned=tuple(m["UUID"] for m in listed if m["UUID"] in own and m.get("ProvisionedPollerConfig")),
+    )
+
+
+def on_demand_refusal(provisioned: tuple[str, ...]) -> str | None:
+    """Why a deploy to on-demand pollers must wait while some of the stack's mappings are provisioned: a template
+    that drops ProvisionedPollerConfig leaves provisioned mode on, and billed, on a mapping that has it; `{}`
+    turns it off on an existing mapping (docs/operations.md#event-poller-modes)."""
+    if not provisioned:
+        return None
+    count = f"{len(provisioned)} of the stack's mappings {'is' if len(provisioned) == 1 else 'are'}"
+    clear = "; ".join(
+        f"aws lambda update-event-source-mapping --uuid {uuid} --provisioned-poller-config '{{}}'"
+        for uuid in provisioned
+    )
+    return (
+        f"RelayEventPollers=on-demand, but {count} provisioned, and a deploy that drops ProvisionedPollerConfig"
+        f" leaves provisioned mode on (its pollers billed): clear it first ({clear}), then deploy again"
+        f" ({EVENT_POLLER_MODES_DOC})"
     )
 
 
@@ -582,7 +604,8 @@ def _groups(options: argparse.Namespace, tenants: list[str]) -> tuple[str | None
         boto3.client("cloudformation"), boto3.client("lambda"), options.stack_name, options.msk_cluster_arn
     )
     if (options.event_pollers or deployed.event_pollers) == ON_DEMAND_POLLERS:
-        return None, render_assignment(dict.fromkeys(tenants, NO_GROUP))  # no mapping joins a group (module doc)
+        refusal = on_demand_refusal(deployed.provisioned)
+        return refusal, render_assignment(dict.fromkeys(tenants, NO_GROUP))  # no mapping joins a group (module doc)
     # As sam deploy passes it: given (samconfig.toml's overrides), else the deployed stack's, else the default.
     maximum_pollers = int(options.maximum_pollers or deployed.maximum_pollers or DEFAULT_RELAY_MAXIMUM_POLLERS)
     sources = options.dispatch_sources.removeprefix("DispatchSources=").split(",")

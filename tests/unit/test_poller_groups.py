@@ -533,3 +533,29 @@ def test_make_deploy_passes_the_poller_mode_it_deploys_with_to_the_group_check()
     )
     (check,) = [line for line in result.stdout.replace("\\\n", " ").splitlines() if " groups " in line]
     assert '--event-pollers ""' in check  # samconfig.toml's dev overrides name none: the deployed stack's
+
+
+def test_a_switch_to_on_demand_is_refused_while_the_stacks_mappings_are_provisioned(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given the stack deployed provisioned, its mapping in group 0
+    stack = {
+        "StackName": "S",
+        "CreationTime": "2026-12-01T00:00:00Z",
+        "StackStatus": "UPDATE_COMPLETE",
+        "Parameters": [{"ParameterKey": "RelayPollerGroups", "ParameterValue": "acme=0"}],
+    }
+    cloudformation, lambda_ = _clients(stack, ["own-1"], [_esm("own-1", "0")])
+    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
+    arguments = ["--tenants", "acme", "--msk-cluster-arn", CLUSTER, "--dispatch-sources", "DispatchSources=Source"]
+
+    # When make deploy is asked for on-demand pollers
+    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments, "--event-pollers", "on-demand"])
+
+    # Then it deploys nothing and says, in one line, which mapping to clear first and how: a template that drops
+    # ProvisionedPollerConfig leaves provisioned mode on (and billed) on a mapping that has it
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "")
+    (line,) = err.splitlines()
+    assert line.startswith("make deploy: RelayEventPollers=on-demand, but 1 of the stack's mappings is provisioned")
+    assert f"--uuid {_uuid('own-1')} --provisioned-poller-config '{{}}'" in line

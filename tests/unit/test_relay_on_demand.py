@@ -151,11 +151,11 @@ def test_poller_settings_are_validated() -> None:
     env = {"ADMISSION_API_URL": "https://api.example", "DLQ_URL": "q", "AWS_REGION": "eu-west-1"}
 
     assert RelaySettings.from_env(env).event_pollers == PROVISIONED_POLLERS
-    assert RelaySettings.from_env({**env, "RELAY_MAX_RECORD_AGE_SECONDS": "86400"}).max_record_age_seconds == 86400
+    assert RelaySettings.from_env({**env, "RELAY_MAX_RECORD_AGE_SECONDS": "82800"}).max_record_age_seconds == 82800
     for broken in (
         {"RELAY_EVENT_POLLERS": "on_demand"},
         {"RELAY_MAX_RECORD_AGE_SECONDS": "59"},
-        {"RELAY_MAX_RECORD_AGE_SECONDS": "86401"},
+        {"RELAY_MAX_RECORD_AGE_SECONDS": "82801"},
     ):
         with pytest.raises(ConfigurationError):
             RelaySettings.from_env({**env, **broken})

@@ -598,14 +598,14 @@ def on_demand_refusal(provisioned: tuple[str, ...]) -> str | None:
     )
 
 
-def _groups(options: argparse.Namespace, tenants: list[str]) -> tuple[str | None, str]:
-    """The `groups` verb: (its refusal, the RelayPollerGroups to deploy with)."""
+def _groups(options: argparse.Namespace, tenants: list[str]) -> tuple[str | None, str, bool]:
+    """The `groups` verb: (its refusal, the RelayPollerGroups to deploy with, whether the pollers are provisioned)."""
     deployed = deployed_groups(
         boto3.client("cloudformation"), boto3.client("lambda"), options.stack_name, options.msk_cluster_arn
     )
     if (options.event_pollers or deployed.event_pollers) == ON_DEMAND_POLLERS:
-        refusal = on_demand_refusal(deployed.provisioned)
-        return refusal, render_assignment(dict.fromkeys(tenants, NO_GROUP))  # no mapping joins a group (module doc)
+        # No mapping joins a group (module doc), nor may one stay provisioned (on_demand_refusal).
+        return on_demand_refusal(deployed.provisioned), render_assignment(dict.fromkeys(tenants, NO_GROUP)), False
     # As sam deploy passes it: given (samconfig.toml's overrides), else the deployed stack's, else the default.
     maximum_pollers = int(options.maximum_pollers or deployed.maximum_pollers or DEFAULT_RELAY_MAXIMUM_POLLERS)
     sources = options.dispatch_sources.removeprefix("DispatchSources=").split(",")
@@ -625,7 +625,7 @@ def _groups(options: argparse.Namespace, tenants: list[str]) -> tuple[str | None
     refusal = poller_group_refusal(
         assignment, tenants, len(sources), maximum_pollers, deployed.taken, options.msk_cluster_arn, previous, held
     )
-    return refusal, render_assignment(assignment)
+    return refusal, render_assignment(assignment), True
 
 
 def main(arguments: list[str]) -> int:
@@ -682,7 +682,7 @@ def main(arguments: list[str]) -> int:
         refusal = limit_refusal(tenants, options.peer_aliases)
     elif options.command == "groups":
         try:
-            refusal, assignment = _groups(options, tenants)
+            refusal, assignment, provisioned = _groups(options, tenants)
         except (BotoCoreError, ClientError) as error:
             print(
                 f"{options.prog}: could not read the cluster's poller groups from Lambda and CloudFormation ({error}):"
@@ -692,7 +692,7 @@ def main(arguments: list[str]) -> int:
             return 3
         if refusal is None:
             print(f"RelayPollerGroups={assignment}")
-        if options.poller_groups == UNGROUPED:
+        if options.poller_groups == UNGROUPED and provisioned:
             print(
                 f"{options.prog}: RELAY_POLLER_GROUPS={UNGROUPED}: each MSK event source mapping's pollers on an EPU"
                 f" of its own, about $135 a month a mapping whatever its traffic ({POLLER_GROUPS_DOC})",

@@ -559,3 +559,12 @@ def test_a_switch_to_on_demand_is_refused_while_the_stacks_mappings_are_provisio
     (line,) = err.splitlines()
     assert line.startswith("make deploy: RelayEventPollers=on-demand, but 1 of the stack's mappings is provisioned")
     assert f"--uuid {_uuid('own-1')} --provisioned-poller-config '{{}}'" in line
+
+
+def test_make_deploys_group_check_prices_no_epu_for_on_demand_mappings(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run_groups(monkeypatch, capsys, [], "--poller-groups", UNGROUPED, "--event-pollers", "on-demand")
+
+    # On-demand mappings take no EPU: nothing about the $135 an ungrouped provisioned mapping costs
+    assert (code, out, err) == (0, "RelayPollerGroups=acme=-,globex=-\n", "")

@@ -105,6 +105,8 @@ RELAY_POLLER_GROUPS ?=
 POLLER_GROUPS := .aws-sam/poller-groups.parameter
 # RelayMaximumPollers as the deploy passes it (samconfig.toml's overrides; empty: the deployed stack's, or 3).
 RELAY_MAXIMUM_POLLERS = $(patsubst RelayMaximumPollers=%,%,$(filter RelayMaximumPollers=%,$(STAGE_PARAMETERS)))
+# RelayEventPollers likewise (empty: the deployed stack's, or provisioned): on-demand mappings join no poller group.
+RELAY_EVENT_POLLERS = $(patsubst RelayEventPollers=%,%,$(filter RelayEventPollers=%,$(STAGE_PARAMETERS)))
 # The numbers of the aliases given empty on the command line: cleared, passed as '' (SAM CLI refuses an override
 # with nothing after its '=').
 CLEARED_PEER_CLUSTER_ALIASES = $(foreach n,1 2,$(if $(and $(filter command line,$(origin PEER_CLUSTER_ALIAS_$(n))),$(if \
@@ -270,7 +272,7 @@ deploy: build $(STAMP)
 		--cleared-peer-cluster-aliases "$(strip $(CLEARED_PEER_CLUSTER_ALIASES))" > $(DISPATCH_SOURCES)
 	$(DEPLOY_CHECK) groups --stack-name "$(STACK_NAME)" --tenants "$(TENANTS)" --msk-cluster-arn "$(MSK_CLUSTER_ARN)" \
 		--dispatch-sources "$$(cat $(DISPATCH_SOURCES))" --maximum-pollers "$(RELAY_MAXIMUM_POLLERS)" \
-		--poller-groups "$(RELAY_POLLER_GROUPS)" > $(POLLER_GROUPS)
+		--event-pollers "$(RELAY_EVENT_POLLERS)" --poller-groups "$(RELAY_POLLER_GROUPS)" > $(POLLER_GROUPS)
 	HOLD_PARAMETERS="$$($(RETENTION_CHANGE) --hold $(RUN_RETENTION_OPTION))" && { test -z "$$HOLD_PARAMETERS" || \
 		$(SAM_DEPLOY) "$$(cat $(DISPATCH_SOURCES))" "$$(cat $(POLLER_GROUPS))" $$HOLD_PARAMETERS; } && \
 	RETENTION_PARAMETERS="$$($(RETENTION_CHANGE) $(RUN_RETENTION_OPTION))" && \

@@ -38,6 +38,11 @@ more than 100 mappings or 2,000 MaximumPollers, a name it does not take):
 
     .venv-sam/bin/python infra/poimen_tools/deploy_check.py --prog "make deploy" groups --stack-name S \
         --tenants a,b --msk-cluster-arn arn:aws:kafka:... --dispatch-sources DispatchSources=Source,Peer1Source
+
+Under on-demand event pollers (RelayEventPollers, given or the deployed stack's) a mapping has no
+ProvisionedPollerConfig and joins no group: `groups` then gives every tenant none (`acme=-`), counts nothing and
+refuses nothing, so that a cluster whose groups are full refuses no on-demand stack, and an on-demand stack holds
+no room in them.
 """
 
 from __future__ import annotations
@@ -78,8 +83,12 @@ POLLER_GROUPS = "0123456789abcdefghijklmnopqrstuvwxyz"
 UNGROUPED = "ungrouped"  # the opt-out, asked for by name: every mapping on an EPU of its own
 NO_GROUP = "-"  # what RelayPollerGroups gives each tenant when ungrouped (the template names its group "")
 PARAMETER_VALUE_BYTES = 4096  # CloudFormation quotas (RESOURCES_A_STACK's page)
+# The template's RelayEventPollers whose mappings have no ProvisionedPollerConfig (poimen.config's, which this script,
+# run by the SAM CLI's interpreter, cannot import).
+ON_DEMAND_POLLERS = "on-demand"
 DEFAULT_RELAY_MAXIMUM_POLLERS = 3  # the template's RelayMaximumPollers default; tests/unit/test_poller_groups.py
 POLLER_GROUPS_DOC = "docs/operations.md#poller-groups"
+EVENT_POLLER_MODES_DOC = "docs/operations.md#event-poller-modes"
 DEFAULT_STAGE = "dev"  # the template's Stage when none is given, as CloudFormation then describes the stack
 CELL_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,15}")  # the template's Cell parameter
 TENANT_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # each id of the template's Tenants parameter
@@ -526,12 +535,16 @@ def cell_refusal(
 @dataclass(frozen=True)
 class DeployedGroups:
     """What the deploy's poller groups depend on, as AWS describes it: the load of the cluster's groups without the
-    stack's own mappings, and the stack's deployed RelayPollerGroups and RelayMaximumPollers (empty if none)."""
+    stack's own mappings, and the stack's deployed RelayPollerGroups, RelayMaximumPollers and RelayEventPollers
+    (empty if none)."""
 
     taken: dict[str, GroupLoad]
     previous: str
     maximum_pollers: str
     dispatch_sources: str = ""
+    event_pollers: str = ""
+    # The stack's own mappings in provisioned mode (Lambda lists a ProvisionedPollerConfig), by UUID.
+    provisioned: tuple[str, ...] = ()
 
 
 def deployed_groups(cloudformation: Any, lambda_: Any, stack_name: str, msk_cluster_arn: str) -> DeployedGroups:
@@ -562,19 +575,45 @@ def deployed_groups(cloudformation: Any, lambda_: Any, stack_name: str, msk_clus
         previous=given.get("RelayPollerGroups", ""),
         maximum_pollers=given.get("RelayMaximumPollers", ""),
         dispatch_sources=given.get("DispatchSources", ""),
+        event_pollers=given.get("RelayEventPollers", ""),
+        provisioned=tuple(m["UUID"] for m in listed if m["UUID"] in own and m.get("ProvisionedPollerConfig")),
     )
 
 
-def _groups(options: argparse.Namespace, tenants: list[str]) -> tuple[str | None, str]:
-    """The `groups` verb: (its refusal, the RelayPollerGroups to deploy with)."""
+def on_demand_refusal(provisioned: tuple[str, ...]) -> str | None:
+    """Why a deploy to on-demand pollers must wait while some of the stack's mappings are provisioned: a template
+    that drops ProvisionedPollerConfig leaves provisioned mode on, and billed, on a mapping that has it; `{}`
+    turns it off on an existing mapping (docs/operations.md#event-poller-modes)."""
+    if not provisioned:
+        return None
+    count = f"{len(provisioned)} of the stack's mappings {'is' if len(provisioned) == 1 else 'are'}"
+    clear = "; ".join(
+        f"aws lambda update-event-source-mapping --uuid {uuid} --provisioned-poller-config '{{}}'"
+        for uuid in provisioned
+    )
+    return (
+        f"RelayEventPollers=on-demand, but {count} provisioned, and a deploy that drops ProvisionedPollerConfig"
+        f" leaves provisioned mode on (its pollers billed): clear it first ({clear}), then deploy again"
+        f" ({EVENT_POLLER_MODES_DOC})"
+    )
+
+
+def _groups(options: argparse.Namespace, tenants: list[str]) -> tuple[str | None, str, bool]:
+    """The `groups` verb: (its refusal, the RelayPollerGroups to deploy with, whether the pollers are provisioned)."""
     deployed = deployed_groups(
         boto3.client("cloudformation"), boto3.client("lambda"), options.stack_name, options.msk_cluster_arn
     )
+    if (options.event_pollers or deployed.event_pollers) == ON_DEMAND_POLLERS:
+        # No mapping joins a group (module doc), nor may one stay provisioned (on_demand_refusal).
+        return on_demand_refusal(deployed.provisioned), render_assignment(dict.fromkeys(tenants, NO_GROUP)), False
     # As sam deploy passes it: given (samconfig.toml's overrides), else the deployed stack's, else the default.
     maximum_pollers = int(options.maximum_pollers or deployed.maximum_pollers or DEFAULT_RELAY_MAXIMUM_POLLERS)
     sources = options.dispatch_sources.removeprefix("DispatchSources=").split(",")
     previous = parse_assignment(deployed.previous)
-    # What one deployed tenant's mappings hold where they are (the template's defaults where the stack predates them)
+    # What one deployed tenant's mappings hold where they are (the template's defaults where the stack predates them;
+    # nothing where it is deployed on-demand, its RelayPollerGroups of an earlier provisioned deploy notwithstanding)
+    if deployed.event_pollers == ON_DEMAND_POLLERS:
+        previous = {}
     kinds = len((deployed.dispatch_sources or DISPATCH_SOURCES[0]).split(","))
     held = GroupLoad(kinds, kinds * int(deployed.maximum_pollers or DEFAULT_RELAY_MAXIMUM_POLLERS))
     if options.poller_groups == UNGROUPED:
@@ -586,7 +625,7 @@ def _groups(options: argparse.Namespace, tenants: list[str]) -> tuple[str | None
     refusal = poller_group_refusal(
         assignment, tenants, len(sources), maximum_pollers, deployed.taken, options.msk_cluster_arn, previous, held
     )
-    return refusal, render_assignment(assignment)
+    return refusal, render_assignment(assignment), True
 
 
 def main(arguments: list[str]) -> int:
@@ -630,6 +669,9 @@ def main(arguments: list[str]) -> int:
         "--maximum-pollers", default="", help="RelayMaximumPollers if given (empty: the deployed stack's, or 3)"
     )
     groups.add_argument(
+        "--event-pollers", default="", help="RelayEventPollers if given (empty: the deployed stack's, or provisioned)"
+    )
+    groups.add_argument(
         "--poller-groups",
         default="",
         help=f"RELAY_POLLER_GROUPS: tenant=group,... checked instead of computed, or {UNGROUPED} (empty: computed)",
@@ -640,7 +682,7 @@ def main(arguments: list[str]) -> int:
         refusal = limit_refusal(tenants, options.peer_aliases)
     elif options.command == "groups":
         try:
-            refusal, assignment = _groups(options, tenants)
+            refusal, assignment, provisioned = _groups(options, tenants)
         except (BotoCoreError, ClientError) as error:
             print(
                 f"{options.prog}: could not read the cluster's poller groups from Lambda and CloudFormation ({error}):"
@@ -650,7 +692,7 @@ def main(arguments: list[str]) -> int:
             return 3
         if refusal is None:
             print(f"RelayPollerGroups={assignment}")
-        if options.poller_groups == UNGROUPED:
+        if options.poller_groups == UNGROUPED and provisioned:
             print(
                 f"{options.prog}: RELAY_POLLER_GROUPS={UNGROUPED}: each MSK event source mapping's pollers on an EPU"
                 f" of its own, about $135 a month a mapping whatever its traffic ({POLLER_GROUPS_DOC})",

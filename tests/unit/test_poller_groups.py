@@ -477,3 +477,101 @@ def test_make_deploys_group_check_deploys_nothing_when_lambda_cannot_be_read(
     (line,) = err.splitlines()
     assert line.startswith("make deploy: could not read the cluster's poller groups from Lambda and CloudFormation")
     assert line.endswith("nothing deployed")
+
+
+def _full_cluster() -> list[dict[str, Any]]:
+    """Every poller group of the cluster holding 100 mappings of other stacks."""
+    return [_esm(f"{group}-{n}", group) for group in POLLER_GROUPS for n in range(MAPPINGS_A_POLLER_GROUP)]
+
+
+def test_make_deploys_group_check_puts_no_on_demand_mapping_in_a_group(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a cluster whose every poller group is full, and a deploy with RelayEventPollers=on-demand
+    code, out, err = _run_groups(monkeypatch, capsys, _full_cluster(), "--event-pollers", "on-demand")
+
+    # Then its mappings, which join no group on-demand, are not refused: every tenant ungrouped, nothing counted
+    assert (code, out, err) == (0, "RelayPollerGroups=acme=-,globex=-\n", "")
+
+
+def test_a_redeploy_of_an_on_demand_stack_counts_it_in_no_group(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given the stack deployed on-demand (sam deploy keeps RelayEventPollers when it is not given), with the groups
+    # an earlier provisioned deploy gave it, and every group of the cluster full of other stacks' mappings
+    stack = {
+        "StackName": "S",
+        "CreationTime": "2026-12-01T00:00:00Z",
+        "StackStatus": "UPDATE_COMPLETE",
+        "Parameters": [
+            {"ParameterKey": "RelayPollerGroups", "ParameterValue": "acme=0,globex=0"},
+            {"ParameterKey": "RelayEventPollers", "ParameterValue": "on-demand"},
+        ],
+    }
+    cloudformation, lambda_ = _clients(stack, [], _full_cluster())
+    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
+    arguments = [
+        "--tenants",
+        "acme,globex",
+        "--msk-cluster-arn",
+        CLUSTER,
+        "--dispatch-sources",
+        "DispatchSources=Source",
+    ]
+
+    # When make deploy redeploys it without naming the mode
+    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+
+    # Then it stays on-demand, ungrouped, and is not refused for groups it does not use
+    out, err = capsys.readouterr()
+    assert (code, out, err) == (0, "RelayPollerGroups=acme=-,globex=-\n", "")
+
+
+def test_make_deploy_passes_the_poller_mode_it_deploys_with_to_the_group_check() -> None:
+    given = ["TENANTS=acme", "MSK_CLUSTER_ARN=x", "KAFKA_BOOTSTRAP_SERVERS=b", "OUTBOX_SUBNET_IDS=s"]
+    result = subprocess.run(
+        ["make", "-n", "deploy", *given, "OUTBOX_SECURITY_GROUP_IDS=g"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    (check,) = [line for line in result.stdout.replace("\\\n", " ").splitlines() if " groups " in line]
+    assert '--event-pollers ""' in check  # samconfig.toml's dev overrides name none: the deployed stack's
+
+
+def test_a_switch_to_on_demand_is_refused_while_the_stacks_mappings_are_provisioned(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given the stack deployed provisioned, its mapping in group 0
+    stack = {
+        "StackName": "S",
+        "CreationTime": "2026-12-01T00:00:00Z",
+        "StackStatus": "UPDATE_COMPLETE",
+        "Parameters": [{"ParameterKey": "RelayPollerGroups", "ParameterValue": "acme=0"}],
+    }
+    cloudformation, lambda_ = _clients(stack, ["own-1"], [_esm("own-1", "0")])
+    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
+    arguments = ["--tenants", "acme", "--msk-cluster-arn", CLUSTER, "--dispatch-sources", "DispatchSources=Source"]
+
+    # When make deploy is asked for on-demand pollers
+    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments, "--event-pollers", "on-demand"])
+
+    # Then it deploys nothing and says, in one line, which mapping to clear first and how: a template that drops
+    # ProvisionedPollerConfig leaves provisioned mode on (and billed) on a mapping that has it
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "")
+    (line,) = err.splitlines()
+    assert line.startswith("make deploy: RelayEventPollers=on-demand, but 1 of the stack's mappings is provisioned")
+    assert f"--uuid {_uuid('own-1')} --provisioned-poller-config '{{}}'" in line
+
+
+def test_make_deploys_group_check_prices_no_epu_for_on_demand_mappings(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run_groups(monkeypatch, capsys, [], "--poller-groups", UNGROUPED, "--event-pollers", "on-demand")
+
+    # On-demand mappings take no EPU: nothing about the $135 an ungrouped provisioned mapping costs
+    assert (code, out, err) == (0, "RelayPollerGroups=acme=-,globex=-\n", "")

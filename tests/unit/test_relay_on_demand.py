@@ -151,11 +151,11 @@ def test_poller_settings_are_validated() -> None:
     env = {"ADMISSION_API_URL": "https://api.example", "DLQ_URL": "q", "AWS_REGION": "eu-west-1"}
 
     assert RelaySettings.from_env(env).event_pollers == PROVISIONED_POLLERS
-    assert RelaySettings.from_env({**env, "RELAY_MAX_RECORD_AGE_SECONDS": "86400"}).max_record_age_seconds == 86400
+    assert RelaySettings.from_env({**env, "RELAY_MAX_RECORD_AGE_SECONDS": "82800"}).max_record_age_seconds == 82800
     for broken in (
         {"RELAY_EVENT_POLLERS": "on_demand"},
         {"RELAY_MAX_RECORD_AGE_SECONDS": "59"},
-        {"RELAY_MAX_RECORD_AGE_SECONDS": "86401"},
+        {"RELAY_MAX_RECORD_AGE_SECONDS": "82801"},
     ):
         with pytest.raises(ConfigurationError):
             RelaySettings.from_env({**env, **broken})
@@ -192,3 +192,43 @@ def test_poimen_dev_refuses_an_unknown_mode_in_its_environment(monkeypatch: pyte
 
     with pytest.raises(ConfigurationError, match="POIMEN_EVENT_POLLERS"):
         _dev_options(build_parser().parse_args(["dev"]))
+
+
+def test_on_demand_a_large_batch_past_the_age_limit_is_admitted_when_the_api_is_up(harness: RelayHarness) -> None:
+    # Given on-demand pollers and a batch past the age limit (a backlog, not a failure: the API answers), so large
+    # for the relay's concurrency that the time its letters would need, were it given up, is the whole invocation's
+    # (as RelayBatchSize 1,000 is for 16 workers and 120 s: 128 s)
+    relay = _on_demand(harness).with_settings(max_concurrency=1)
+    born = int(time.time() * 1000) - 2 * HOUR_MS
+    records = [
+        relay.record({**SPAWN, "dispatch_key": f"backlog-{n}"}, n, key=f"k{n}".encode(), timestamp_ms=born)
+        for n in range(5)
+    ]
+    # When it is invoked with 10 s left
+    outcome = relay.run(records, seconds=10)
+    # Then every record is admitted: the API is given time first, and nothing is dead-lettered
+    assert (outcome.relayed, outcome.dead_lettered) == (5, 0)
+    assert relay.dead_letters() == []
+
+
+def test_on_demand_a_given_up_record_the_relay_would_dead_letter_for_itself_keeps_its_own_reason(
+    harness: RelayHarness,
+) -> None:
+    # Given on-demand pollers and a batch 2 h old the API refuses: behind a spawn of key a, records of the same key
+    # the relay never reached (malformed, a tombstone) and a keyless spawn replicated from another Region
+    relay = _on_demand(harness)
+    relay.relay._http = RefusingApi()  # type: ignore[assignment]
+    born = int(time.time() * 1000) - 2 * HOUR_MS
+    replica = f"peer.poimen.{relay.tenant}.dispatch"
+    records = [
+        relay.record({**SPAWN, "dispatch_key": "first"}, 0, key=b"a", timestamp_ms=born),
+        relay.record(b"{not json", 1, key=b"a", timestamp_ms=born),
+        relay.record(None, 2, key=b"a", timestamp_ms=born),
+        relay.record(SPAWN, 3, key=b"a", timestamp_ms=born, topic=replica),
+    ]
+    # When it is given up
+    relay.run(records, seconds=10)
+    # Then only the spawn the outage kept out is retries-exhausted; each other record's letter says what the relay
+    # would have said of it, so that its reason (and whether redrive sends it by default) is the relay's own
+    letters = sorted((letter["record"]["offset"], letter["reason"]["kind"]) for _, letter in relay.dead_letters())
+    assert letters == [(0, "retries-exhausted"), (1, "invalid-json"), (2, "empty-value"), (3, "keyless-replica")]

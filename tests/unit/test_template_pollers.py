@@ -12,6 +12,7 @@ import pytest
 
 from poimen.config import EVENT_POLLER_MODES, MAX_RECORD_AGE_SECONDS, ON_DEMAND_POLLERS, PROVISIONED_POLLERS
 from poimen_tools.local.template import Template
+from poimen_tools.topics import dispatch_retention_ms
 from tests.unit.transforms import sam_transform
 
 PROVISIONED_ONLY = ("ProvisionedPollerConfig", "MaximumRetryAttempts", "DestinationConfig")
@@ -39,8 +40,24 @@ def test_the_poller_mode_is_a_parameter_provisioned_by_default(template: Templat
 
     assert parameter["Default"] == PROVISIONED_POLLERS
     assert tuple(parameter["AllowedValues"]) == EVENT_POLLER_MODES
-    # At most the shortest .dispatch retention (a day), so a record is dead-lettered before the topic drops it.
+    # Short of the shortest .dispatch retention (a day), so a record is dead-lettered before the topic drops it.
     assert age["MaxValue"] == MAX_RECORD_AGE_SECONDS
+
+
+# Kafka deletes a log segment at its first retention check (log.retention.check.interval.ms, 5 min by default) once
+# the segment's newest record is retention.ms old: https://kafka.apache.org/documentation/#brokerconfigs.
+KAFKA_RETENTION_CHECK_SECONDS = 300
+
+
+def test_the_age_limit_gives_a_batch_up_before_the_shortest_dispatch_retention_can_drop_it(template: Template) -> None:
+    # Given the longest age limit, the shortest .dispatch retention (RunRetentionDays 1) and the relay's timeout
+    limit = template.document["Parameters"]["RelayOnDemandMaxRecordAgeSeconds"]["MaxValue"]
+    shortest_seconds = dispatch_retention_ms(1) / 1000
+    timeout = template.document["Resources"]["InboxRelayFunction"]["Properties"]["Timeout"]
+    # Then a batch is given up before Kafka may delete its records: the give-up is the first failing invocation that
+    # starts past the limit, so up to two invocations late (one that started just before it, then its retry), and
+    # Kafka may delete a record from the moment it is retention.ms old, at its next check
+    assert limit + 2 * timeout + KAFKA_RETENTION_CHECK_SECONDS <= shortest_seconds
 
 
 def test_provisioned_mappings_bound_retries_and_park_failed_batches_in_s3() -> None:

@@ -26,10 +26,12 @@ API_GATEWAY_MAX_INTEGRATION_SECONDS = 30.0
 PROVISIONED_POLLERS = "provisioned"
 ON_DEMAND_POLLERS = "on-demand"
 EVENT_POLLER_MODES = (PROVISIONED_POLLERS, ON_DEMAND_POLLERS)
-# RELAY_MAX_RECORD_AGE_SECONDS' bounds, the template's RelayOnDemandMaxRecordAgeSeconds': at most a day, the
-# shortest `.dispatch` retention (RunRetentionDays 1), so a record is dead-lettered before the topic drops it.
+# RELAY_MAX_RECORD_AGE_SECONDS' bounds, the template's RelayOnDemandMaxRecordAgeSeconds': at most 23 h, an hour short of
+# the shortest `.dispatch` retention (RunRetentionDays 1: a day), so that a batch is given up before the topic can drop
+# its records: by the first failing invocation to start past the limit, and Kafka deletes a segment at its first
+# retention check once its newest record is retention.ms old (tests/unit/test_template_pollers.py).
 MIN_RECORD_AGE_SECONDS = 60
-MAX_RECORD_AGE_SECONDS = 86400
+MAX_RECORD_AGE_SECONDS = 82800
 
 
 class ConfigurationError(ValueError):

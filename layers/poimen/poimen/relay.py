@@ -217,7 +217,8 @@ class Relay:
         failing midway, or the function dying between a send and the event source's commit, repeats some.)
         Under on-demand pollers a batch that fails once its oldest record is past RELAY_MAX_RECORD_AGE_SECONDS
         is given up instead: its records not yet settled are dead-lettered as `retries-exhausted`, and the API
-        calls of such a batch end early enough for those letters to be sent before the deadline.
+        calls of such a batch end early enough for those letters to be sent before the deadline (but have half the
+        time at least: such a batch may be a backlog the API admits).
         """
         deadline = time.monotonic() + remaining_ms() / 1000 - self._settings.time_margin_seconds
         groups = _ordered_groups(event.records)
@@ -226,8 +227,13 @@ class Relay:
         oldest_ms = min((record.timestamp for record in records if record.timestamp >= 0), default=None)
         gives_up = self._gives_up(oldest_ms)
         # Every record may need its letter sent after the API calls: rounds of `workers` sends, each attempt
-        # within twice the DLQ timeout, and one round more for a retried send.
-        reserve = 2 * self._settings.dlq_timeout_seconds * (math.ceil(len(records) / workers) + 1) if gives_up else 0
+        # within twice the DLQ timeout, and one round more for a retried send. At most half the time left: a batch
+        # past the age limit may be a backlog the API admits, and one too large for that worst case (RelayBatchSize
+        # 1,000 by 16 workers would need 128 s of a 120 s invocation) must still be tried, not given up unsent.
+        # Its letters take far less than the worst case (one SendMessage round trip a round); should the DLQ be so
+        # slow that they do not fit, the batch fails and is retried, as for any DLQ failure.
+        worst_case = 2 * self._settings.dlq_timeout_seconds * (math.ceil(len(records) / workers) + 1)
+        reserve = min(worst_case, (deadline - time.monotonic()) / 2) if gives_up else 0
         batch = _Batch(deadline, deadline - reserve, outcome, threading.Event())
         tenants = {tenant_of_dispatch_topic(record.topic) for record in records}
         if len(tenants) == 1:
@@ -270,7 +276,23 @@ class Relay:
         given_up = [record for record in records if _coordinates(record) not in batch.settled]
         logger.warning("batch given up: its records not admitted are dead-lettered", records=len(given_up))
         for record in given_up:
-            self._dead_letter(record, reason, batch, tenant_id=tenant_of_dispatch_topic(record.topic))
+            # A record the batch never reached is judged first: one the relay would dead-letter for itself (not
+            # a spawn, expired, a keyless replica) gets that letter, whose kind redrive chooses by, not this one.
+            own = self._own_reason(record)
+            if own is None:
+                self._dead_letter(record, reason, batch, tenant_id=tenant_of_dispatch_topic(record.topic))
+            else:
+                self._dead_letter(record, own, batch)
+
+    def _own_reason(self, record: KafkaEventRecord) -> DeadLetterReason | None:
+        """Why the relay dead-letters this record whatever the API says (poimen.inbox_rule), if it does."""
+        try:
+            verdict = judge(record.raw_event, time.time() * 1000, self._settings.run_retention)
+        except Exception as error:  # as _relay_or_dead_letter: a fault of the record's own
+            return DeadLetterReason("relay-error", f"{type(error).__name__}: {error}")
+        if isinstance(verdict, HeldBack):
+            return verdict.reason
+        return verdict if isinstance(verdict, DeadLetterReason) else None
 
     def _relay_or_dead_letter(self, record: KafkaEventRecord, batch: _Batch) -> None:
         """Relay one record. A fault of the record's own, foreseen or not, ends as its dead letter."""

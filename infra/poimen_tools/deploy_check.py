@@ -198,10 +198,15 @@ class GroupLoad:
         return self.mappings <= MAPPINGS_A_POLLER_GROUP and self.maximum_pollers <= MAXIMUM_POLLERS_A_POLLER_GROUP
 
 
+def _group_names(msk_cluster_arn: str) -> dict[str, str]:
+    """Each of the cluster's PollerGroupNames, and its group."""
+    return {poller_group_name(msk_cluster_arn, group): group for group in POLLER_GROUPS}
+
+
 def group_loads(listed: list[dict[str, Any]], msk_cluster_arn: str, own: frozenset[str]) -> dict[str, GroupLoad]:
     """The load of each of the cluster's poller groups, from its mappings as ListEventSourceMappings lists them,
-    leaving out the stack's own (`own`: their UUIDs; _during_update counts them from the stack's parameters)."""
-    names = {poller_group_name(msk_cluster_arn, group): group for group in POLLER_GROUPS}
+    leaving out the stack's own (`own`: their UUIDs; _during_update counts them where own_groups finds them)."""
+    names = _group_names(msk_cluster_arn)
     loads: dict[str, GroupLoad] = {}
     for mapping in listed:
         config = mapping.get("ProvisionedPollerConfig", {})
@@ -211,6 +216,22 @@ def group_loads(listed: list[dict[str, Any]], msk_cluster_arn: str, own: frozens
         pollers = int(config.get("MaximumPollers", DEFAULT_MAXIMUM_POLLERS))
         loads[group] = loads.get(group, GroupLoad()).plus(1, pollers)
     return loads
+
+
+def own_groups(listed: list[dict[str, Any]], msk_cluster_arn: str, own: frozenset[str]) -> dict[str, str]:
+    """Where the stack's own mappings (`own`: their UUIDs) are, as Lambda lists them: each tenant's group (its
+    topic's second-last part: poimen.<tenant>.dispatch, <alias>.poimen.<tenant>.dispatch), NO_GROUP if ungrouped
+    or in a group not the cluster's. What a deploy starts from, whatever the stack's parameters say: a creation
+    rolled back has deleted its mappings, an update rolled back has put them back where they were."""
+    names = _group_names(msk_cluster_arn)
+    groups: dict[str, str] = {}
+    for mapping in listed:
+        if mapping["UUID"] not in own:
+            continue
+        group = names.get(mapping.get("ProvisionedPollerConfig", {}).get("PollerGroupName", ""), NO_GROUP)
+        for topic in mapping.get("Topics", []):
+            groups.setdefault(topic.split(".")[-2], group)
+    return groups
 
 
 def parse_assignment(text: str) -> dict[str, str]:
@@ -526,7 +547,8 @@ def cell_refusal(
 @dataclass(frozen=True)
 class DeployedGroups:
     """What the deploy's poller groups depend on, as AWS describes it: the load of the cluster's groups without the
-    stack's own mappings, and the stack's deployed RelayPollerGroups and RelayMaximumPollers (empty if none)."""
+    stack's own mappings, where those are (own_groups, as RelayPollerGroups; empty if none), and the stack's
+    deployed RelayMaximumPollers and DispatchSources (empty if none)."""
 
     taken: dict[str, GroupLoad]
     previous: str
@@ -536,7 +558,8 @@ class DeployedGroups:
 
 def deployed_groups(cloudformation: Any, lambda_: Any, stack_name: str, msk_cluster_arn: str) -> DeployedGroups:
     """The cluster's poller groups from Lambda's ListEventSourceMappings, the stack's own mappings (its resources
-    in CloudFormation) left out, and the stack's deployed parameters; a stack not yet deployed has none."""
+    in CloudFormation) left out and found where they are, and the stack's deployed parameters; a stack not yet
+    deployed has none."""
     try:
         (stack,) = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
     except ClientError as error:
@@ -559,7 +582,7 @@ def deployed_groups(cloudformation: Any, lambda_: Any, stack_name: str, msk_clus
     given = {p["ParameterKey"]: p.get("ParameterValue", "") for p in (stack or {}).get("Parameters", [])}
     return DeployedGroups(
         taken=group_loads(listed, msk_cluster_arn, frozenset(own)),
-        previous=given.get("RelayPollerGroups", ""),
+        previous=render_assignment(own_groups(listed, msk_cluster_arn, frozenset(own))),
         maximum_pollers=given.get("RelayMaximumPollers", ""),
         dispatch_sources=given.get("DispatchSources", ""),
     )

@@ -347,9 +347,9 @@ def _uuid(name: str) -> str:
     return f"{name:0>12}".replace("-", "0")[-12:].join(["00000000-0000-0000-0000-", ""])
 
 
-def _esm(uuid: str, group: str) -> dict[str, Any]:
+def _esm(uuid: str, group: str, topic: str = "poimen.other.dispatch") -> dict[str, Any]:
     config = {"MinimumPollers": 1, "MaximumPollers": 3, "PollerGroupName": poller_group_name(CLUSTER, group)}
-    return {"UUID": _uuid(uuid), "EventSourceArn": CLUSTER, "ProvisionedPollerConfig": config}
+    return {"UUID": _uuid(uuid), "EventSourceArn": CLUSTER, "Topics": [topic], "ProvisionedPollerConfig": config}
 
 
 def test_the_deployed_groups_leave_out_the_stacks_own_mappings_and_keep_its_parameters() -> None:
@@ -363,7 +363,9 @@ def test_the_deployed_groups_leave_out_the_stacks_own_mappings_and_keep_its_para
             {"ParameterKey": "DispatchSources", "ParameterValue": "Source,Peer1Source"},
         ],
     }
-    cloudformation, lambda_ = _clients(stack, ["own-1"], [_esm("own-1", "1"), _esm("other-1", "1")])
+    cloudformation, lambda_ = _clients(
+        stack, ["own-1"], [_esm("own-1", "1", "poimen.acme.dispatch"), _esm("other-1", "1")]
+    )
 
     deployed = deployed_groups(cloudformation, lambda_, "S", CLUSTER)
 
@@ -373,6 +375,61 @@ def test_the_deployed_groups_leave_out_the_stacks_own_mappings_and_keep_its_para
         "5",
         "Source,Peer1Source",
     )
+
+
+@pytest.mark.parametrize(
+    ("status", "parameter", "listed_own", "expected"),
+    [
+        # A failed creation rolled back: its mappings are deleted, whatever its parameters still say
+        ("ROLLBACK_COMPLETE", "acme=0,globex=0", [], "RelayPollerGroups=acme=0,globex=1\n"),
+        # An update that moved acme to group 1 rolled back: acme's mapping is in group 0 again, and stays there
+        (
+            "UPDATE_ROLLBACK_COMPLETE",
+            "acme=1,globex=1",
+            [("own-a", "0", "poimen.acme.dispatch")],
+            "RelayPollerGroups=acme=0,globex=1\n",
+        ),
+        # A tenant whose peer alias's mapping is where its own is: one tenant, not two
+        (
+            "UPDATE_COMPLETE",
+            "acme=0",
+            [("own-a", "0", "poimen.acme.dispatch"), ("own-b", "0", "west.poimen.acme.dispatch")],
+            "RelayPollerGroups=acme=0,globex=1\n",
+        ),
+    ],
+)
+def test_the_group_check_counts_the_stacks_own_mappings_where_lambda_has_them(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    status: str,
+    parameter: str,
+    listed_own: list[tuple[str, str, str]],
+    expected: str,
+) -> None:
+    # Given a stack whose parameters say where its tenants were meant to be, its mappings where Lambda has them,
+    # and another cell's mappings in group 0 leaving room for one tenant more than the stack's own there
+    stack = {
+        "StackName": "S",
+        "CreationTime": "2026-12-01T00:00:00Z",
+        "StackStatus": status,
+        "Parameters": [
+            {"ParameterKey": "RelayPollerGroups", "ParameterValue": parameter},
+            {"ParameterKey": "DispatchSources", "ParameterValue": "Source" + ",Peer1Source" * (len(listed_own) > 1)},
+        ],
+    }
+    others = 100 - max(1, len(listed_own))
+    listed = [_esm(f"other-{n}", "0") for n in range(others)] + [_esm(*own) for own in listed_own]
+    cloudformation, lambda_ = _clients(stack, ["own-a", "own-b", "own-g"], listed)
+    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
+    sources = "DispatchSources=Source" + ",Peer1Source" * (len(listed_own) > 1)
+    arguments = ["--tenants", "acme,globex", "--msk-cluster-arn", CLUSTER, "--dispatch-sources", sources]
+
+    # When make deploy's group check runs
+    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+
+    # Then it computes from the mappings Lambda has (none held for a rolled-back creation: no room given away for
+    # them, no refusal of a group they would overfill), not from the parameters
+    assert (code, *capsys.readouterr()) == (0, expected, "")
 
 
 def _run_groups(

@@ -218,19 +218,25 @@ def group_loads(listed: list[dict[str, Any]], msk_cluster_arn: str, own: frozens
     return loads
 
 
-def own_groups(listed: list[dict[str, Any]], msk_cluster_arn: str, own: frozenset[str]) -> dict[str, str]:
-    """Where the stack's own mappings (`own`: their UUIDs) are, as Lambda lists them: each tenant's group (its
-    topic's second-last part: poimen.<tenant>.dispatch, <alias>.poimen.<tenant>.dispatch), NO_GROUP if ungrouped
-    or in a group not the cluster's. What a deploy starts from, whatever the stack's parameters say: a creation
-    rolled back has deleted its mappings, an update rolled back has put them back where they were."""
+def own_groups(
+    listed: list[dict[str, Any]], msk_cluster_arn: str, own: frozenset[str]
+) -> dict[str, tuple[str, GroupLoad]]:
+    """Where the stack's own mappings (`own`: their UUIDs) are, as Lambda lists them: each tenant's group (found by
+    its topic's second-last part: poimen.<tenant>.dispatch, <alias>.poimen.<tenant>.dispatch; NO_GROUP if ungrouped
+    or in a group not the cluster's) and what its mappings hold. What a deploy starts from, whatever the stack's
+    parameters say: a creation rolled back has deleted its mappings, an update rolled back has put them back."""
     names = _group_names(msk_cluster_arn)
-    groups: dict[str, str] = {}
+    groups: dict[str, tuple[str, GroupLoad]] = {}
     for mapping in listed:
         if mapping["UUID"] not in own:
             continue
-        group = names.get(mapping.get("ProvisionedPollerConfig", {}).get("PollerGroupName", ""), NO_GROUP)
+        config = mapping.get("ProvisionedPollerConfig", {})
+        group = names.get(config.get("PollerGroupName", ""), NO_GROUP)
+        pollers = int(config.get("MaximumPollers", DEFAULT_MAXIMUM_POLLERS))
         for topic in mapping.get("Topics", []):
-            groups.setdefault(topic.split(".")[-2], group)
+            tenant = topic.split(".")[-2]
+            first, held = groups.get(tenant, (group, GroupLoad()))
+            groups[tenant] = first, held.plus(1, pollers)
     return groups
 
 
@@ -547,13 +553,13 @@ def cell_refusal(
 @dataclass(frozen=True)
 class DeployedGroups:
     """What the deploy's poller groups depend on, as AWS describes it: the load of the cluster's groups without the
-    stack's own mappings, where those are (own_groups, as RelayPollerGroups; empty if none), and the stack's
-    deployed RelayMaximumPollers and DispatchSources (empty if none)."""
+    stack's own mappings; where those are (own_groups, as RelayPollerGroups; empty if none) and the most one
+    tenant's hold; and the stack's deployed RelayMaximumPollers (empty if none)."""
 
     taken: dict[str, GroupLoad]
     previous: str
     maximum_pollers: str
-    dispatch_sources: str = ""
+    held: GroupLoad = GroupLoad()
 
 
 def deployed_groups(cloudformation: Any, lambda_: Any, stack_name: str, msk_cluster_arn: str) -> DeployedGroups:
@@ -580,11 +586,15 @@ def deployed_groups(cloudformation: Any, lambda_: Any, stack_name: str, msk_clus
         for mapping in page["EventSourceMappings"]
     ]
     given = {p["ParameterKey"]: p.get("ParameterValue", "") for p in (stack or {}).get("Parameters", [])}
+    placed = own_groups(listed, msk_cluster_arn, frozenset(own))
     return DeployedGroups(
         taken=group_loads(listed, msk_cluster_arn, frozenset(own)),
-        previous=render_assignment(own_groups(listed, msk_cluster_arn, frozenset(own))),
+        previous=render_assignment({tenant: group for tenant, (group, _) in placed.items()}),
         maximum_pollers=given.get("RelayMaximumPollers", ""),
-        dispatch_sources=given.get("DispatchSources", ""),
+        held=GroupLoad(
+            max((held.mappings for _, held in placed.values()), default=0),
+            max((held.maximum_pollers for _, held in placed.values()), default=0),
+        ),
     )
 
 
@@ -597,9 +607,7 @@ def _groups(options: argparse.Namespace, tenants: list[str]) -> tuple[str | None
     maximum_pollers = int(options.maximum_pollers or deployed.maximum_pollers or DEFAULT_RELAY_MAXIMUM_POLLERS)
     sources = options.dispatch_sources.removeprefix("DispatchSources=").split(",")
     previous = parse_assignment(deployed.previous)
-    # What one deployed tenant's mappings hold where they are (the template's defaults where the stack predates them)
-    kinds = len((deployed.dispatch_sources or DISPATCH_SOURCES[0]).split(","))
-    held = GroupLoad(kinds, kinds * int(deployed.maximum_pollers or DEFAULT_RELAY_MAXIMUM_POLLERS))
+    held = deployed.held  # what one deployed tenant's mappings hold where they are (at most)
     if options.poller_groups == UNGROUPED:
         assignment = dict.fromkeys(tenants, NO_GROUP)
     elif options.poller_groups:

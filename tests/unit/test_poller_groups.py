@@ -347,8 +347,8 @@ def _uuid(name: str) -> str:
     return f"{name:0>12}".replace("-", "0")[-12:].join(["00000000-0000-0000-0000-", ""])
 
 
-def _esm(uuid: str, group: str, topic: str = "poimen.other.dispatch") -> dict[str, Any]:
-    config = {"MinimumPollers": 1, "MaximumPollers": 3, "PollerGroupName": poller_group_name(CLUSTER, group)}
+def _esm(uuid: str, group: str, topic: str = "poimen.other.dispatch", pollers: int = 3) -> dict[str, Any]:
+    config = {"MinimumPollers": 1, "MaximumPollers": pollers, "PollerGroupName": poller_group_name(CLUSTER, group)}
     return {"UUID": _uuid(uuid), "EventSourceArn": CLUSTER, "Topics": [topic], "ProvisionedPollerConfig": config}
 
 
@@ -370,11 +370,7 @@ def test_the_deployed_groups_leave_out_the_stacks_own_mappings_and_keep_its_para
     deployed = deployed_groups(cloudformation, lambda_, "S", CLUSTER)
 
     assert deployed.taken == {"1": GroupLoad(1, 3)}
-    assert (deployed.previous, deployed.maximum_pollers, deployed.dispatch_sources) == (
-        "acme=1",
-        "5",
-        "Source,Peer1Source",
-    )
+    assert (deployed.previous, deployed.maximum_pollers, deployed.held) == ("acme=1", "5", GroupLoad(1, 3))
 
 
 @pytest.mark.parametrize(
@@ -430,6 +426,32 @@ def test_the_group_check_counts_the_stacks_own_mappings_where_lambda_has_them(
     # Then it computes from the mappings Lambda has (none held for a rolled-back creation: no room given away for
     # them, no refusal of a group they would overfill), not from the parameters
     assert (code, *capsys.readouterr()) == (0, expected, "")
+
+
+def test_a_removed_tenants_mapping_holds_its_maximum_pollers_as_lambda_lists_them_until_the_cleanup(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given acme's mapping in group 0 at 1,000 MaximumPollers (raised by hand in an incident; the stack still says
+    # RelayMaximumPollers 3), beside another cell's mapping of 1,000: group 0 is full
+    stack = {
+        "StackName": "S",
+        "CreationTime": "2026-12-01T00:00:00Z",
+        "StackStatus": "UPDATE_COMPLETE",
+        "Parameters": [
+            {"ParameterKey": "RelayPollerGroups", "ParameterValue": "acme=0"},
+            {"ParameterKey": "RelayMaximumPollers", "ParameterValue": "3"},
+        ],
+    }
+    listed = [_esm("other", "0", pollers=1000), _esm("own-a", "0", "poimen.acme.dispatch", pollers=1000)]
+    cloudformation, lambda_ = _clients(stack, ["own-a"], listed)
+    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
+    arguments = ["--tenants", "globex", "--msk-cluster-arn", CLUSTER, "--dispatch-sources", "DispatchSources=Source"]
+
+    # When acme is replaced by globex
+    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+
+    # Then globex goes to group 1: acme's 1,000 pollers stay in group 0 until the update's cleanup deletes them
+    assert (code, *capsys.readouterr()) == (0, "RelayPollerGroups=globex=1\n", "")
 
 
 def _run_groups(

@@ -612,6 +612,13 @@ def _groups(options: argparse.Namespace, tenants: list[str]) -> tuple[str | None
         assignment = dict.fromkeys(tenants, NO_GROUP)
     elif options.poller_groups:
         assignment = parse_assignment(options.poller_groups)
+        given = [entry.partition("=")[0] for entry in options.poller_groups.split(",") if entry]
+        twice = [tenant for tenant in assignment if given.count(tenant) > 1]
+        if twice:
+            return (
+                f"RELAY_POLLER_GROUPS gives {_listed(twice)} more than one group: give each tenant once"
+                f" ({POLLER_GROUPS_DOC})"
+            ), ""
     else:
         assignment = assign_poller_groups(tenants, len(sources), maximum_pollers, deployed.taken, previous, held)
     refusal = poller_group_refusal(

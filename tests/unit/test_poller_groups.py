@@ -496,6 +496,19 @@ def test_make_deploys_group_check_refuses_what_lambda_would_refuse_in_one_line_e
     assert line.startswith("make deploy: poller group poimen-5f0c3a1e-8d2b-4c6a-9e1f-2b7d4c8a6e30-2-0 would hold 101")
 
 
+def test_make_deploys_group_check_refuses_a_tenant_given_two_groups(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # When a tired operator gives acme twice, the second time to the group with room
+    listed = [_esm(f"other-{n}", "0") for n in range(98)]
+    code, out, err = _run_groups(monkeypatch, capsys, listed, "--poller-groups", "acme=0,globex=0,acme=1")
+
+    # Then it is refused in one line, not silently deployed with one of the two (which, the operator cannot tell)
+    assert (code, out) == (2, "")
+    (line,) = err.splitlines()
+    assert line.startswith("make deploy: RELAY_POLLER_GROUPS gives acme more than one group")
+
+
 def test_make_deploys_group_check_says_what_ungrouped_costs(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -688,10 +688,10 @@ def main(arguments: list[str]) -> int:
             return 3
         if refusal is None:
             print(f"RelayPollerGroups={assignment}")
-        if options.poller_groups == UNGROUPED:
+        if refusal is None and set(parse_assignment(assignment).values()) == {NO_GROUP}:  # by name or by hand
             print(
-                f"{options.prog}: RELAY_POLLER_GROUPS={UNGROUPED}: each MSK event source mapping's pollers on an EPU"
-                f" of its own, about $135 a month a mapping whatever its traffic ({POLLER_GROUPS_DOC})",
+                f"{options.prog}: RELAY_POLLER_GROUPS={options.poller_groups}: each MSK event source mapping's pollers"
+                f" on an EPU of its own, about $135 a month a mapping whatever its traffic ({POLLER_GROUPS_DOC})",
                 file=sys.stderr,
             )
     else:

@@ -509,10 +509,11 @@ def test_make_deploys_group_check_refuses_a_tenant_given_two_groups(
     assert line.startswith("make deploy: RELAY_POLLER_GROUPS gives acme more than one group")
 
 
+@pytest.mark.parametrize("given", [UNGROUPED, "acme=-,globex=-"])  # by name, or every tenant '-' by hand
 def test_make_deploys_group_check_says_what_ungrouped_costs(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], given: str
 ) -> None:
-    code, out, err = _run_groups(monkeypatch, capsys, [], "--poller-groups", UNGROUPED)
+    code, out, err = _run_groups(monkeypatch, capsys, [], "--poller-groups", given)
 
     assert (code, out) == (0, "RelayPollerGroups=acme=-,globex=-\n")
     assert "an EPU of its own, about $135 a month a mapping" in err

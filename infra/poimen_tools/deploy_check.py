@@ -70,8 +70,10 @@ CELLS = "docs/operations.md#cells"
 MAPPINGS_A_POLLER_GROUP = 100
 MAXIMUM_POLLERS_A_POLLER_GROUP = 2000
 POLLER_GROUP_NAME_PATTERN = re.compile(r"[a-zA-Z0-9_-]{1,128}")
-# A Kafka mapping's MaximumPollers when it sets none (the same page).
+# A Kafka mapping's MaximumPollers when it sets none, and the most it takes ("between 1 and 2,000", the same page;
+# the template's RelayMaximumPollers has the same range).
 DEFAULT_MAXIMUM_POLLERS = 200
+MOST_MAXIMUM_POLLERS = 2000
 # The template's RelayPollerGroups: one character a group (so that the assignment of 446 tenants in 3,000
 # characters stays under CloudFormation's 4,096 bytes a parameter value), 36 groups a cluster.
 POLLER_GROUPS = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -604,7 +606,14 @@ def _groups(options: argparse.Namespace, tenants: list[str]) -> tuple[str | None
         boto3.client("cloudformation"), boto3.client("lambda"), options.stack_name, options.msk_cluster_arn
     )
     # As sam deploy passes it: given (samconfig.toml's overrides), else the deployed stack's, else the default.
-    maximum_pollers = int(options.maximum_pollers or deployed.maximum_pollers or DEFAULT_RELAY_MAXIMUM_POLLERS)
+    relay_maximum_pollers = options.maximum_pollers or deployed.maximum_pollers or str(DEFAULT_RELAY_MAXIMUM_POLLERS)
+    if not re.fullmatch("[0-9]+", relay_maximum_pollers) or not 1 <= int(relay_maximum_pollers) <= MOST_MAXIMUM_POLLERS:
+        return (
+            f"RelayMaximumPollers {relay_maximum_pollers!r} is not a whole number of 1 to {MOST_MAXIMUM_POLLERS} (the"
+            " template's range, and Lambda's for a Kafka mapping): fix it in samconfig.toml's parameter_overrides"
+            f" ({POLLER_GROUPS_DOC})"
+        ), ""
+    maximum_pollers = int(relay_maximum_pollers)
     sources = options.dispatch_sources.removeprefix("DispatchSources=").split(",")
     previous = parse_assignment(deployed.previous)
     held = deployed.held  # what one deployed tenant's mappings hold where they are (at most)

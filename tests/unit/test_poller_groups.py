@@ -132,8 +132,9 @@ def test_the_parameter_has_no_default_and_its_pattern_is_the_checks() -> None:
     assert pattern.fullmatch("acme=-,globex=-")  # RELAY_POLLER_GROUPS=ungrouped
     for refused in ("", UNGROUPED, "acme=", "acme=10", "acme=A", "acme", "acme=0,", "acme=-,globex=0"):
         assert not pattern.fullmatch(refused), refused
-    relay_maximum = Template(REPO / "template.yaml").document["Parameters"]["RelayMaximumPollers"]["Default"]
-    assert relay_maximum == DEFAULT_RELAY_MAXIMUM_POLLERS
+    relay_maximum = Template(REPO / "template.yaml").document["Parameters"]["RelayMaximumPollers"]
+    assert relay_maximum["Default"] == DEFAULT_RELAY_MAXIMUM_POLLERS
+    assert (relay_maximum["MinValue"], relay_maximum["MaxValue"]) == (1, deploy_check.MOST_MAXIMUM_POLLERS)
 
 
 def _tenants_of_characters(count: int, characters: int) -> list[str]:
@@ -507,6 +508,19 @@ def test_make_deploys_group_check_refuses_a_tenant_given_two_groups(
     assert (code, out) == (2, "")
     (line,) = err.splitlines()
     assert line.startswith("make deploy: RELAY_POLLER_GROUPS gives acme more than one group")
+
+
+@pytest.mark.parametrize("maximum_pollers", ["5O", "0", "2001", "-1", "3.5"])
+def test_make_deploys_group_check_refuses_a_relay_maximum_pollers_the_template_refuses(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], maximum_pollers: str
+) -> None:
+    # When samconfig.toml's overrides give RelayMaximumPollers a typo or a value out of the template's range
+    code, out, err = _run_groups(monkeypatch, capsys, [], "--maximum-pollers", maximum_pollers)
+
+    # Then it is refused in one line, exit 2 (not a traceback, nor an assignment computed for it)
+    assert (code, out) == (2, "")
+    (line,) = err.splitlines()
+    assert line.startswith(f"make deploy: RelayMaximumPollers {maximum_pollers!r} is not a whole number of 1 to 2000")
 
 
 @pytest.mark.parametrize("given", [UNGROUPED, "acme=-,globex=-"])  # by name, or every tenant '-' by hand

@@ -367,7 +367,8 @@ def poller_group_refusal(
             return (
                 f"poller group {poller_group_name(msk_cluster_arn, group)} would hold {after.mappings} mappings and"
                 f" {after.maximum_pollers:,} MaximumPollers ({theirs.mappings} and {theirs.maximum_pollers:,} of"
-                f" other stacks; this stack's deployed mappings count where they are until its update completes),"
+                " other stacks, their change sets not yet executed included; this stack's deployed mappings count"
+                " where they are until its update completes),"
                 f" over the {MAPPINGS_A_POLLER_GROUP} and {MAXIMUM_POLLERS_A_POLLER_GROUP:,} a group holds (Lambda"
                 f" refuses the mapping): leave RELAY_POLLER_GROUPS unset and make deploy assigns groups with room"
                 f" ({POLLER_GROUPS_DOC})"
@@ -389,6 +390,9 @@ class DeployedCell:
     stage: str = DEFAULT_STAGE
     region: str = ""  # a peer Region's name; empty for the Region being deployed
     peer_cluster_aliases: tuple[str, str] = ("", "")  # PeerClusterAlias1, PeerClusterAlias2
+    poller_groups: str = ""  # RelayPollerGroups
+    mappings_a_tenant: int = 1  # DispatchSources' kinds
+    maximum_pollers: int = DEFAULT_RELAY_MAXIMUM_POLLERS  # RelayMaximumPollers
 
     def __str__(self) -> str:
         where = f" in {self.region}" if self.region else ""
@@ -408,6 +412,7 @@ def _cell(
     given = {p["ParameterKey"]: p.get("ParameterValue", "") for p in parameters}
     if "Tenants" not in given or "MskClusterArn" not in given:
         return None
+    pollers = given.get("RelayMaximumPollers", "")
     return DeployedCell(
         stack_name=stack["StackName"],
         status=stack["StackStatus"],
@@ -418,6 +423,9 @@ def _cell(
         stage=given.get("Stage", DEFAULT_STAGE),
         region=region,
         peer_cluster_aliases=(given.get("PeerClusterAlias1", ""), given.get("PeerClusterAlias2", "")),
+        poller_groups=given.get("RelayPollerGroups", ""),
+        mappings_a_tenant=len((given.get("DispatchSources") or DISPATCH_SOURCES[0]).split(",")),
+        maximum_pollers=int(pollers) if re.fullmatch("[0-9]+", pollers) else DEFAULT_RELAY_MAXIMUM_POLLERS,
     )
 
 
@@ -552,6 +560,45 @@ def cell_refusal(
     )
 
 
+def pending_loads(
+    cells: list[DeployedCell], stack_name: str, msk_cluster_arn: str, listed: list[dict[str, Any]]
+) -> dict[str, GroupLoad]:
+    """What the other cells on the cluster will hold in its groups beyond what Lambda lists there yet: each of their
+    tenants' mappings where the cell's parameters, or its change set's not yet executed, place them, less what that
+    tenant's mappings Lambda lists in that group hold. A cell waiting for its change set's confirmation, or whose
+    creation or update is under way, has not created or moved them yet, and two cells deploying at once must not
+    both take the room (Lambda would refuse the second's mapping, and a rollback moving one back could fail)."""
+    names = _group_names(msk_cluster_arn)
+    listed_at: dict[tuple[str, str], GroupLoad] = {}
+    for mapping in listed:
+        config = mapping.get("ProvisionedPollerConfig", {})
+        group = names.get(config.get("PollerGroupName", ""))
+        if group is None:
+            continue
+        for topic in mapping.get("Topics", []):
+            key = (topic.split(".")[-2], group)
+            listed_at[key] = listed_at.get(key, GroupLoad()).plus(
+                1, int(config.get("MaximumPollers", DEFAULT_MAXIMUM_POLLERS))
+            )
+    loads: dict[str, GroupLoad] = {}
+    for cell in cells:
+        if (
+            cell.msk_cluster_arn != msk_cluster_arn
+            or (cell.region == "" and cell.stack_name == stack_name)
+            or cell.status in SERVES_NOTHING
+        ):
+            continue
+        for tenant, group in parse_assignment(cell.poller_groups).items():
+            if not _is_group(group) or tenant not in cell.tenants:
+                continue
+            there = listed_at.get((tenant, group), GroupLoad())
+            loads[group] = loads.get(group, GroupLoad()).plus(
+                max(0, cell.mappings_a_tenant - there.mappings),
+                max(0, cell.mappings_a_tenant * cell.maximum_pollers - there.maximum_pollers),
+            )
+    return loads
+
+
 @dataclass(frozen=True)
 class DeployedGroups:
     """What the deploy's poller groups depend on, as AWS describes it: the load of the cluster's groups without the
@@ -566,8 +613,9 @@ class DeployedGroups:
 
 def deployed_groups(cloudformation: Any, lambda_: Any, stack_name: str, msk_cluster_arn: str) -> DeployedGroups:
     """The cluster's poller groups from Lambda's ListEventSourceMappings, the stack's own mappings (its resources
-    in CloudFormation) left out and found where they are, and the stack's deployed parameters; a stack not yet
-    deployed has none."""
+    in CloudFormation) left out and found where they are, with what the other cells on the cluster will add
+    (pending_loads, from CloudFormation's stacks and change sets), and the stack's deployed parameters; a stack not
+    yet deployed has none."""
     try:
         (stack,) = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
     except ClientError as error:
@@ -589,8 +637,11 @@ def deployed_groups(cloudformation: Any, lambda_: Any, stack_name: str, msk_clus
     ]
     given = {p["ParameterKey"]: p.get("ParameterValue", "") for p in (stack or {}).get("Parameters", [])}
     placed = own_groups(listed, msk_cluster_arn, frozenset(own))
+    taken = group_loads(listed, msk_cluster_arn, frozenset(own))
+    for group, pending in pending_loads(deployed_cells(cloudformation), stack_name, msk_cluster_arn, listed).items():
+        taken[group] = taken.get(group, GroupLoad()).plus(*astuple(pending))
     return DeployedGroups(
-        taken=group_loads(listed, msk_cluster_arn, frozenset(own)),
+        taken=taken,
         previous=render_assignment({tenant: group for tenant, (group, _) in placed.items()}),
         maximum_pollers=given.get("RelayMaximumPollers", ""),
         held=GroupLoad(

@@ -314,9 +314,17 @@ def test_ungrouped_is_never_refused_but_only_for_every_tenant() -> None:
 # --- what make deploy runs -----------------------------------------------------------------------------------
 
 
-def _clients(stack: dict[str, Any] | None, resources: list[str], listed: list[dict[str, Any]]) -> tuple[Any, Any]:
+def _clients(
+    stack: dict[str, Any] | None,
+    resources: list[str],
+    listed: list[dict[str, Any]],
+    cells: list[dict[str, Any]] | None = None,
+    change_sets: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] | None = None,
+) -> tuple[Any, Any]:
     """CloudFormation and Lambda clients answering as AWS would (botocore's Stubber: requests and answers checked
-    against the services' models; moto cannot create an MSK event source mapping)."""
+    against the services' models; moto cannot create an MSK event source mapping): the stack, its resources, the
+    cluster's mappings, then every stack of the Region (the stack and `cells`) and each cell's change sets (by stack
+    name: (summary, described))."""
     cloudformation = boto3.client("cloudformation", region_name="us-east-1")
     lambda_ = boto3.client("lambda", region_name="us-east-1")
     cf_stub, lambda_stub = Stubber(cloudformation), Stubber(lambda_)
@@ -338,6 +346,16 @@ def _clients(stack: dict[str, Any] | None, resources: list[str], listed: list[di
         ]
         cf_stub.add_response("list_stack_resources", {"StackResourceSummaries": summaries}, {"StackName": "S"})
     lambda_stub.add_response("list_event_source_mappings", {"EventSourceMappings": listed}, {"EventSourceArn": CLUSTER})
+    every = [*([stack] if stack is not None else []), *(cells or [])]
+    cf_stub.add_response("describe_stacks", {"Stacks": every}, {})
+    for each in every:
+        keys = {parameter["ParameterKey"] for parameter in each.get("Parameters", [])}
+        if {"Tenants", "MskClusterArn"} <= keys or each["StackStatus"] == "REVIEW_IN_PROGRESS":
+            pending = (change_sets or {}).get(each["StackName"], [])
+            summaries = [summary for summary, _ in pending]
+            cf_stub.add_response("list_change_sets", {"Summaries": summaries}, {"StackName": each["StackId"]})
+            for summary, described in pending:
+                cf_stub.add_response("describe_change_set", described, {"ChangeSetName": summary["ChangeSetId"]})
     cf_stub.activate()
     lambda_stub.activate()
     return cloudformation, lambda_
@@ -453,6 +471,67 @@ def test_a_removed_tenants_mapping_holds_its_maximum_pollers_as_lambda_lists_the
 
     # Then globex goes to group 1: acme's 1,000 pollers stay in group 0 until the update's cleanup deletes them
     assert (code, *capsys.readouterr()) == (0, "RelayPollerGroups=globex=1\n", "")
+
+
+def _cell_stack(name: str, status: str, tenants: list[str], groups: str) -> dict[str, Any]:
+    """Another cell's stack (or, `groups` given, its parameters as a change set describes them) on the cluster."""
+    return {
+        "StackName": name,
+        "StackId": f"arn:aws:cloudformation:us-east-1:111122223333:stack/{name}/1",
+        "CreationTime": "2026-12-01T00:00:00Z",
+        "StackStatus": status,
+        "Parameters": [
+            {"ParameterKey": "Tenants", "ParameterValue": ",".join(tenants)},
+            {"ParameterKey": "MskClusterArn", "ParameterValue": CLUSTER},
+            {"ParameterKey": "Cell", "ParameterValue": name.lower()},
+            {"ParameterKey": "RelayPollerGroups", "ParameterValue": groups},
+        ]
+        if groups
+        else [],
+    }
+
+
+def _change_set(stack: dict[str, Any], tenants: list[str], groups: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A change set of `stack` not yet executed (sam deploy waiting for its confirmation): summary, described."""
+    cell = _cell_stack(stack["StackName"], "REVIEW_IN_PROGRESS", tenants, groups)
+    arn = f"arn:aws:cloudformation:us-east-1:111122223333:changeSet/samcli-deploy1/{stack['StackName']}"
+    summary = {
+        "StackId": stack["StackId"],
+        "ChangeSetId": arn,
+        "ChangeSetName": "samcli-deploy1",
+        "Status": "CREATE_COMPLETE",
+        "ExecutionStatus": "AVAILABLE",
+    }
+    described = {**summary, "StackName": stack["StackName"], "Parameters": cell["Parameters"], "Changes": []}
+    return summary, described
+
+
+@pytest.mark.parametrize("new_cell", [True, False])
+def test_another_cells_change_set_not_yet_executed_holds_its_room_in_the_groups(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], new_cell: bool
+) -> None:
+    # Given cell t, on the cluster, waiting for the confirmation of a change set that puts 99 tenants in group 0:
+    # a new stack (none of its mappings created yet), or a deployed one with 50 of them and 49 more to come
+    theirs = [f"t{n}" for n in range(99)]
+    deployed = [] if new_cell else theirs[:50]
+    stack = _cell_stack(
+        "T",
+        "REVIEW_IN_PROGRESS" if new_cell else "UPDATE_COMPLETE",
+        deployed,
+        render_assignment(dict.fromkeys(deployed, "0")),
+    )
+    pending = _change_set(stack, theirs, render_assignment(dict.fromkeys(theirs, "0")))
+    listed = [_esm(f"t{n}", "0", f"poimen.{tenant}.dispatch") for n, tenant in enumerate(deployed)]
+    cloudformation, lambda_ = _clients(None, [], listed, [stack], {"T": [pending]})
+    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
+    sources = "DispatchSources=Source"
+    arguments = ["--tenants", "acme,globex", "--msk-cluster-arn", CLUSTER, "--dispatch-sources", sources]
+
+    # When make deploy's group check runs for this cell before t's change set is executed
+    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+
+    # Then group 0 has room for one tenant only: t's 99 mappings count there though Lambda lists at most 50
+    assert (code, *capsys.readouterr()) == (0, "RelayPollerGroups=acme=0,globex=1\n", "")
 
 
 def _run_groups(

@@ -45,7 +45,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, field
 from typing import Any
 
 import boto3
@@ -256,24 +256,34 @@ def _is_group(group: str) -> bool:
     return len(group) == 1 and group in POLLER_GROUPS
 
 
-def _during_update(taken: dict[str, GroupLoad], previous: dict[str, str], deployed: GroupLoad) -> dict[str, GroupLoad]:
-    """`taken`, and each deployed tenant's mappings (`deployed` each) in its `previous` group: they count there
-    until the update completes, as CloudFormation deletes the mappings of a removed tenant after it has created
-    and updated the others (its cleanup), and updates a moved one's group in parallel with the others (room it
-    leaves may be taken before it has left)."""
+# What each deployed tenant's mappings hold where they are: one load for every tenant, or each tenant's own (as
+# Lambda lists them: own_groups); a tenant not in the map holds nothing.
+Held = GroupLoad | dict[str, GroupLoad]
+
+
+def _held(deployed: Held, tenant: str) -> GroupLoad:
+    return deployed.get(tenant, GroupLoad()) if isinstance(deployed, dict) else deployed
+
+
+def _during_update(taken: dict[str, GroupLoad], previous: dict[str, str], deployed: Held) -> dict[str, GroupLoad]:
+    """`taken`, and each deployed tenant's mappings (what `deployed` says it holds) in its `previous` group: they
+    count there until the update completes, as CloudFormation deletes the mappings of a removed tenant after it has
+    created and updated the others (its cleanup), and updates a moved one's group in parallel with the others (room
+    it leaves may be taken before it has left)."""
     loads = dict(taken)
-    for group in previous.values():
+    for tenant, group in previous.items():
         if _is_group(group):
-            loads[group] = loads.get(group, GroupLoad()).plus(deployed.mappings, deployed.maximum_pollers)
+            loads[group] = loads.get(group, GroupLoad()).plus(*astuple(_held(deployed, tenant)))
     return loads
 
 
-def _arrival(tenant: str, group: str, load: GroupLoad, previous: dict[str, str], deployed: GroupLoad) -> GroupLoad:
-    """What `tenant`'s mappings (`load`) add to `group`: all of them if it comes from elsewhere, its growth if it
-    stays (a peer alias's mapping more, a higher RelayMaximumPollers)."""
+def _arrival(tenant: str, group: str, load: GroupLoad, previous: dict[str, str], deployed: Held) -> GroupLoad:
+    """What `tenant`'s mappings (`load`) add to `group`: all of them if it comes from elsewhere, its growth over what
+    it holds there if it stays (a peer alias's mapping more, a higher RelayMaximumPollers)."""
     if previous.get(tenant) != group:
         return load
-    return GroupLoad(max(0, load.mappings - deployed.mappings), max(0, load.maximum_pollers - deployed.maximum_pollers))
+    held = _held(deployed, tenant)
+    return GroupLoad(max(0, load.mappings - held.mappings), max(0, load.maximum_pollers - held.maximum_pollers))
 
 
 def assign_poller_groups(
@@ -282,7 +292,7 @@ def assign_poller_groups(
     maximum_pollers: int,
     taken: dict[str, GroupLoad],
     previous: dict[str, str],
-    deployed: GroupLoad = GroupLoad(),
+    deployed: Held = GroupLoad(),
 ) -> dict[str, str]:
     """Each tenant's group (all of its `mappings_a_tenant` mappings, of `maximum_pollers` each, in one), beside what
     other stacks hold (`taken`) and the stack's deployed tenants where they are (`previous`, `deployed` a tenant:
@@ -317,7 +327,7 @@ def poller_group_refusal(
     taken: dict[str, GroupLoad],
     msk_cluster_arn: str,
     previous: dict[str, str] | None = None,
-    deployed: GroupLoad = GroupLoad(),
+    deployed: Held = GroupLoad(),
 ) -> str | None:
     """Why Lambda (or the template) would refuse these tenants' mappings in the groups of `assignment` beside
     what other stacks hold (`taken`) and the stack's deployed tenants where they are (`previous`, `deployed` a
@@ -602,13 +612,13 @@ def pending_loads(
 @dataclass(frozen=True)
 class DeployedGroups:
     """What the deploy's poller groups depend on, as AWS describes it: the load of the cluster's groups without the
-    stack's own mappings; where those are (own_groups, as RelayPollerGroups; empty if none) and the most one
-    tenant's hold; and the stack's deployed RelayMaximumPollers (empty if none)."""
+    stack's own mappings; where those are (own_groups, as RelayPollerGroups; empty if none) and what each tenant's
+    hold; and the stack's deployed RelayMaximumPollers (empty if none)."""
 
     taken: dict[str, GroupLoad]
     previous: str
     maximum_pollers: str
-    held: GroupLoad = GroupLoad()
+    held: dict[str, GroupLoad] = field(default_factory=dict)
 
 
 def deployed_groups(cloudformation: Any, lambda_: Any, stack_name: str, msk_cluster_arn: str) -> DeployedGroups:
@@ -644,10 +654,7 @@ def deployed_groups(cloudformation: Any, lambda_: Any, stack_name: str, msk_clus
         taken=taken,
         previous=render_assignment({tenant: group for tenant, (group, _) in placed.items()}),
         maximum_pollers=given.get("RelayMaximumPollers", ""),
-        held=GroupLoad(
-            max((held.mappings for _, held in placed.values()), default=0),
-            max((held.maximum_pollers for _, held in placed.values()), default=0),
-        ),
+        held={tenant: held for tenant, (_, held) in placed.items()},
     )
 
 
@@ -667,7 +674,7 @@ def _groups(options: argparse.Namespace, tenants: list[str]) -> tuple[str | None
     maximum_pollers = int(relay_maximum_pollers)
     sources = options.dispatch_sources.removeprefix("DispatchSources=").split(",")
     previous = parse_assignment(deployed.previous)
-    held = deployed.held  # what one deployed tenant's mappings hold where they are (at most)
+    held = deployed.held  # what each deployed tenant's mappings hold where they are
     if options.poller_groups == UNGROUPED:
         assignment = dict.fromkeys(tenants, NO_GROUP)
     elif options.poller_groups:

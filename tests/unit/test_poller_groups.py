@@ -389,7 +389,7 @@ def test_the_deployed_groups_leave_out_the_stacks_own_mappings_and_keep_its_para
     deployed = deployed_groups(cloudformation, lambda_, "S", CLUSTER)
 
     assert deployed.taken == {"1": GroupLoad(1, 3)}
-    assert (deployed.previous, deployed.maximum_pollers, deployed.held) == ("acme=1", "5", GroupLoad(1, 3))
+    assert (deployed.previous, deployed.maximum_pollers, deployed.held) == ("acme=1", "5", {"acme": GroupLoad(1, 3)})
 
 
 @pytest.mark.parametrize(
@@ -531,6 +531,34 @@ def test_another_cells_change_set_not_yet_executed_holds_its_room_in_the_groups(
     code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
 
     # Then group 0 has room for one tenant only: t's 99 mappings count there though Lambda lists at most 50
+    assert (code, *capsys.readouterr()) == (0, "RelayPollerGroups=acme=0,globex=1\n", "")
+
+
+def test_each_deployed_tenant_grows_from_what_its_own_mappings_hold(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given group 0 at 1,999 MaximumPollers: another cell's 996, acme's mapping raised by hand to 1,000, globex's 3
+    stack = {
+        "StackName": "S",
+        "CreationTime": "2026-12-01T00:00:00Z",
+        "StackStatus": "UPDATE_COMPLETE",
+        "Parameters": [{"ParameterKey": "RelayPollerGroups", "ParameterValue": "acme=0,globex=0"}],
+    }
+    listed = [
+        _esm("other", "0", pollers=996),
+        _esm("own-a", "0", "poimen.acme.dispatch", pollers=1000),
+        _esm("own-g", "0", "poimen.globex.dispatch", pollers=3),
+    ]
+    cloudformation, lambda_ = _clients(stack, ["own-a", "own-g"], listed)
+    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
+    sources = "DispatchSources=Source"
+    arguments = ["--tenants", "acme,globex", "--msk-cluster-arn", CLUSTER, "--dispatch-sources", sources]
+
+    # When RelayMaximumPollers goes from 3 to 5
+    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments, "--maximum-pollers", "5"])
+
+    # Then globex's 2 pollers more do not fit group 0 and it moves (acme, lowered to 5, stays): its growth is from
+    # its own 3, not from the 1,000 of the tenant holding most
     assert (code, *capsys.readouterr()) == (0, "RelayPollerGroups=acme=0,globex=1\n", "")
 
 

@@ -367,12 +367,15 @@ def poller_group_refusal(
         )
     loads = _during_update(taken, previous or {}, deployed)
     load = GroupLoad(mappings_a_tenant, one_tenant)
+    grown: set[str] = set()  # the groups this deploy adds to; one another cell overfills is that cell's refusal
     for tenant in tenants:
         group = assignment[tenant]
         arrival = _arrival(tenant, group, load, previous or {}, deployed)
         loads[group] = loads.get(group, GroupLoad()).plus(arrival.mappings, arrival.maximum_pollers)
+        if arrival != GroupLoad():
+            grown.add(group)
     for group, after in sorted(loads.items()):
-        if not after.fits():
+        if group in grown and not after.fits():
             theirs = taken.get(group, GroupLoad())
             return (
                 f"poller group {poller_group_name(msk_cluster_arn, group)} would hold {after.mappings} mappings and"

@@ -534,6 +534,25 @@ def test_another_cells_change_set_not_yet_executed_holds_its_room_in_the_groups(
     assert (code, *capsys.readouterr()) == (0, "RelayPollerGroups=acme=0,globex=1\n", "")
 
 
+def test_a_group_another_cell_overfills_refuses_only_that_cell_not_this_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given another function's mapping in group 0, and cell t's change set (made by hand, without make deploy)
+    # putting 100 tenants there: Lambda will refuse one of t's mappings
+    theirs = [f"t{n}" for n in range(100)]
+    stack = _cell_stack("T", "REVIEW_IN_PROGRESS", [], "")
+    pending = _change_set(stack, theirs, render_assignment(dict.fromkeys(theirs, "0")))
+    cloudformation, lambda_ = _clients(None, [], [_esm("someone", "0")], [stack], {"T": [pending]})
+    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
+    arguments = ["--tenants", "acme", "--msk-cluster-arn", CLUSTER, "--dispatch-sources", "DispatchSources=Source"]
+
+    # When this cell's group check runs
+    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+
+    # Then its tenant goes to group 1 and nothing is refused: this deploy adds nothing to group 0
+    assert (code, *capsys.readouterr()) == (0, "RelayPollerGroups=acme=1\n", "")
+
+
 def test_each_deployed_tenant_grows_from_what_its_own_mappings_hold(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -689,6 +689,12 @@ def _groups(options: argparse.Namespace, tenants: list[str]) -> tuple[str | None
                 f"RELAY_POLLER_GROUPS gives {_listed(twice)} more than one group: give each tenant once"
                 f" ({POLLER_GROUPS_DOC})"
             ), ""
+        missing = [tenant for tenant in tenants if tenant not in assignment]
+        if missing:
+            return (
+                f"RELAY_POLLER_GROUPS gives {_listed(missing)} no group: give each tenant of TENANTS one (0-9, a-z),"
+                f" or leave it unset and make deploy assigns them ({POLLER_GROUPS_DOC})"
+            ), ""
     else:
         assignment = assign_poller_groups(tenants, len(sources), maximum_pollers, deployed.taken, previous, held)
     refusal = poller_group_refusal(

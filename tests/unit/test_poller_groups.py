@@ -623,6 +623,19 @@ def test_make_deploys_group_check_refuses_what_lambda_would_refuse_in_one_line_e
     assert line.startswith("make deploy: poller group poimen-5f0c3a1e-8d2b-4c6a-9e1f-2b7d4c8a6e30-2-0 would hold 101")
 
 
+def test_make_deploys_group_check_names_a_tenant_given_no_group_as_such(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # When the operator's RELAY_POLLER_GROUPS leaves out globex, on a cluster whose groups are empty
+    code, out, err = _run_groups(monkeypatch, capsys, [], "--poller-groups", "acme=0")
+
+    # Then the one line says so, not that every one of the cluster's groups is full
+    assert (code, out) == (2, "")
+    (line,) = err.splitlines()
+    assert line.startswith("make deploy: RELAY_POLLER_GROUPS gives globex no group: give each tenant of TENANTS one")
+    assert "would be over" not in line
+
+
 def test_make_deploys_group_check_refuses_a_tenant_given_two_groups(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

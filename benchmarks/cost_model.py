@@ -212,7 +212,11 @@ def poller_groups(settings: Settings, deployment: Deployment) -> dict[str, Bille
     for tenants in deployment.cell_tenants():
         groups = assign_poller_groups(tenants, mappings_a_tenant, settings.maximum_pollers, taken, {})
         if len(groups) < len(tenants):
-            raise ValueError(f"{deployment}: make deploy would find no poller group with room for every tenant")
+            raise ValueError(
+                f"{deployment.tenants} tenants in {deployment.cells} cell(s) on one cluster: make deploy would find no"
+                " poller group with room for every tenant (36 groups of 100 mappings a cluster): serve some from"
+                " another cluster"
+            )
         for group in groups.values():
             taken[group] = taken.get(group, GroupLoad()).plus(
                 mappings_a_tenant, mappings_a_tenant * settings.maximum_pollers
@@ -444,6 +448,21 @@ def bill(settings: Settings, deployment: Deployment, admissions: int, measured: 
     )
 
 
+def _nonsense(options: argparse.Namespace) -> str | None:
+    """What no deployment has among the tool's options (one line naming what to give), or None."""
+    for option in ("tenants", "cells"):
+        if getattr(options, option) < 1:
+            return f"--{option} {getattr(options, option)}: give 1 or more"
+    if options.cells > options.tenants:
+        return f"{options.cells} cells for {options.tenants} tenants: a cell serves at least one tenant (fewer cells)"
+    for option in ("admissions", "admission_ms", "relay_ms", "outbox_ms", "log_bytes"):
+        if getattr(options, option) < 0:
+            return f"--{option.replace('_', '-')} {getattr(options, option):g}: give 0 or more"
+    if options.ungrouped and options.mode != MODES[0]:
+        return f"--ungrouped is provisioned mode's opt-out (RELAY_POLLER_GROUPS=ungrouped), not --mode {options.mode}'s"
+    return None
+
+
 def main(arguments: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tables", action="store_true", help="print docs/operations.md's tables instead of a bill")
@@ -458,6 +477,9 @@ def main(arguments: list[str] | None = None) -> None:
     parser.add_argument("--outbox-ms", type=float, default=MEASURED.outbox_ms_a_record, help="ms a published record")
     parser.add_argument("--log-bytes", type=int, default=MEASURED.admission_log_bytes, help="log bytes an admission")
     options = parser.parse_args(arguments)
+    nonsense = _nonsense(options)
+    if nonsense is not None:
+        parser.exit(2, f"{parser.prog}: {nonsense}\n")
     measured = Durations(options.admission_ms, options.relay_ms, options.outbox_ms, options.log_bytes)
     template = Template(REPO / "template.yaml")
     if options.tables:

@@ -50,7 +50,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, field
 from typing import Any
 
 import boto3
@@ -75,8 +75,10 @@ CELLS = "docs/operations.md#cells"
 MAPPINGS_A_POLLER_GROUP = 100
 MAXIMUM_POLLERS_A_POLLER_GROUP = 2000
 POLLER_GROUP_NAME_PATTERN = re.compile(r"[a-zA-Z0-9_-]{1,128}")
-# A Kafka mapping's MaximumPollers when it sets none (the same page).
+# A Kafka mapping's MaximumPollers when it sets none, and the most it takes ("between 1 and 2,000", the same page;
+# the template's RelayMaximumPollers has the same range).
 DEFAULT_MAXIMUM_POLLERS = 200
+MOST_MAXIMUM_POLLERS = 2000
 # The template's RelayPollerGroups: one character a group (so that the assignment of 446 tenants in 3,000
 # characters stays under CloudFormation's 4,096 bytes a parameter value), 36 groups a cluster.
 POLLER_GROUPS = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -207,10 +209,15 @@ class GroupLoad:
         return self.mappings <= MAPPINGS_A_POLLER_GROUP and self.maximum_pollers <= MAXIMUM_POLLERS_A_POLLER_GROUP
 
 
+def _group_names(msk_cluster_arn: str) -> dict[str, str]:
+    """Each of the cluster's PollerGroupNames, and its group."""
+    return {poller_group_name(msk_cluster_arn, group): group for group in POLLER_GROUPS}
+
+
 def group_loads(listed: list[dict[str, Any]], msk_cluster_arn: str, own: frozenset[str]) -> dict[str, GroupLoad]:
     """The load of each of the cluster's poller groups, from its mappings as ListEventSourceMappings lists them,
-    leaving out the stack's own (`own`: their UUIDs; _during_update counts them from the stack's parameters)."""
-    names = {poller_group_name(msk_cluster_arn, group): group for group in POLLER_GROUPS}
+    leaving out the stack's own (`own`: their UUIDs; _during_update counts them where own_groups finds them)."""
+    names = _group_names(msk_cluster_arn)
     loads: dict[str, GroupLoad] = {}
     for mapping in listed:
         config = mapping.get("ProvisionedPollerConfig", {})
@@ -220,6 +227,28 @@ def group_loads(listed: list[dict[str, Any]], msk_cluster_arn: str, own: frozens
         pollers = int(config.get("MaximumPollers", DEFAULT_MAXIMUM_POLLERS))
         loads[group] = loads.get(group, GroupLoad()).plus(1, pollers)
     return loads
+
+
+def own_groups(
+    listed: list[dict[str, Any]], msk_cluster_arn: str, own: frozenset[str]
+) -> dict[str, tuple[str, GroupLoad]]:
+    """Where the stack's own mappings (`own`: their UUIDs) are, as Lambda lists them: each tenant's group (found by
+    its topic's second-last part: poimen.<tenant>.dispatch, <alias>.poimen.<tenant>.dispatch; NO_GROUP if ungrouped
+    or in a group not the cluster's) and what its mappings hold. What a deploy starts from, whatever the stack's
+    parameters say: a creation rolled back has deleted its mappings, an update rolled back has put them back."""
+    names = _group_names(msk_cluster_arn)
+    groups: dict[str, tuple[str, GroupLoad]] = {}
+    for mapping in listed:
+        if mapping["UUID"] not in own:
+            continue
+        config = mapping.get("ProvisionedPollerConfig", {})
+        group = names.get(config.get("PollerGroupName", ""), NO_GROUP)
+        pollers = int(config.get("MaximumPollers", DEFAULT_MAXIMUM_POLLERS))
+        for topic in mapping.get("Topics", []):
+            tenant = topic.split(".")[-2]
+            first, held = groups.get(tenant, (group, GroupLoad()))
+            groups[tenant] = first, held.plus(1, pollers)
+    return groups
 
 
 def parse_assignment(text: str) -> dict[str, str]:
@@ -236,24 +265,34 @@ def _is_group(group: str) -> bool:
     return len(group) == 1 and group in POLLER_GROUPS
 
 
-def _during_update(taken: dict[str, GroupLoad], previous: dict[str, str], deployed: GroupLoad) -> dict[str, GroupLoad]:
-    """`taken`, and each deployed tenant's mappings (`deployed` each) in its `previous` group: they count there
-    until the update completes, as CloudFormation deletes the mappings of a removed tenant after it has created
-    and updated the others (its cleanup), and updates a moved one's group in parallel with the others (room it
-    leaves may be taken before it has left)."""
+# What each deployed tenant's mappings hold where they are: one load for every tenant, or each tenant's own (as
+# Lambda lists them: own_groups); a tenant not in the map holds nothing.
+Held = GroupLoad | dict[str, GroupLoad]
+
+
+def _held(deployed: Held, tenant: str) -> GroupLoad:
+    return deployed.get(tenant, GroupLoad()) if isinstance(deployed, dict) else deployed
+
+
+def _during_update(taken: dict[str, GroupLoad], previous: dict[str, str], deployed: Held) -> dict[str, GroupLoad]:
+    """`taken`, and each deployed tenant's mappings (what `deployed` says it holds) in its `previous` group: they
+    count there until the update completes, as CloudFormation deletes the mappings of a removed tenant after it has
+    created and updated the others (its cleanup), and updates a moved one's group in parallel with the others (room
+    it leaves may be taken before it has left)."""
     loads = dict(taken)
-    for group in previous.values():
+    for tenant, group in previous.items():
         if _is_group(group):
-            loads[group] = loads.get(group, GroupLoad()).plus(deployed.mappings, deployed.maximum_pollers)
+            loads[group] = loads.get(group, GroupLoad()).plus(*astuple(_held(deployed, tenant)))
     return loads
 
 
-def _arrival(tenant: str, group: str, load: GroupLoad, previous: dict[str, str], deployed: GroupLoad) -> GroupLoad:
-    """What `tenant`'s mappings (`load`) add to `group`: all of them if it comes from elsewhere, its growth if it
-    stays (a peer alias's mapping more, a higher RelayMaximumPollers)."""
+def _arrival(tenant: str, group: str, load: GroupLoad, previous: dict[str, str], deployed: Held) -> GroupLoad:
+    """What `tenant`'s mappings (`load`) add to `group`: all of them if it comes from elsewhere, its growth over what
+    it holds there if it stays (a peer alias's mapping more, a higher RelayMaximumPollers)."""
     if previous.get(tenant) != group:
         return load
-    return GroupLoad(max(0, load.mappings - deployed.mappings), max(0, load.maximum_pollers - deployed.maximum_pollers))
+    held = _held(deployed, tenant)
+    return GroupLoad(max(0, load.mappings - held.mappings), max(0, load.maximum_pollers - held.maximum_pollers))
 
 
 def assign_poller_groups(
@@ -262,7 +301,7 @@ def assign_poller_groups(
     maximum_pollers: int,
     taken: dict[str, GroupLoad],
     previous: dict[str, str],
-    deployed: GroupLoad = GroupLoad(),
+    deployed: Held = GroupLoad(),
 ) -> dict[str, str]:
     """Each tenant's group (all of its `mappings_a_tenant` mappings, of `maximum_pollers` each, in one), beside what
     other stacks hold (`taken`) and the stack's deployed tenants where they are (`previous`, `deployed` a tenant:
@@ -297,7 +336,7 @@ def poller_group_refusal(
     taken: dict[str, GroupLoad],
     msk_cluster_arn: str,
     previous: dict[str, str] | None = None,
-    deployed: GroupLoad = GroupLoad(),
+    deployed: Held = GroupLoad(),
 ) -> str | None:
     """Why Lambda (or the template) would refuse these tenants' mappings in the groups of `assignment` beside
     what other stacks hold (`taken`) and the stack's deployed tenants where they are (`previous`, `deployed` a
@@ -337,17 +376,21 @@ def poller_group_refusal(
         )
     loads = _during_update(taken, previous or {}, deployed)
     load = GroupLoad(mappings_a_tenant, one_tenant)
+    grown: set[str] = set()  # the groups this deploy adds to; one another cell overfills is that cell's refusal
     for tenant in tenants:
         group = assignment[tenant]
         arrival = _arrival(tenant, group, load, previous or {}, deployed)
         loads[group] = loads.get(group, GroupLoad()).plus(arrival.mappings, arrival.maximum_pollers)
+        if arrival != GroupLoad():
+            grown.add(group)
     for group, after in sorted(loads.items()):
-        if not after.fits():
+        if group in grown and not after.fits():
             theirs = taken.get(group, GroupLoad())
             return (
                 f"poller group {poller_group_name(msk_cluster_arn, group)} would hold {after.mappings} mappings and"
                 f" {after.maximum_pollers:,} MaximumPollers ({theirs.mappings} and {theirs.maximum_pollers:,} of"
-                f" other stacks; this stack's deployed mappings count where they are until its update completes),"
+                " other stacks, their change sets not yet executed included; this stack's deployed mappings count"
+                " where they are until its update completes),"
                 f" over the {MAPPINGS_A_POLLER_GROUP} and {MAXIMUM_POLLERS_A_POLLER_GROUP:,} a group holds (Lambda"
                 f" refuses the mapping): leave RELAY_POLLER_GROUPS unset and make deploy assigns groups with room"
                 f" ({POLLER_GROUPS_DOC})"
@@ -369,6 +412,9 @@ class DeployedCell:
     stage: str = DEFAULT_STAGE
     region: str = ""  # a peer Region's name; empty for the Region being deployed
     peer_cluster_aliases: tuple[str, str] = ("", "")  # PeerClusterAlias1, PeerClusterAlias2
+    poller_groups: str = ""  # RelayPollerGroups
+    mappings_a_tenant: int = 1  # DispatchSources' kinds
+    maximum_pollers: int = DEFAULT_RELAY_MAXIMUM_POLLERS  # RelayMaximumPollers
 
     def __str__(self) -> str:
         where = f" in {self.region}" if self.region else ""
@@ -388,6 +434,7 @@ def _cell(
     given = {p["ParameterKey"]: p.get("ParameterValue", "") for p in parameters}
     if "Tenants" not in given or "MskClusterArn" not in given:
         return None
+    pollers = given.get("RelayMaximumPollers", "")
     return DeployedCell(
         stack_name=stack["StackName"],
         status=stack["StackStatus"],
@@ -398,6 +445,9 @@ def _cell(
         stage=given.get("Stage", DEFAULT_STAGE),
         region=region,
         peer_cluster_aliases=(given.get("PeerClusterAlias1", ""), given.get("PeerClusterAlias2", "")),
+        poller_groups=given.get("RelayPollerGroups", ""),
+        mappings_a_tenant=len((given.get("DispatchSources") or DISPATCH_SOURCES[0]).split(",")),
+        maximum_pollers=int(pollers) if re.fullmatch("[0-9]+", pollers) else DEFAULT_RELAY_MAXIMUM_POLLERS,
     )
 
 
@@ -532,24 +582,66 @@ def cell_refusal(
     )
 
 
+def pending_loads(
+    cells: list[DeployedCell], stack_name: str, msk_cluster_arn: str, listed: list[dict[str, Any]]
+) -> dict[str, GroupLoad]:
+    """What the other cells on the cluster will hold in its groups beyond what Lambda lists there yet: each of their
+    tenants' mappings where the cell's parameters, or its change set's not yet executed, place them, less what that
+    tenant's mappings Lambda lists in that group hold. A cell waiting for its change set's confirmation, or whose
+    creation or update is under way, has not created or moved them yet, and two cells deploying at once must not
+    both take the room (Lambda would refuse the second's mapping, and a rollback moving one back could fail)."""
+    names = _group_names(msk_cluster_arn)
+    listed_at: dict[tuple[str, str], GroupLoad] = {}
+    for mapping in listed:
+        config = mapping.get("ProvisionedPollerConfig", {})
+        group = names.get(config.get("PollerGroupName", ""))
+        if group is None:
+            continue
+        for topic in mapping.get("Topics", []):
+            key = (topic.split(".")[-2], group)
+            listed_at[key] = listed_at.get(key, GroupLoad()).plus(
+                1, int(config.get("MaximumPollers", DEFAULT_MAXIMUM_POLLERS))
+            )
+    loads: dict[str, GroupLoad] = {}
+    for cell in cells:
+        if (
+            cell.msk_cluster_arn != msk_cluster_arn
+            or (cell.region == "" and cell.stack_name == stack_name)
+            or cell.status in SERVES_NOTHING
+        ):
+            continue
+        for tenant, group in parse_assignment(cell.poller_groups).items():
+            if not _is_group(group) or tenant not in cell.tenants:
+                continue
+            there = listed_at.get((tenant, group), GroupLoad())
+            loads[group] = loads.get(group, GroupLoad()).plus(
+                max(0, cell.mappings_a_tenant - there.mappings),
+                max(0, cell.mappings_a_tenant * cell.maximum_pollers - there.maximum_pollers),
+            )
+    return loads
+
+
 @dataclass(frozen=True)
 class DeployedGroups:
     """What the deploy's poller groups depend on, as AWS describes it: the load of the cluster's groups without the
-    stack's own mappings, and the stack's deployed RelayPollerGroups, RelayMaximumPollers and RelayEventPollers
-    (empty if none)."""
+    stack's own mappings; where those are (own_groups, as RelayPollerGroups; empty if none) and what each tenant's
+    hold; the stack's deployed RelayMaximumPollers and RelayEventPollers (empty if none), and which of its own
+    mappings Lambda lists as provisioned."""
 
     taken: dict[str, GroupLoad]
     previous: str
     maximum_pollers: str
-    dispatch_sources: str = ""
     event_pollers: str = ""
     # The stack's own mappings in provisioned mode (Lambda lists a ProvisionedPollerConfig), by UUID.
     provisioned: tuple[str, ...] = ()
+    held: dict[str, GroupLoad] = field(default_factory=dict)
 
 
 def deployed_groups(cloudformation: Any, lambda_: Any, stack_name: str, msk_cluster_arn: str) -> DeployedGroups:
     """The cluster's poller groups from Lambda's ListEventSourceMappings, the stack's own mappings (its resources
-    in CloudFormation) left out, and the stack's deployed parameters; a stack not yet deployed has none."""
+    in CloudFormation) left out and found where they are, with what the other cells on the cluster will add
+    (pending_loads, from CloudFormation's stacks and change sets), and the stack's deployed parameters; a stack not
+    yet deployed has none."""
     try:
         (stack,) = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
     except ClientError as error:
@@ -570,13 +662,17 @@ def deployed_groups(cloudformation: Any, lambda_: Any, stack_name: str, msk_clus
         for mapping in page["EventSourceMappings"]
     ]
     given = {p["ParameterKey"]: p.get("ParameterValue", "") for p in (stack or {}).get("Parameters", [])}
+    placed = own_groups(listed, msk_cluster_arn, frozenset(own))
+    taken = group_loads(listed, msk_cluster_arn, frozenset(own))
+    for group, pending in pending_loads(deployed_cells(cloudformation), stack_name, msk_cluster_arn, listed).items():
+        taken[group] = taken.get(group, GroupLoad()).plus(*astuple(pending))
     return DeployedGroups(
-        taken=group_loads(listed, msk_cluster_arn, frozenset(own)),
-        previous=given.get("RelayPollerGroups", ""),
+        taken=taken,
+        previous=render_assignment({tenant: group for tenant, (group, _) in placed.items()}),
         maximum_pollers=given.get("RelayMaximumPollers", ""),
-        dispatch_sources=given.get("DispatchSources", ""),
         event_pollers=given.get("RelayEventPollers", ""),
         provisioned=tuple(m["UUID"] for m in listed if m["UUID"] in own and m.get("ProvisionedPollerConfig")),
+        held={tenant: held for tenant, (_, held) in placed.items()},
     )
 
 
@@ -607,19 +703,50 @@ def _groups(options: argparse.Namespace, tenants: list[str]) -> tuple[str | None
         # No mapping joins a group (module doc), nor may one stay provisioned (on_demand_refusal).
         return on_demand_refusal(deployed.provisioned), render_assignment(dict.fromkeys(tenants, NO_GROUP)), False
     # As sam deploy passes it: given (samconfig.toml's overrides), else the deployed stack's, else the default.
-    maximum_pollers = int(options.maximum_pollers or deployed.maximum_pollers or DEFAULT_RELAY_MAXIMUM_POLLERS)
+    relay_maximum_pollers = options.maximum_pollers or deployed.maximum_pollers or str(DEFAULT_RELAY_MAXIMUM_POLLERS)
+    if not re.fullmatch("[0-9]+", relay_maximum_pollers) or not 1 <= int(relay_maximum_pollers) <= MOST_MAXIMUM_POLLERS:
+        return (
+            (
+                f"RelayMaximumPollers {relay_maximum_pollers!r} is not a whole number of 1 to {MOST_MAXIMUM_POLLERS} (the"
+                " template's range, and Lambda's for a Kafka mapping): fix it in samconfig.toml's parameter_overrides"
+                f" ({POLLER_GROUPS_DOC})"
+            ),
+            "",
+            True,
+        )
+    maximum_pollers = int(relay_maximum_pollers)
     sources = options.dispatch_sources.removeprefix("DispatchSources=").split(",")
     previous = parse_assignment(deployed.previous)
-    # What one deployed tenant's mappings hold where they are (the template's defaults where the stack predates them;
-    # nothing where it is deployed on-demand, its RelayPollerGroups of an earlier provisioned deploy notwithstanding)
+    # What each deployed tenant's mappings hold where they are (nothing where the stack is deployed on-demand, its
+    # RelayPollerGroups of an earlier provisioned deploy notwithstanding)
+    held = deployed.held
     if deployed.event_pollers == ON_DEMAND_POLLERS:
-        previous = {}
-    kinds = len((deployed.dispatch_sources or DISPATCH_SOURCES[0]).split(","))
-    held = GroupLoad(kinds, kinds * int(deployed.maximum_pollers or DEFAULT_RELAY_MAXIMUM_POLLERS))
+        previous, held = {}, {}
     if options.poller_groups == UNGROUPED:
         assignment = dict.fromkeys(tenants, NO_GROUP)
     elif options.poller_groups:
         assignment = parse_assignment(options.poller_groups)
+        given = [entry.partition("=")[0] for entry in options.poller_groups.split(",") if entry]
+        twice = [tenant for tenant in assignment if given.count(tenant) > 1]
+        if twice:
+            return (
+                (
+                    f"RELAY_POLLER_GROUPS gives {_listed(twice)} more than one group: give each tenant once"
+                    f" ({POLLER_GROUPS_DOC})"
+                ),
+                "",
+                True,
+            )
+        missing = [tenant for tenant in tenants if tenant not in assignment]
+        if missing:
+            return (
+                (
+                    f"RELAY_POLLER_GROUPS gives {_listed(missing)} no group: give each tenant of TENANTS one (0-9, a-z),"
+                    f" or leave it unset and make deploy assigns them ({POLLER_GROUPS_DOC})"
+                ),
+                "",
+                True,
+            )
     else:
         assignment = assign_poller_groups(tenants, len(sources), maximum_pollers, deployed.taken, previous, held)
     refusal = poller_group_refusal(
@@ -692,10 +819,10 @@ def main(arguments: list[str]) -> int:
             return 3
         if refusal is None:
             print(f"RelayPollerGroups={assignment}")
-        if options.poller_groups == UNGROUPED and provisioned:
+        if refusal is None and provisioned and set(parse_assignment(assignment).values()) == {NO_GROUP}:
             print(
-                f"{options.prog}: RELAY_POLLER_GROUPS={UNGROUPED}: each MSK event source mapping's pollers on an EPU"
-                f" of its own, about $135 a month a mapping whatever its traffic ({POLLER_GROUPS_DOC})",
+                f"{options.prog}: RELAY_POLLER_GROUPS={options.poller_groups}: each MSK event source mapping's pollers"
+                f" on an EPU of its own, about $135 a month a mapping whatever its traffic ({POLLER_GROUPS_DOC})",
                 file=sys.stderr,
             )
     else:

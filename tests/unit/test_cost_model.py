@@ -162,3 +162,35 @@ def test_the_traces_follow_the_admission_functions_tracing() -> None:
     assert template.document["Parameters"]["AdmissionTracing"]["Default"] == "PassThrough"
     assert traces(template) == 0
     assert traces(active) == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "said"),
+    [
+        (["--tenants", "0"], "--tenants 0: give 1 or more"),
+        (["--tenants", "-3"], "--tenants -3: give 1 or more"),
+        (["--cells", "0"], "--cells 0: give 1 or more"),
+        (["--cells", "-1"], "--cells -1: give 1 or more"),
+        (["--tenants", "2", "--cells", "5"], "5 cells for 2 tenants: a cell serves at least one tenant"),
+        (["--admissions", "-5"], "--admissions -5: give 0 or more"),
+        (["--admission-ms", "-3"], "--admission-ms -3: give 0 or more"),
+        (["--relay-ms", "-1"], "--relay-ms -1: give 0 or more"),
+        (["--outbox-ms", "-0.5"], "--outbox-ms -0.5: give 0 or more"),
+        (["--log-bytes", "-1"], "--log-bytes -1: give 0 or more"),
+        (["--mode", "on-demand", "--ungrouped"], "--ungrouped is provisioned mode's opt-out"),
+        (["--tenants", "3601", "--cells", "9"], "3601 tenants in 9 cell(s) on one cluster: make deploy would find"),
+    ],
+)
+def test_the_tool_refuses_nonsense_in_one_line_exit_2(
+    arguments: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # When the tool is given a count or a duration no deployment has (or a mode with an option it has not)
+    with pytest.raises(SystemExit) as exited:
+        main(arguments)
+
+    # Then it prints no bill, and one line naming what to give, exit 2 (not a traceback, a negative bill or a bill
+    # for cells that serve nobody)
+    out, err = capsys.readouterr()
+    assert (exited.value.code, out) == (2, "")
+    (line,) = err.splitlines()
+    assert said in line, line

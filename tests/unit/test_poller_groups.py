@@ -139,8 +139,9 @@ def test_the_parameters_default_is_group_0_for_all_and_its_pattern_is_the_checks
     assert pattern.fullmatch("acme=-,globex=-")  # RELAY_POLLER_GROUPS=ungrouped
     for refused in (UNGROUPED, "acme=", "acme=10", "acme=A", "acme", "acme=0,", "acme=-,globex=0"):
         assert not pattern.fullmatch(refused), refused
-    relay_maximum = Template(REPO / "template.yaml").document["Parameters"]["RelayMaximumPollers"]["Default"]
-    assert relay_maximum == DEFAULT_RELAY_MAXIMUM_POLLERS
+    relay_maximum = Template(REPO / "template.yaml").document["Parameters"]["RelayMaximumPollers"]
+    assert relay_maximum["Default"] == DEFAULT_RELAY_MAXIMUM_POLLERS
+    assert (relay_maximum["MinValue"], relay_maximum["MaxValue"]) == (1, deploy_check.MOST_MAXIMUM_POLLERS)
 
 
 def _tenants_of_characters(count: int, characters: int) -> list[str]:
@@ -320,9 +321,17 @@ def test_ungrouped_is_never_refused_but_only_for_every_tenant() -> None:
 # --- what make deploy runs -----------------------------------------------------------------------------------
 
 
-def _clients(stack: dict[str, Any] | None, resources: list[str], listed: list[dict[str, Any]]) -> tuple[Any, Any]:
+def _clients(
+    stack: dict[str, Any] | None,
+    resources: list[str],
+    listed: list[dict[str, Any]],
+    cells: list[dict[str, Any]] | None = None,
+    change_sets: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] | None = None,
+) -> tuple[Any, Any]:
     """CloudFormation and Lambda clients answering as AWS would (botocore's Stubber: requests and answers checked
-    against the services' models; moto cannot create an MSK event source mapping)."""
+    against the services' models; moto cannot create an MSK event source mapping): the stack, its resources, the
+    cluster's mappings, then every stack of the Region (the stack and `cells`) and each cell's change sets (by stack
+    name: (summary, described))."""
     cloudformation = boto3.client("cloudformation", region_name="us-east-1")
     lambda_ = boto3.client("lambda", region_name="us-east-1")
     cf_stub, lambda_stub = Stubber(cloudformation), Stubber(lambda_)
@@ -344,6 +353,16 @@ def _clients(stack: dict[str, Any] | None, resources: list[str], listed: list[di
         ]
         cf_stub.add_response("list_stack_resources", {"StackResourceSummaries": summaries}, {"StackName": "S"})
     lambda_stub.add_response("list_event_source_mappings", {"EventSourceMappings": listed}, {"EventSourceArn": CLUSTER})
+    every = [*([stack] if stack is not None else []), *(cells or [])]
+    cf_stub.add_response("describe_stacks", {"Stacks": every}, {})
+    for each in every:
+        keys = {parameter["ParameterKey"] for parameter in each.get("Parameters", [])}
+        if {"Tenants", "MskClusterArn"} <= keys or each["StackStatus"] == "REVIEW_IN_PROGRESS":
+            pending = (change_sets or {}).get(each["StackName"], [])
+            summaries = [summary for summary, _ in pending]
+            cf_stub.add_response("list_change_sets", {"Summaries": summaries}, {"StackName": each["StackId"]})
+            for summary, described in pending:
+                cf_stub.add_response("describe_change_set", described, {"ChangeSetName": summary["ChangeSetId"]})
     cf_stub.activate()
     lambda_stub.activate()
     return cloudformation, lambda_
@@ -354,9 +373,9 @@ def _uuid(name: str) -> str:
     return f"{name:0>12}".replace("-", "0")[-12:].join(["00000000-0000-0000-0000-", ""])
 
 
-def _esm(uuid: str, group: str) -> dict[str, Any]:
-    config = {"MinimumPollers": 1, "MaximumPollers": 3, "PollerGroupName": poller_group_name(CLUSTER, group)}
-    return {"UUID": _uuid(uuid), "EventSourceArn": CLUSTER, "ProvisionedPollerConfig": config}
+def _esm(uuid: str, group: str, topic: str = "poimen.other.dispatch", pollers: int = 3) -> dict[str, Any]:
+    config = {"MinimumPollers": 1, "MaximumPollers": pollers, "PollerGroupName": poller_group_name(CLUSTER, group)}
+    return {"UUID": _uuid(uuid), "EventSourceArn": CLUSTER, "Topics": [topic], "ProvisionedPollerConfig": config}
 
 
 def test_the_deployed_groups_leave_out_the_stacks_own_mappings_and_keep_its_parameters() -> None:
@@ -370,16 +389,203 @@ def test_the_deployed_groups_leave_out_the_stacks_own_mappings_and_keep_its_para
             {"ParameterKey": "DispatchSources", "ParameterValue": "Source,Peer1Source"},
         ],
     }
-    cloudformation, lambda_ = _clients(stack, ["own-1"], [_esm("own-1", "1"), _esm("other-1", "1")])
+    cloudformation, lambda_ = _clients(
+        stack, ["own-1"], [_esm("own-1", "1", "poimen.acme.dispatch"), _esm("other-1", "1")]
+    )
 
     deployed = deployed_groups(cloudformation, lambda_, "S", CLUSTER)
 
     assert deployed.taken == {"1": GroupLoad(1, 3)}
-    assert (deployed.previous, deployed.maximum_pollers, deployed.dispatch_sources) == (
-        "acme=1",
-        "5",
-        "Source,Peer1Source",
+    assert (deployed.previous, deployed.maximum_pollers, deployed.held) == ("acme=1", "5", {"acme": GroupLoad(1, 3)})
+
+
+@pytest.mark.parametrize(
+    ("status", "parameter", "listed_own", "expected"),
+    [
+        # A failed creation rolled back: its mappings are deleted, whatever its parameters still say
+        ("ROLLBACK_COMPLETE", "acme=0,globex=0", [], "RelayPollerGroups=acme=0,globex=1\n"),
+        # An update that moved acme to group 1 rolled back: acme's mapping is in group 0 again, and stays there
+        (
+            "UPDATE_ROLLBACK_COMPLETE",
+            "acme=1,globex=1",
+            [("own-a", "0", "poimen.acme.dispatch")],
+            "RelayPollerGroups=acme=0,globex=1\n",
+        ),
+        # A tenant whose peer alias's mapping is where its own is: one tenant, not two
+        (
+            "UPDATE_COMPLETE",
+            "acme=0",
+            [("own-a", "0", "poimen.acme.dispatch"), ("own-b", "0", "west.poimen.acme.dispatch")],
+            "RelayPollerGroups=acme=0,globex=1\n",
+        ),
+    ],
+)
+def test_the_group_check_counts_the_stacks_own_mappings_where_lambda_has_them(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    status: str,
+    parameter: str,
+    listed_own: list[tuple[str, str, str]],
+    expected: str,
+) -> None:
+    # Given a stack whose parameters say where its tenants were meant to be, its mappings where Lambda has them,
+    # and another cell's mappings in group 0 leaving room for one tenant more than the stack's own there
+    stack = {
+        "StackName": "S",
+        "CreationTime": "2026-12-01T00:00:00Z",
+        "StackStatus": status,
+        "Parameters": [
+            {"ParameterKey": "RelayPollerGroups", "ParameterValue": parameter},
+            {"ParameterKey": "DispatchSources", "ParameterValue": "Source" + ",Peer1Source" * (len(listed_own) > 1)},
+        ],
+    }
+    others = 100 - max(1, len(listed_own))
+    listed = [_esm(f"other-{n}", "0") for n in range(others)] + [_esm(*own) for own in listed_own]
+    cloudformation, lambda_ = _clients(stack, ["own-a", "own-b", "own-g"], listed)
+    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
+    sources = "DispatchSources=Source" + ",Peer1Source" * (len(listed_own) > 1)
+    arguments = ["--tenants", "acme,globex", "--msk-cluster-arn", CLUSTER, "--dispatch-sources", sources]
+
+    # When make deploy's group check runs
+    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+
+    # Then it computes from the mappings Lambda has (none held for a rolled-back creation: no room given away for
+    # them, no refusal of a group they would overfill), not from the parameters
+    assert (code, *capsys.readouterr()) == (0, expected, "")
+
+
+def test_a_removed_tenants_mapping_holds_its_maximum_pollers_as_lambda_lists_them_until_the_cleanup(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given acme's mapping in group 0 at 1,000 MaximumPollers (raised by hand in an incident; the stack still says
+    # RelayMaximumPollers 3), beside another cell's mapping of 1,000: group 0 is full
+    stack = {
+        "StackName": "S",
+        "CreationTime": "2026-12-01T00:00:00Z",
+        "StackStatus": "UPDATE_COMPLETE",
+        "Parameters": [
+            {"ParameterKey": "RelayPollerGroups", "ParameterValue": "acme=0"},
+            {"ParameterKey": "RelayMaximumPollers", "ParameterValue": "3"},
+        ],
+    }
+    listed = [_esm("other", "0", pollers=1000), _esm("own-a", "0", "poimen.acme.dispatch", pollers=1000)]
+    cloudformation, lambda_ = _clients(stack, ["own-a"], listed)
+    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
+    arguments = ["--tenants", "globex", "--msk-cluster-arn", CLUSTER, "--dispatch-sources", "DispatchSources=Source"]
+
+    # When acme is replaced by globex
+    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+
+    # Then globex goes to group 1: acme's 1,000 pollers stay in group 0 until the update's cleanup deletes them
+    assert (code, *capsys.readouterr()) == (0, "RelayPollerGroups=globex=1\n", "")
+
+
+def _cell_stack(name: str, status: str, tenants: list[str], groups: str) -> dict[str, Any]:
+    """Another cell's stack (or, `groups` given, its parameters as a change set describes them) on the cluster."""
+    return {
+        "StackName": name,
+        "StackId": f"arn:aws:cloudformation:us-east-1:111122223333:stack/{name}/1",
+        "CreationTime": "2026-12-01T00:00:00Z",
+        "StackStatus": status,
+        "Parameters": [
+            {"ParameterKey": "Tenants", "ParameterValue": ",".join(tenants)},
+            {"ParameterKey": "MskClusterArn", "ParameterValue": CLUSTER},
+            {"ParameterKey": "Cell", "ParameterValue": name.lower()},
+            {"ParameterKey": "RelayPollerGroups", "ParameterValue": groups},
+        ]
+        if groups
+        else [],
+    }
+
+
+def _change_set(stack: dict[str, Any], tenants: list[str], groups: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A change set of `stack` not yet executed (sam deploy waiting for its confirmation): summary, described."""
+    cell = _cell_stack(stack["StackName"], "REVIEW_IN_PROGRESS", tenants, groups)
+    arn = f"arn:aws:cloudformation:us-east-1:111122223333:changeSet/samcli-deploy1/{stack['StackName']}"
+    summary = {
+        "StackId": stack["StackId"],
+        "ChangeSetId": arn,
+        "ChangeSetName": "samcli-deploy1",
+        "Status": "CREATE_COMPLETE",
+        "ExecutionStatus": "AVAILABLE",
+    }
+    described = {**summary, "StackName": stack["StackName"], "Parameters": cell["Parameters"], "Changes": []}
+    return summary, described
+
+
+@pytest.mark.parametrize("new_cell", [True, False])
+def test_another_cells_change_set_not_yet_executed_holds_its_room_in_the_groups(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], new_cell: bool
+) -> None:
+    # Given cell t, on the cluster, waiting for the confirmation of a change set that puts 99 tenants in group 0:
+    # a new stack (none of its mappings created yet), or a deployed one with 50 of them and 49 more to come
+    theirs = [f"t{n}" for n in range(99)]
+    deployed = [] if new_cell else theirs[:50]
+    stack = _cell_stack(
+        "T",
+        "REVIEW_IN_PROGRESS" if new_cell else "UPDATE_COMPLETE",
+        deployed,
+        render_assignment(dict.fromkeys(deployed, "0")),
     )
+    pending = _change_set(stack, theirs, render_assignment(dict.fromkeys(theirs, "0")))
+    listed = [_esm(f"t{n}", "0", f"poimen.{tenant}.dispatch") for n, tenant in enumerate(deployed)]
+    cloudformation, lambda_ = _clients(None, [], listed, [stack], {"T": [pending]})
+    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
+    sources = "DispatchSources=Source"
+    arguments = ["--tenants", "acme,globex", "--msk-cluster-arn", CLUSTER, "--dispatch-sources", sources]
+
+    # When make deploy's group check runs for this cell before t's change set is executed
+    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+
+    # Then group 0 has room for one tenant only: t's 99 mappings count there though Lambda lists at most 50
+    assert (code, *capsys.readouterr()) == (0, "RelayPollerGroups=acme=0,globex=1\n", "")
+
+
+def test_a_group_another_cell_overfills_refuses_only_that_cell_not_this_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given another function's mapping in group 0, and cell t's change set (made by hand, without make deploy)
+    # putting 100 tenants there: Lambda will refuse one of t's mappings
+    theirs = [f"t{n}" for n in range(100)]
+    stack = _cell_stack("T", "REVIEW_IN_PROGRESS", [], "")
+    pending = _change_set(stack, theirs, render_assignment(dict.fromkeys(theirs, "0")))
+    cloudformation, lambda_ = _clients(None, [], [_esm("someone", "0")], [stack], {"T": [pending]})
+    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
+    arguments = ["--tenants", "acme", "--msk-cluster-arn", CLUSTER, "--dispatch-sources", "DispatchSources=Source"]
+
+    # When this cell's group check runs
+    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+
+    # Then its tenant goes to group 1 and nothing is refused: this deploy adds nothing to group 0
+    assert (code, *capsys.readouterr()) == (0, "RelayPollerGroups=acme=1\n", "")
+
+
+def test_each_deployed_tenant_grows_from_what_its_own_mappings_hold(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given group 0 at 1,999 MaximumPollers: another cell's 996, acme's mapping raised by hand to 1,000, globex's 3
+    stack = {
+        "StackName": "S",
+        "CreationTime": "2026-12-01T00:00:00Z",
+        "StackStatus": "UPDATE_COMPLETE",
+        "Parameters": [{"ParameterKey": "RelayPollerGroups", "ParameterValue": "acme=0,globex=0"}],
+    }
+    listed = [
+        _esm("other", "0", pollers=996),
+        _esm("own-a", "0", "poimen.acme.dispatch", pollers=1000),
+        _esm("own-g", "0", "poimen.globex.dispatch", pollers=3),
+    ]
+    cloudformation, lambda_ = _clients(stack, ["own-a", "own-g"], listed)
+    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
+    sources = "DispatchSources=Source"
+    arguments = ["--tenants", "acme,globex", "--msk-cluster-arn", CLUSTER, "--dispatch-sources", sources]
+
+    # When RelayMaximumPollers goes from 3 to 5
+    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments, "--maximum-pollers", "5"])
+
+    # Then globex's 2 pollers more do not fit group 0 and it moves (acme, lowered to 5, stays): its growth is from
+    # its own 3, not from the 1,000 of the tenant holding most
+    assert (code, *capsys.readouterr()) == (0, "RelayPollerGroups=acme=0,globex=1\n", "")
 
 
 def _run_groups(
@@ -424,10 +630,50 @@ def test_make_deploys_group_check_refuses_what_lambda_would_refuse_in_one_line_e
     assert line.startswith("make deploy: poller group poimen-5f0c3a1e-8d2b-4c6a-9e1f-2b7d4c8a6e30-2-0 would hold 101")
 
 
-def test_make_deploys_group_check_says_what_ungrouped_costs(
+def test_make_deploys_group_check_names_a_tenant_given_no_group_as_such(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = _run_groups(monkeypatch, capsys, [], "--poller-groups", UNGROUPED)
+    # When the operator's RELAY_POLLER_GROUPS leaves out globex, on a cluster whose groups are empty
+    code, out, err = _run_groups(monkeypatch, capsys, [], "--poller-groups", "acme=0")
+
+    # Then the one line says so, not that every one of the cluster's groups is full
+    assert (code, out) == (2, "")
+    (line,) = err.splitlines()
+    assert line.startswith("make deploy: RELAY_POLLER_GROUPS gives globex no group: give each tenant of TENANTS one")
+    assert "would be over" not in line
+
+
+def test_make_deploys_group_check_refuses_a_tenant_given_two_groups(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # When a tired operator gives acme twice, the second time to the group with room
+    listed = [_esm(f"other-{n}", "0") for n in range(98)]
+    code, out, err = _run_groups(monkeypatch, capsys, listed, "--poller-groups", "acme=0,globex=0,acme=1")
+
+    # Then it is refused in one line, not silently deployed with one of the two (which, the operator cannot tell)
+    assert (code, out) == (2, "")
+    (line,) = err.splitlines()
+    assert line.startswith("make deploy: RELAY_POLLER_GROUPS gives acme more than one group")
+
+
+@pytest.mark.parametrize("maximum_pollers", ["5O", "0", "2001", "-1", "3.5"])
+def test_make_deploys_group_check_refuses_a_relay_maximum_pollers_the_template_refuses(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], maximum_pollers: str
+) -> None:
+    # When samconfig.toml's overrides give RelayMaximumPollers a typo or a value out of the template's range
+    code, out, err = _run_groups(monkeypatch, capsys, [], "--maximum-pollers", maximum_pollers)
+
+    # Then it is refused in one line, exit 2 (not a traceback, nor an assignment computed for it)
+    assert (code, out) == (2, "")
+    (line,) = err.splitlines()
+    assert line.startswith(f"make deploy: RelayMaximumPollers {maximum_pollers!r} is not a whole number of 1 to 2000")
+
+
+@pytest.mark.parametrize("given", [UNGROUPED, "acme=-,globex=-"])  # by name, or every tenant '-' by hand
+def test_make_deploys_group_check_says_what_ungrouped_costs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], given: str
+) -> None:
+    code, out, err = _run_groups(monkeypatch, capsys, [], "--poller-groups", given)
 
     assert (code, out) == (0, "RelayPollerGroups=acme=-,globex=-\n")
     assert "an EPU of its own, about $135 a month a mapping" in err

@@ -707,9 +707,9 @@ def _groups(options: argparse.Namespace, tenants: list[str]) -> tuple[str | None
     if not re.fullmatch("[0-9]+", relay_maximum_pollers) or not 1 <= int(relay_maximum_pollers) <= MOST_MAXIMUM_POLLERS:
         return (
             (
-                f"RelayMaximumPollers {relay_maximum_pollers!r} is not a whole number of 1 to {MOST_MAXIMUM_POLLERS} (the"
-                " template's range, and Lambda's for a Kafka mapping): fix it in samconfig.toml's parameter_overrides"
-                f" ({POLLER_GROUPS_DOC})"
+                f"RelayMaximumPollers {relay_maximum_pollers!r} is not a whole number of 1 to"
+                f" {MOST_MAXIMUM_POLLERS} (the template's range, and Lambda's for a Kafka mapping): fix it in"
+                f" samconfig.toml's parameter_overrides ({POLLER_GROUPS_DOC})"
             ),
             "",
             True,
@@ -741,8 +741,8 @@ def _groups(options: argparse.Namespace, tenants: list[str]) -> tuple[str | None
         if missing:
             return (
                 (
-                    f"RELAY_POLLER_GROUPS gives {_listed(missing)} no group: give each tenant of TENANTS one (0-9, a-z),"
-                    f" or leave it unset and make deploy assigns them ({POLLER_GROUPS_DOC})"
+                    f"RELAY_POLLER_GROUPS gives {_listed(missing)} no group: give each tenant of TENANTS one"
+                    " (0-9, a-z), or leave it unset and make deploy assigns them ({POLLER_GROUPS_DOC})"
                 ),
                 "",
                 True,

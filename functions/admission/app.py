@@ -14,7 +14,8 @@ from poimen.observability import logger, metrics
 snapstart.register(before_snapshot=warm, after_restore=admission_service.cache_clear)
 
 
-@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)
+# clear_state: the keys a request appends (poimen.api.create_run: its tenant and dispatch_key) end with it.
+@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP, clear_state=True)
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     return app.resolve(event, context)

@@ -182,3 +182,22 @@ def test_a_tenant_not_granted_is_found_by_the_runbook_query_by_tenant_and_dispat
         if (line.get("tenant_id"), line.get("dispatch_key")) == (other, "k-403")
     ]
     assert [(line["message"], line["status"]) for line in found] == [("tenant not granted", 403)], found
+
+
+def test_a_requests_spawn_keys_end_with_it(
+    invoke: Invoke, tenant: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a spawn refused for a tenant the caller is not granted, its line naming the key
+    monkeypatch.setattr(logger.registered_handler, "stream", sys.stdout)
+    other = f"{tenant}-b"
+    invoke(body={"workflow_ref": "wf/audit", "input": {}, "dispatch_key": "k-earlier"}, tenant=other)
+    capsys.readouterr()
+
+    # When the next request, a look-up, is refused too
+    answer = invoke("GET", f"/v1/runs/{keyed_run_id(other, 'k-earlier')}", tenant=other)
+
+    # Then its line names no key of the request before (the Logger's keys are cleared each invocation)
+    assert answer.status == 403
+    (line,) = [line for line in _json_lines(capsys.readouterr().out) if line.get("message") == "tenant not granted"]
+    assert "dispatch_key" not in line
+    assert "status" in line

@@ -16,7 +16,9 @@ billed whole EPUs), the brokers' share, and the admissions' lines scaled from a 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,6 +103,45 @@ class Durations:
 # stand-ins (moto, a local broker, a local API) are not DynamoDB, MSK or API Gateway, and the machine is not
 # Lambda's: substitute CloudWatch's Duration of a deployed stack; the model is linear in each.
 MEASURED = Durations(admission_ms=11.5, relay_ms_a_record=11.26, outbox_ms_a_record=0.175, admission_log_bytes=427)
+
+
+@dataclass(frozen=True)
+class Ids:
+    """A spawn's tenant id and dispatch key, which the admission's log line carries as written: Powertools writes
+    the EMF line with json.dumps' ASCII escapes, so an ASCII character takes a byte (`"` and `\\` two), any
+    other six (`\\u00e9`), one beyond the BMP twelve (a surrogate pair)."""
+
+    label: str
+    tenant_id: str
+    dispatch_key: str
+
+    @property
+    def line_bytes(self) -> int:
+        """What the two take in the line, quotes left out."""
+        return sum(len(json.dumps(text)) - 2 for text in (self.tenant_id, self.dispatch_key))
+
+
+# Issue 35's goals for an admission's logs and a million admissions.
+GOAL_LOG_BYTES = 450
+GOAL_A_MILLION = 2.20
+# The ids of the line MEASURED counts (tests/integration/test_rie.py: its tenant is named for the test).
+MEASURED_IDS = Ids("as measured: a 14-character tenant, a 6-character key", "t" * 14, "k-warm")
+# What the line takes with other ids: the README's, a key as long as a UUID, and the longest the API accepts
+# (poimen.wire: a tenant of 63 characters, a key of 255 characters that are no control character).
+ID_SIZES = [
+    Ids("README's `acme` and `k-1`", "acme", "k-1"),
+    MEASURED_IDS,
+    Ids("a 14-character tenant, a 36-character key (a UUID)", "t" * 14, "0" * 36),
+    Ids("the longest: a 63-character tenant, a 255-character ASCII key", "t" * 63, "k" * 255),
+    Ids("the longest, the key's characters beyond the BMP (emoji)", "t" * 63, "\U0001f600" * 255),
+]
+
+
+def admission_log_bytes(measured: Durations, ids: Ids) -> int:
+    """What CloudWatch Logs ingests of an admission spawned with `ids`: the measured line, the difference in ids."""
+    return measured.admission_log_bytes + ids.line_bytes - MEASURED_IDS.line_bytes
+
+
 # The share of admissions X-Ray records, by the admission function's Tracing (template AdmissionTracing). Active:
 # Lambda records one request a second and 5 % of the others, a rate no sampling rule changes (LAMBDA_XRAY), so
 # 5 % from a second's first request on. PassThrough: only requests that arrive sampled, and an HTTP API does not
@@ -380,6 +421,29 @@ def _sizes_table(settings: Settings) -> list[str]:
     return rows
 
 
+def ids_budget(settings: Settings, measured: Durations, log_bytes: int, usd_a_million: float) -> int:
+    """The most bytes a tenant id and dispatch key may take together in the admission's line for an admission to
+    log at most `log_bytes` and a million to cost at most `usd_a_million`."""
+    total = sum(line.usd for line in per_million_lines(settings, measured))
+    usd_a_byte = MILLION / 1e9 * PRICES["log_gb"].each
+    spare = min(log_bytes - measured.admission_log_bytes, math.floor((usd_a_million - total) / usd_a_byte + 1e-9))
+    return MEASURED_IDS.line_bytes + spare
+
+
+def _ids_table(settings: Settings, measured: Durations) -> list[str]:
+    rows = [
+        "| tenant id and dispatch key | log bytes an admission | a million admissions, USD |",
+        "| --- | ---: | ---: |",
+    ]
+    for ids in ID_SIZES:
+        log_bytes = admission_log_bytes(measured, ids)
+        at = dataclasses.replace(measured, admission_log_bytes=log_bytes)
+        rows.append(
+            f"| {ids.label} | {log_bytes:,} | {sum(line.usd for line in per_million_lines(settings, at)):,.2f} |"
+        )
+    return rows
+
+
 def render(template: Template, measured: Durations = MEASURED) -> str:
     """The markdown tables of docs/operations.md#what-a-tenant-costs."""
     settings = Settings.of(template)
@@ -412,6 +476,14 @@ def render(template: Template, measured: Durations = MEASURED) -> str:
         "**A million admissions**, each relayed from its dispatch topic and published as its event:",
         "",
         *_table(per_million_lines(settings, measured), "a million admissions"),
+        "",
+        "The admission's log line carries its tenant id and dispatch key as written (`\\u` escapes beyond ASCII), "
+        f"so its bytes, and the million's total, depend on them; the table above is for a "
+        f"{len(MEASURED_IDS.tenant_id)}-character tenant and a {len(MEASURED_IDS.dispatch_key)}-character key. "
+        f"Issue 35's goals, {GOAL_LOG_BYTES} log bytes an admission and ${GOAL_A_MILLION:.2f} a million, hold while "
+        f"the two take at most {ids_budget(settings, measured, GOAL_LOG_BYTES, GOAL_A_MILLION)} bytes together:",
+        "",
+        *_ids_table(settings, measured),
         "",
         "**Only on failure**, a million of each:",
         "",

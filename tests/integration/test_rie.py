@@ -406,7 +406,8 @@ def test_a_warm_admission_logs_one_emf_line_within_the_budget(
     26). The RIE knows no LoggingConfig: it prints START, END and REPORT whatever the level (and lines of its
     own, which no log group gets), so the count leaves them out as Lambda does under the template's
     SystemLogLevel WARN; the runtime gets the JSON format as Lambda gives it (AWS_LAMBDA_LOG_FORMAT). A tenant
-    id of 14 characters and a dispatch key of 6: each character more of either is a byte more."""
+    id of 14 characters and a dispatch key of 6: each ASCII character more of either is a byte more, another six or
+    twelve (escaped; benchmarks.cost_model.ID_SIZES, held to the handler by tests/unit/test_admission_log.py)."""
     # Given the built admission function, initialised by a first admission
     admission.invoke(_create(local.tenant, "k-cold"))
     before = _log_once_reported(admission, 1)

@@ -14,10 +14,14 @@ import pytest
 from botocore.client import BaseClient
 from botocore.exceptions import ClientError
 
+from benchmarks.cost_model import ID_SIZES, MEASURED, MEASURED_IDS, Ids, admission_log_bytes
+from poimen_tools.local.rie import LOG_EVENT_OVERHEAD_BYTES
+from poimen.api import admission_service
 from poimen.ids import keyed_run_id
 from poimen.observability import logger
+from poimen.store import Store
 from tests.conftest import REPO
-from tests.unit.conftest import Invoke
+from tests.unit.conftest import PRINCIPAL, Invoke
 from tests.unit.dynamodb_faults import connect_refused, lost_before_dynamodb, script_attempts
 
 OPERATIONS = REPO / "docs" / "operations.md"
@@ -164,7 +168,11 @@ def test_a_reused_dispatch_key_is_found_by_the_runbook_query_with_the_run_it_nam
 
 
 def test_a_tenant_not_granted_is_found_by_the_runbook_query_by_tenant_and_dispatch_key(
-    handler: Callable[..., Any], dynamodb: Any, tenant: str, monkeypatch: pytest.MonkeyPatch, invoke: Invoke,
+    handler: Callable[..., Any],
+    dynamodb: Any,
+    tenant: str,
+    monkeypatch: pytest.MonkeyPatch,
+    invoke: Invoke,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # Given a served tenant the caller is not granted
@@ -201,3 +209,37 @@ def test_a_requests_spawn_keys_end_with_it(
     (line,) = [line for line in _json_lines(capsys.readouterr().out) if line.get("message") == "tenant not granted"]
     assert "dispatch_key" not in line
     assert "status" in line
+
+
+def _line_bytes(
+    invoke: Invoke, store: Store, monkeypatch: pytest.MonkeyPatch, printed: Callable[[], str], ids: Ids
+) -> int:
+    """The bytes CloudWatch Logs would ingest of the admission's line spawned with `ids`, its latency_ms written
+    as 0.0 (its digits vary with the machine, not with the ids)."""
+    monkeypatch.setenv("TENANTS", ids.tenant_id)
+    admission_service.cache_clear()
+    store.grant(PRINCIPAL, ids.tenant_id)
+    answer = invoke(
+        body={"workflow_ref": "wf/audit", "input": {}, "dispatch_key": ids.dispatch_key}, tenant=ids.tenant_id
+    )
+    assert answer.status == 201
+    (line,) = _emf_lines(text := printed())
+    assert (line["tenant_id"], line["dispatch_key"]) == (ids.tenant_id, ids.dispatch_key)
+    (event,) = [event for event in text.splitlines() if event.startswith("{")]
+    return len(re.sub(r'"latency_ms":[0-9.]+', '"latency_ms":0.0', event).encode()) + LOG_EVENT_OVERHEAD_BYTES
+
+
+def test_the_cost_models_log_bytes_follow_the_ids_as_the_handler_writes_them(
+    invoke: Invoke, store: Store, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given the line the model's measured bytes are of (its ids), written here
+    def printed() -> str:
+        return capsys.readouterr().out
+
+    measured = _line_bytes(invoke, store, monkeypatch, printed, MEASURED_IDS)
+
+    # Then every other size of ids the model prices (the longest the API accepts among them) differs from it by
+    # what the model says, escapes included
+    for ids in [ids for ids in ID_SIZES if ids != MEASURED_IDS]:
+        written = _line_bytes(invoke, store, monkeypatch, printed, ids)
+        assert written - measured == admission_log_bytes(MEASURED, ids) - MEASURED.admission_log_bytes, ids.label

@@ -15,11 +15,11 @@ from botocore.client import BaseClient
 from botocore.exceptions import ClientError
 
 from benchmarks.cost_model import ID_SIZES, MEASURED, MEASURED_IDS, Ids, admission_log_bytes
-from poimen_tools.local.rie import LOG_EVENT_OVERHEAD_BYTES
 from poimen.api import admission_service
 from poimen.ids import keyed_run_id
 from poimen.observability import logger
 from poimen.store import Store
+from poimen_tools.local.rie import LOG_EVENT_OVERHEAD_BYTES
 from tests.conftest import REPO
 from tests.unit.conftest import PRINCIPAL, Invoke
 from tests.unit.dynamodb_faults import connect_refused, lost_before_dynamodb, script_attempts

@@ -7,7 +7,9 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from poimen import snapstart
 from poimen.api import admission_service, app, warm
-from poimen.observability import logger, metrics
+from poimen.observability import keep_libraries_at_warning, logger, metrics
+
+keep_libraries_at_warning()  # the function logs in Lambda's JSON format (template LoggingConfig)
 
 # SnapStart: the snapshot carries validation already built; each restored environment builds its own
 # DynamoDB client (connections, credentials) and grants cache on its first request.

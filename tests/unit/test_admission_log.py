@@ -5,7 +5,10 @@ the built function's line are counted under the RIE (tests/integration/test_rie.
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
+import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -243,3 +246,32 @@ def test_the_cost_models_log_bytes_follow_the_ids_as_the_handler_writes_them(
     for ids in [ids for ids in ID_SIZES if ids != MEASURED_IDS]:
         written = _line_bytes(invoke, store, monkeypatch, printed, ids)
         assert written - measured == admission_log_bytes(MEASURED, ids) - MEASURED.admission_log_bytes, ids.label
+
+
+def test_the_layer_leaves_a_processs_logging_alone_and_the_admission_function_keeps_libraries_at_warning() -> None:
+    # Given a process that logs at DEBUG (`poimen --debug`, whose `poimen dev` runs the relay in-process)
+    script = "\n".join(
+        [
+            "import logging",
+            "logging.basicConfig(level=logging.DEBUG)",
+            "import poimen.observability, poimen.relay",
+            "print(logging.getLogger().level)",
+            "from poimen_tools.local.template import Template",
+            "Template(__import__('pathlib').Path('template.yaml')).load_handler('AdmissionFunction')",
+            "print(logging.getLogger().level)",
+        ]
+    )
+
+    # When it loads the layer's logging, then the admission function's entry point
+    levels = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+
+    # Then the layer left it at DEBUG; the admission function (JSON log format, whose runtime sets the root
+    # logger to INFO) keeps libraries' records at WARNING
+    assert levels == [str(logging.DEBUG), str(logging.WARNING)]

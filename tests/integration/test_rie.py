@@ -485,6 +485,8 @@ def test_admission_answers_503_within_its_timeout_when_dynamodb_does_not_answer(
     assert "Read timeout" in warned["reason"]
     assert warned["correlation_id"]
     assert warned["function_request_id"]
+    # And the runbook's query finds it by tenant and dispatch key (docs/operations.md#finding-an-admission)
+    assert (warned["tenant_id"], warned["dispatch_key"], warned["status"]) == (local.tenant, "k-outage", 503)
 
 
 # --- what the layers hold against what the functions import ---------------------------------------------

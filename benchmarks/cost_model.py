@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ S3_PRICING = "https://aws.amazon.com/s3/pricing/"
 CLOUDWATCH_PRICING = "https://aws.amazon.com/cloudwatch/pricing/"
 XRAY_PRICING = "https://aws.amazon.com/xray/pricing/"
 LAMBDA_XRAY = "https://docs.aws.amazon.com/lambda/latest/dg/services-xray.html"
+LAMBDA_DDB = "https://docs.aws.amazon.com/lambda/latest/dg/with-ddb.html"
 HTTP_API_VS_REST = "https://docs.aws.amazon.com/apigateway/latest/developerguide/http-api-vs-rest.html"
 
 
@@ -101,11 +103,86 @@ class Durations:
 # stand-ins (moto, a local broker, a local API) are not DynamoDB, MSK or API Gateway, and the machine is not
 # Lambda's: substitute CloudWatch's Duration of a deployed stack; the model is linear in each.
 MEASURED = Durations(admission_ms=11.5, relay_ms_a_record=11.26, outbox_ms_a_record=0.175, admission_log_bytes=427)
-# The share of admissions X-Ray records, by the admission function's Tracing (template AdmissionTracing). Active:
-# Lambda records one request a second and 5 % of the others, a rate no sampling rule changes (LAMBDA_XRAY), so
-# 5 % from a second's first request on. PassThrough: only requests that arrive sampled, and an HTTP API does not
-# trace (it has no X-Ray, HTTP_API_VS_REST): none.
-SAMPLED = {"Active": 0.05, "PassThrough": 0.0}
+
+
+@dataclass(frozen=True)
+class Ids:
+    """A spawn's tenant id and dispatch key, which the admission's log line carries as written: Powertools writes
+    the EMF line with json.dumps' ASCII escapes, so an ASCII character takes a byte (`"` and `\\` two), any
+    other six (`\\u00e9`), one beyond the BMP twelve (a surrogate pair)."""
+
+    label: str
+    tenant_id: str
+    dispatch_key: str
+
+    @property
+    def line_bytes(self) -> int:
+        """What the two take in the line, quotes left out."""
+        return sum(len(json.dumps(text)) - 2 for text in (self.tenant_id, self.dispatch_key))
+
+
+# Issue 35's goal for an admission's logs.
+GOAL_LOG_BYTES = 450
+# The ids of the line MEASURED counts (tests/integration/test_rie.py: its tenant is named for the test).
+MEASURED_IDS = Ids("as measured: a 14-character tenant, a 6-character key", "t" * 14, "k-warm")
+# What the line takes with other ids: the README's, a key as long as a UUID, and the longest the API accepts
+# (poimen.wire: a tenant of 63 characters, a key of 255 characters that are no control character).
+ID_SIZES = [
+    Ids("README's `acme` and `k-1`", "acme", "k-1"),
+    MEASURED_IDS,
+    Ids("a 14-character tenant, a 36-character key (a UUID)", "t" * 14, "0" * 36),
+    Ids("the longest: a 63-character tenant, a 255-character ASCII key", "t" * 63, "k" * 255),
+    Ids("the longest, the key's characters beyond the BMP (emoji)", "t" * 63, "\U0001f600" * 255),
+]
+
+
+def admission_log_bytes(measured: Durations, ids: Ids) -> int:
+    """What CloudWatch Logs ingests of an admission spawned with `ids`: the measured line, the difference in ids."""
+    return measured.admission_log_bytes + ids.line_bytes - MEASURED_IDS.line_bytes
+
+
+# X-Ray under Lambda's tracing (LAMBDA_XRAY). Active: Lambda records the first request each second and 5 % of the
+# others, a rate no sampling rule changes. PassThrough: only requests that arrive sampled; an HTTP API does not
+# trace (it has no X-Ray, HTTP_API_VS_REST), nor do event source mappings: none.
+RESERVOIR_A_SECOND = 1
+SAMPLED_BEYOND = 0.05
+SECONDS_A_MONTH = HOURS_A_MONTH * 3600
+# A DynamoDB stream's records wait for Lambda's next poll of the shard, four a second (LAMBDA_DDB), before their
+# batch is invoked: the outbox's batching window of 0 gathers what arrives in that quarter-second.
+STREAM_POLL_SECONDS = 0.25
+
+
+def traced_share(tracing: str, invocations_a_second: float) -> float:
+    """The share of a function's invocations X-Ray records, arriving at random (Poisson) at `invocations_a_second`:
+    Active, the first of each second that has one, and 5 % of the others; at a million a month (0.38 a second)
+    that is 84 %, not 5 %."""
+    if tracing != "Active" or invocations_a_second <= 0:
+        return 0.0
+    firsts = RESERVOIR_A_SECOND * (1 - math.exp(-invocations_a_second / RESERVOIR_A_SECOND))
+    return (firsts + SAMPLED_BEYOND * (invocations_a_second - firsts)) / invocations_a_second
+
+
+def records_a_batch(batch_size: int, records_a_second: float, gathering_seconds: float) -> float:
+    """The records an invocation carries when they arrive at `records_a_second`: the first opens the batch, and
+    those that arrive while it gathers (the batching window) join it, up to the batch size."""
+    return min(float(batch_size), 1 + records_a_second * gathering_seconds)
+
+
+@dataclass(frozen=True)
+class Load:
+    """The traffic a million admissions are priced at: how many a month, spread evenly over the tenants (each with
+    its one mapping). Batches fill, and X-Ray samples, by the rate."""
+
+    admissions: int = MILLION
+    tenants: int = 100
+
+    @property
+    def a_second(self) -> float:
+        return self.admissions / SECONDS_A_MONTH
+
+
+# The per-million table's traffic: a million admissions a month over a full poller group's tenants.
+REFERENCE_LOAD = Load()
 
 
 @dataclass(frozen=True)
@@ -119,7 +196,9 @@ class Settings:
     relay_batch_size: int
     outbox_batch_size: int
     partitions: int
-    admission_tracing: str
+    relay_batching_window_seconds: float
+    outbox_batching_window_seconds: float
+    tracing: dict[str, str]  # each function's, PassThrough or Active
 
     @classmethod
     def of(cls, template: Template) -> Settings:
@@ -138,9 +217,14 @@ class Settings:
             relay_batch_size=int(parameters["RelayBatchSize"]["Default"]),
             outbox_batch_size=int(template.properties("OutboxRelaySource")["BatchSize"]),
             partitions=int(inspect.signature(ensure_topics).parameters["partitions"].default),
-            admission_tracing=str(
-                template.evaluate(template.properties("AdmissionFunction").get("Tracing", globals_["Tracing"]))
+            relay_batching_window_seconds=float(parameters["RelayBatchingWindowSeconds"]["Default"]),
+            outbox_batching_window_seconds=float(
+                template.properties("OutboxRelaySource").get("MaximumBatchingWindowInSeconds", 0)
             ),
+            tracing={
+                name: str(template.evaluate(template.properties(name).get("Tracing", globals_["Tracing"])))
+                for name in functions
+            },
         )
 
 
@@ -277,12 +361,27 @@ def a_tenant(settings: Settings, deployment: Deployment) -> float:
     return sum(line.usd for line in fixed_lines(settings, deployment)) / deployment.tenants
 
 
-def per_million_lines(settings: Settings, measured: Durations) -> list[Line]:
-    """A million admissions through the API, each relayed from Kafka and published as an event."""
-    relay_invocations = MILLION / settings.relay_batch_size
-    outbox_invocations = MILLION / settings.outbox_batch_size
-    relay_ms = measured.relay_ms_a_record * settings.relay_batch_size
-    outbox_ms = measured.outbox_ms_a_record * settings.outbox_batch_size
+def per_million_lines(settings: Settings, measured: Durations, load: Load = REFERENCE_LOAD) -> list[Line]:
+    """A million admissions through the API, each relayed from Kafka and published as its event, at `load`: the
+    relay's batches gather a mapping's records for its batching window, the outbox's a stream poll's, so a sparse
+    topic invokes each function about once a record; the measured ms a record (at full batches) is kept."""
+    relay_records = records_a_batch(
+        settings.relay_batch_size, load.a_second / load.tenants, settings.relay_batching_window_seconds
+    )
+    outbox_records = records_a_batch(
+        settings.outbox_batch_size,
+        load.a_second,
+        max(settings.outbox_batching_window_seconds, STREAM_POLL_SECONDS),
+    )
+    relay_invocations = MILLION / relay_records
+    outbox_invocations = MILLION / outbox_records
+    relay_ms = measured.relay_ms_a_record * relay_records
+    outbox_ms = measured.outbox_ms_a_record * outbox_records
+
+    def traces(function: str, invocations: float) -> float:
+        """A million admissions' traces of `function`, invoked `invocations` times for them."""
+        return invocations * traced_share(settings.tracing[function], load.a_second * invocations / MILLION)
+
     return [
         Line("HTTP API requests", MILLION, "requests", "http_api_request"),
         Line("admission: invocations", MILLION, "requests", "lambda_request"),
@@ -294,7 +393,7 @@ def per_million_lines(settings: Settings, measured: Durations) -> list[Line]:
         ),
         Line("DynamoDB: one conditional PutItem (an item under 1 KB)", MILLION, "write units", "write_request_unit"),
         Line(
-            f"inbox relay: invocations (batches of {settings.relay_batch_size})",
+            f"inbox relay: invocations (batches of {relay_records:,.1f} of {settings.relay_batch_size})",
             relay_invocations,
             "requests",
             "lambda_request",
@@ -306,7 +405,7 @@ def per_million_lines(settings: Settings, measured: Durations) -> list[Line]:
             "lambda_gb_second_arm",
         ),
         Line(
-            f"outbox: invocations (batches of {settings.outbox_batch_size})",
+            f"outbox: invocations (batches of {outbox_records:,.1f} of {settings.outbox_batch_size})",
             outbox_invocations,
             "requests",
             "lambda_request",
@@ -324,9 +423,20 @@ def per_million_lines(settings: Settings, measured: Durations) -> list[Line]:
             "log_gb",
         ),
         Line(
-            f"X-Ray: {SAMPLED[settings.admission_tracing]:.0%} of admissions traced (AdmissionTracing "
-            f"{settings.admission_tracing})",
-            MILLION * SAMPLED[settings.admission_tracing],
+            f"X-Ray: admissions traced (AdmissionTracing {settings.tracing['AdmissionFunction']})",
+            traces("AdmissionFunction", MILLION),
+            "traces",
+            "trace",
+        ),
+        Line(
+            f"inbox relay: invocations traced (Tracing {settings.tracing['InboxRelayFunction']})",
+            traces("InboxRelayFunction", relay_invocations),
+            "traces",
+            "trace",
+        ),
+        Line(
+            f"outbox: invocations traced (Tracing {settings.tracing['OutboxRelayFunction']})",
+            traces("OutboxRelayFunction", outbox_invocations),
             "traces",
             "trace",
         ),
@@ -384,6 +494,57 @@ def _sizes_table(settings: Settings) -> list[str]:
     return rows
 
 
+def ids_budget(measured: Durations, log_bytes: int) -> int:
+    """The most bytes a tenant id and dispatch key may take together in the admission's line for an admission to
+    log at most `log_bytes`."""
+    return MEASURED_IDS.line_bytes + log_bytes - measured.admission_log_bytes
+
+
+def _ids_table(measured: Durations) -> list[str]:
+    rows = [
+        "| tenant id and dispatch key | log bytes an admission | the admission's logs, a million, USD |",
+        "| --- | ---: | ---: |",
+    ]
+    for ids in ID_SIZES:
+        log_bytes = admission_log_bytes(measured, ids)
+        rows.append(f"| {ids.label} | {log_bytes:,} | {MILLION * log_bytes / 1e9 * PRICES['log_gb'].each:,.3f} |")
+    return rows
+
+
+# The traffic the by-traffic table prices a million admissions at: a month's admissions over the tenants, up to
+# the rate at which a mapping fills its relay batches within the window (RelayBatchSize a second).
+LOADS = [
+    Load(MILLION, 1),
+    REFERENCE_LOAD,
+    Load(10 * MILLION, 100),
+    Load(100 * MILLION, 100),
+    Load(1000 * MILLION, 100),
+    Load(100 * SECONDS_A_MONTH, 1),
+]
+
+
+def _loads_table(settings: Settings, measured: Durations) -> list[str]:
+    rows = [
+        "| admissions a month | tenants | a relay invocation's records | an outbox invocation's records "
+        "| X-Ray, USD | a million admissions, USD |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for load in LOADS:
+        lines = per_million_lines(settings, measured, load)
+        relay = records_a_batch(
+            settings.relay_batch_size, load.a_second / load.tenants, settings.relay_batching_window_seconds
+        )
+        outbox = records_a_batch(
+            settings.outbox_batch_size, load.a_second, max(settings.outbox_batching_window_seconds, STREAM_POLL_SECONDS)
+        )
+        traces = sum(line.usd for line in lines if line.price == "trace")
+        rows.append(
+            f"| {load.admissions:,} | {load.tenants} | {relay:,.1f} | {outbox:,.1f} | {traces:,.2f} |"
+            f" {sum(line.usd for line in lines):,.2f} |"
+        )
+    return rows
+
+
 def render(template: Template, measured: Durations = MEASURED) -> str:
     """The markdown tables of docs/operations.md#what-a-tenant-costs."""
     settings = Settings.of(template)
@@ -413,9 +574,22 @@ def render(template: Template, measured: Durations = MEASURED) -> str:
         "",
         *_table(fixed_lines(settings, Deployment(1, grouped=False)), "a month"),
         "",
-        "**A million admissions**, each relayed from its dispatch topic and published as its event:",
+        f"**A million admissions**, each relayed from its dispatch topic and published as its event, at "
+        f"{REFERENCE_LOAD.admissions:,} a month over {REFERENCE_LOAD.tenants} tenants:",
         "",
         *_table(per_million_lines(settings, measured), "a million admissions"),
+        "",
+        "By traffic (a batch gathers what arrives within the relay's batching window, or before the next poll of "
+        "the stream; Lambda's active tracing records the first invocation of each second and 5 % of the others):",
+        "",
+        *_loads_table(settings, measured),
+        "",
+        "The admission's log line carries its tenant id and dispatch key as written (`\\u` escapes beyond ASCII), "
+        f"so its bytes depend on them; the tables above are for a {len(MEASURED_IDS.tenant_id)}-character tenant "
+        f"and a {len(MEASURED_IDS.dispatch_key)}-character key. Issue 35's goal of {GOAL_LOG_BYTES} log bytes an "
+        f"admission holds while the two take at most {ids_budget(measured, GOAL_LOG_BYTES)} bytes together:",
+        "",
+        *_ids_table(measured),
         "",
         "**Only on failure**, a million of each:",
         "",
@@ -427,7 +601,7 @@ def render(template: Template, measured: Durations = MEASURED) -> str:
 def bill(settings: Settings, deployment: Deployment, admissions: int, measured: Durations = MEASURED) -> str:
     """The deployment's monthly bill by line: fixed, then `admissions` admissions."""
     fixed = fixed_lines(settings, deployment)
-    variable = scaled(per_million_lines(settings, measured), admissions / MILLION)
+    variable = scaled(per_million_lines(settings, measured, Load(admissions, deployment.tenants)), admissions / MILLION)
     total = sum(line.usd for line in fixed + variable)
     grouping = "" if deployment.mode == "on-demand" else (", grouped" if deployment.grouped else ", ungrouped")
     return "\n".join(

@@ -406,7 +406,8 @@ def test_a_warm_admission_logs_one_emf_line_within_the_budget(
     26). The RIE knows no LoggingConfig: it prints START, END and REPORT whatever the level (and lines of its
     own, which no log group gets), so the count leaves them out as Lambda does under the template's
     SystemLogLevel WARN; the runtime gets the JSON format as Lambda gives it (AWS_LAMBDA_LOG_FORMAT). A tenant
-    id of 14 characters and a dispatch key of 6: each character more of either is a byte more."""
+    id of 14 characters and a dispatch key of 6: each ASCII character more of either is a byte more, another six or
+    twelve (escaped; benchmarks.cost_model.ID_SIZES, held to the handler by tests/unit/test_admission_log.py)."""
     # Given the built admission function, initialised by a first admission
     admission.invoke(_create(local.tenant, "k-cold"))
     before = _log_once_reported(admission, 1)
@@ -484,6 +485,8 @@ def test_admission_answers_503_within_its_timeout_when_dynamodb_does_not_answer(
     assert "Read timeout" in warned["reason"]
     assert warned["correlation_id"]
     assert warned["function_request_id"]
+    # And the runbook's query finds it by tenant and dispatch key (docs/operations.md#finding-an-admission)
+    assert (warned["tenant_id"], warned["dispatch_key"], warned["status"]) == (local.tenant, "k-outage", 503)
 
 
 # --- what the layers hold against what the functions import ---------------------------------------------

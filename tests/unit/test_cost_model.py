@@ -13,6 +13,8 @@ from benchmarks.cost_model import (
     PRICES,
     Deployment,
     Durations,
+    Line,
+    Load,
     Settings,
     a_tenant,
     fixed_lines,
@@ -156,12 +158,58 @@ def test_the_traces_follow_the_admission_functions_tracing() -> None:
     active.resources["AdmissionFunction"]["Properties"]["Tracing"] = "Active"
 
     def traces(t: Template) -> float:
-        return next(line.usd for line in per_million_lines(Settings.of(t), MEASURED) if line.price == "trace")
+        return next(line.usd for line in per_million_lines(Settings.of(t), MEASURED) if line.item.startswith("X-Ray"))
 
-    # Then PassThrough records none (an HTTP API sends no sampled request), Active Lambda's 5 %: $0.25 a million
+    # Then PassThrough records none (an HTTP API sends no sampled request); Active, at a million a month (0.38 a
+    # second), the first request of each second Lambda records is 84 % of them: $4.20 a million, not 5 %'s $0.25
     assert template.document["Parameters"]["AdmissionTracing"]["Default"] == "PassThrough"
     assert traces(template) == 0
-    assert traces(active) == pytest.approx(0.25)
+    assert traces(active) == pytest.approx(4.20, abs=0.01)
+
+
+def _traces(lines: list[Line], function: str) -> float:
+    return sum(line.quantity for line in lines if line.price == "trace" and line.item.startswith(function))
+
+
+def test_every_functions_traces_are_priced_by_its_tracing() -> None:
+    # Given the template as it is (the relays trace actively, Globals), and with no function tracing
+    template = _template()
+    untraced = copy.deepcopy(template)
+    untraced.document["Globals"]["Function"]["Tracing"] = "PassThrough"
+
+    # Then a million admissions record the relays' invocations' traces, and none when they do not trace
+    lines = per_million_lines(Settings.of(template), MEASURED)
+    assert _traces(lines, "inbox relay") > 0
+    assert _traces(lines, "outbox") > 0
+    quiet = per_million_lines(Settings.of(untraced), MEASURED)
+    assert _traces(quiet, "inbox relay") == _traces(quiet, "outbox") == _traces(quiet, "X-Ray") == 0
+
+
+def test_lambdas_sampling_records_most_invocations_below_one_a_second() -> None:
+    # Given an admission function tracing actively
+    template = _template()
+    template.resources["AdmissionFunction"]["Properties"]["Tracing"] = "Active"
+    settings = Settings.of(template)
+
+    def admissions_traced(load: Load) -> float:
+        return next(line.quantity for line in per_million_lines(settings, MEASURED, load) if line.price == "trace")
+
+    # Then at a million a month (0.38 a second) the one a second Lambda records is most of them, at a billion 5 %
+    assert admissions_traced(Load(1_000_000, 100)) == pytest.approx(0.84 * 1_000_000, rel=0.01)
+    assert admissions_traced(Load(1_000_000_000, 100)) == pytest.approx(0.05 * 1_000_000, rel=0.05)
+
+
+def test_a_sparse_topic_invokes_the_relay_for_each_record() -> None:
+    settings = Settings.of(_template())
+
+    def relay_invocations(load: Load) -> float:
+        lines = per_million_lines(settings, MEASURED, load)
+        return next(line.quantity for line in lines if line.item.startswith("inbox relay: invocations"))
+
+    # A million a month over 100 tenants is a record every 4 minutes a mapping: the 1 s window gathers no other
+    assert relay_invocations(Load(1_000_000, 100)) == pytest.approx(1_000_000, rel=0.01)
+    # 100 records a second a mapping fill the batches of 100 within the window
+    assert relay_invocations(Load(100 * 730 * 3600, 1)) == pytest.approx(1_000_000 / 100, rel=0.01)
 
 
 @pytest.mark.parametrize(

@@ -101,9 +101,12 @@ class AdmissionResolver(APIGatewayHttpResolver):
         super().__init__(enable_validation=True, json_body_deserializer=self._screened_body)
         self._body: dict[str, Any] = {}
         self.started = 0.0  # perf_counter() when the request in hand arrived: its admission's latency_ms
+        # The tenant and dispatch_key a POST /v1/runs in hand spawns for, once read: what its audit line names.
+        self.spawning: dict[str, str | None] = {}
 
     def resolve(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
         self.started = time.perf_counter()
+        self.spawning = {}
         try:
             event, self._body = _screened(event)
         except _Refused as refusal:
@@ -354,6 +357,11 @@ def create_run(
 ) -> Response[str]:
     # The key however it came: a header key and a body key are one key, so one run (same run_id).
     key = dispatch_key_of(idempotency_key, body.dispatch_key)
+    # Every line of this request from here on names the spawn, so that the runbook's query finds its outcome,
+    # whatever it is, by tenant and dispatch key (docs/operations.md#finding-an-admission). The Logger's keys are
+    # cleared at each invocation (functions/admission/app.py: clear_state).
+    app.spawning = {"tenant_id": tenant_id, "dispatch_key": key}
+    logger.append_keys(**app.spawning)
     request = body if key == body.dispatch_key else body.model_copy(update={"dispatch_key": key})
     admitted = admission_service().admit_run(_caller(), tenant_id, request, traceparent=_traceparent())
     # Written: from here on only the answer admission built before the write, and its metric and log line.
@@ -485,12 +493,16 @@ def _record(admitted: Admitted, status: HTTPStatus) -> None:
     queries them."""
     run = admitted.run
     metrics.add_metric(name="RunsReplayed" if admitted.replayed else "RunsAdmitted", unit=MetricUnit.Count, value=1)
+    _audit("run replayed" if admitted.replayed else "run admitted", status, run.run_id)
+
+
+def _audit(message: str, status: HTTPStatus, run_id: str) -> None:
+    """The audit fields of the spawn in hand, as metadata of the EMF line of the metric just added."""
     audit = {
-        "message": "run replayed" if admitted.replayed else "run admitted",
-        "tenant_id": run.tenant_id,
-        "run_id": run.run_id,
-        "dispatch_key": run.dispatch_key,
-        "status": int(status),  # 200 exactly when replayed
+        "message": message,
+        **app.spawning,
+        "run_id": run_id,
+        "status": int(status),
         # API Gateway's request id, the correlation_id of the Logger's lines (a refusal's, an error's).
         "correlation_id": app.current_event.request_context.request_id,
         "latency_ms": round((time.perf_counter() - app.started) * 1000, 1),
@@ -567,7 +579,9 @@ def _no_identity(_: IdentityMissing) -> Response[str]:
 
 @app.exception_handler(TenantNotGranted)
 def _not_granted(error: TenantNotGranted) -> Response[str]:
-    logger.warning("tenant not granted", principal=error.principal, tenant_id=error.tenant_id)
+    logger.warning(
+        "tenant not granted", principal=error.principal, tenant_id=error.tenant_id, status=HTTPStatus.FORBIDDEN
+    )
     return problem(HTTPStatus.FORBIDDEN, "forbidden", "The caller is not granted this tenant.")
 
 
@@ -576,7 +590,7 @@ def _not_served(error: TenantNotServed) -> Response[str]:
     # 403 and not a 400/422: the request is not at fault, this stack is not the one to ask (the relay, which
     # dead-letters what blames the record, fails the batch instead and retries it until a deploy serves the
     # tenant), and no grant changes the answer.
-    logger.warning("tenant not served", tenant_id=error.tenant_id)
+    logger.warning("tenant not served", tenant_id=error.tenant_id, status=HTTPStatus.FORBIDDEN)
     return problem(
         HTTPStatus.FORBIDDEN,
         "tenant-not-served",
@@ -598,6 +612,7 @@ def _route_not_found(_: NotFoundError) -> Response[str]:
 @app.exception_handler(DispatchKeyReused)
 def _key_reused(error: DispatchKeyReused) -> Response[str]:
     metrics.add_metric(name="DispatchKeyConflicts", unit=MetricUnit.Count, value=1)
+    _audit("dispatch key reused", HTTPStatus.UNPROCESSABLE_ENTITY, error.run_id)
     return problem(
         HTTPStatus.UNPROCESSABLE_ENTITY,
         "dispatch-key-reused",
@@ -628,13 +643,13 @@ def _run_too_large(error: RunTooLarge) -> Response[str]:
 
 @app.exception_handler(RunNotStorable)
 def _run_not_storable(error: RunNotStorable) -> Response[str]:
-    logger.warning("run not storable", reason=str(error))
+    logger.warning("run not storable", reason=str(error), status=HTTPStatus.BAD_REQUEST)
     return problem(HTTPStatus.BAD_REQUEST, "run-not-storable", f"DynamoDB refused to store this run: {error}")
 
 
 @app.exception_handler(StoreUnavailable)
 def _store_unavailable(error: StoreUnavailable) -> Response[str]:
-    logger.warning("store unavailable", reason=str(error))
+    logger.warning("store unavailable", reason=str(error), status=HTTPStatus.SERVICE_UNAVAILABLE)
     metrics.add_metric(name="StoreUnavailable", unit=MetricUnit.Count, value=1)
     return problem(
         HTTPStatus.SERVICE_UNAVAILABLE,
@@ -646,7 +661,13 @@ def _store_unavailable(error: StoreUnavailable) -> Response[str]:
 
 @app.exception_handler(OutcomeUnknown)
 def _outcome_unknown(error: OutcomeUnknown) -> Response[str]:
-    logger.warning("write outcome unknown", run_id=error.run_id, keyed=error.keyed, reason=str(error))
+    logger.warning(
+        "write outcome unknown",
+        run_id=error.run_id,
+        keyed=error.keyed,
+        reason=str(error),
+        status=HTTPStatus.SERVICE_UNAVAILABLE,
+    )
     metrics.add_metric(name="OutcomeUnknown", unit=MetricUnit.Count, value=1)
     location = f"/v1/runs/{error.run_id}"
     headers = {"Location": location}
@@ -667,7 +688,7 @@ def _outcome_unknown(error: OutcomeUnknown) -> Response[str]:
 
 @app.exception_handler(Exception)
 def _unexpected(error: Exception) -> Response[str]:
-    logger.exception("unhandled error", error_type=type(error).__name__)
+    logger.exception("unhandled error", error_type=type(error).__name__, status=HTTPStatus.INTERNAL_SERVER_ERROR)
     return problem(HTTPStatus.INTERNAL_SERVER_ERROR, "internal-error", "The request failed unexpectedly.")
 
 

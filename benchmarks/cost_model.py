@@ -185,6 +185,9 @@ class Load:
 REFERENCE_LOAD = Load()
 
 
+LAMBDA_DEFAULT_TRACING = "PassThrough"
+
+
 @dataclass(frozen=True)
 class Settings:
     """What template.yaml configures that the cost depends on (its defaults)."""
@@ -205,6 +208,7 @@ class Settings:
         functions = ("AdmissionFunction", "InboxRelayFunction", "OutboxRelayFunction")
         globals_ = template.document.get("Globals", {}).get("Function", {})
         parameters = template.document["Parameters"]
+        global_tracing = globals_.get("Tracing", LAMBDA_DEFAULT_TRACING)
         return cls(
             memory_mb={
                 name: int(template.properties(name).get("MemorySize", globals_["MemorySize"])) for name in functions
@@ -222,7 +226,8 @@ class Settings:
                 template.properties("OutboxRelaySource").get("MaximumBatchingWindowInSeconds", 0)
             ),
             tracing={
-                name: str(template.evaluate(template.properties(name).get("Tracing", globals_["Tracing"])))
+                # Lambda's default, PassThrough, where neither the function nor Globals sets it
+                name: str(template.evaluate(template.properties(name).get("Tracing", global_tracing)))
                 for name in functions
             },
         )

@@ -172,17 +172,19 @@ def _traces(lines: list[Line], function: str) -> float:
 
 
 def test_every_functions_traces_are_priced_by_its_tracing() -> None:
-    # Given the template as it is (the relays trace actively, Globals), and with no function tracing
+    # Given the template as it is (RelayTracing and AdmissionTracing PassThrough), and with the relays tracing
     template = _template()
-    untraced = copy.deepcopy(template)
-    untraced.document["Globals"]["Function"]["Tracing"] = "PassThrough"
+    traced = copy.deepcopy(template)
+    for function in ("InboxRelayFunction", "OutboxRelayFunction"):
+        traced.resources[function]["Properties"]["Tracing"] = "Active"
 
-    # Then a million admissions record the relays' invocations' traces, and none when they do not trace
-    lines = per_million_lines(Settings.of(template), MEASURED)
+    # Then a million admissions record no trace by default, and the relays' invocations' when they trace
+    quiet = per_million_lines(Settings.of(template), MEASURED)
+    assert template.document["Parameters"]["RelayTracing"]["Default"] == "PassThrough"
+    assert _traces(quiet, "inbox relay") == _traces(quiet, "outbox") == _traces(quiet, "X-Ray") == 0
+    lines = per_million_lines(Settings.of(traced), MEASURED)
     assert _traces(lines, "inbox relay") > 0
     assert _traces(lines, "outbox") > 0
-    quiet = per_million_lines(Settings.of(untraced), MEASURED)
-    assert _traces(quiet, "inbox relay") == _traces(quiet, "outbox") == _traces(quiet, "X-Ray") == 0
 
 
 def test_lambdas_sampling_records_most_invocations_below_one_a_second() -> None:

@@ -154,10 +154,6 @@ def build_bundle(
             str(root / "cache"),
             "--cached",
             *(["--config-file", str(config)] if config.exists() else []),
-            # RelayPollerGroups has no default (make deploy computes it), and SAM CLI's local expansion of the
-            # tenants' loop selects each tenant's group from it: the default tenants, each in group 0.
-            "--parameter-overrides",
-            "RelayPollerGroups=" + ",".join(f"{tenant}=0" for tenant in _default_tenants(variant)),
         ],
         cwd=root,
         env=env,
@@ -170,11 +166,6 @@ def build_bundle(
     if bytecode:
         compile_bytecode(python, *(path for path in build.iterdir() if path.is_dir()))
     return build
-
-
-def _default_tenants(template: Path) -> list[str]:
-    """The Tenants parameter's default in `template`."""
-    return str(Template(template).document["Parameters"]["Tenants"]["Default"]).split(",")
 
 
 @dataclass(frozen=True)

@@ -757,7 +757,7 @@ def _groups(options: argparse.Namespace, tenants: list[str]) -> tuple[str | None
             return (
                 (
                     f"RELAY_POLLER_GROUPS gives {_listed(missing)} no group: give each tenant of TENANTS one"
-                    " (0-9, a-z), or leave it unset and make deploy assigns them ({POLLER_GROUPS_DOC})"
+                    f" (0-9, a-z), or leave it unset and make deploy assigns them ({POLLER_GROUPS_DOC})"
                 ),
                 "",
                 True,

@@ -884,3 +884,12 @@ def test_another_cells_on_demand_tenants_hold_no_room_in_a_group(
 
     # Then group 0 is empty for this cell's tenants
     assert (code, *capsys.readouterr()) == (0, "RelayPollerGroups=acme=0,globex=0\n", "")
+
+
+def test_make_deploys_refusal_of_a_tenant_given_no_group_names_the_docs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _run_groups(monkeypatch, capsys, [], "--poller-groups", "acme=0")
+
+    assert code == 2
+    assert err.rstrip("\n").endswith(f"({deploy_check.POLLER_GROUPS_DOC})"), err

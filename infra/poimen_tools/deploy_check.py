@@ -83,6 +83,7 @@ MOST_MAXIMUM_POLLERS = 2000
 # characters stays under CloudFormation's 4,096 bytes a parameter value), 36 groups a cluster.
 POLLER_GROUPS = "0123456789abcdefghijklmnopqrstuvwxyz"
 UNGROUPED = "ungrouped"  # the opt-out, asked for by name: every mapping on an EPU of its own
+DEFAULT_POLLER_GROUP = "0"  # the group of a tenant RelayPollerGroups does not name (template_assignment)
 NO_GROUP = "-"  # what RelayPollerGroups gives each tenant when ungrouped (the template names its group "")
 PARAMETER_VALUE_BYTES = 4096  # CloudFormation quotas (RESOURCES_A_STACK's page)
 # The template's RelayEventPollers whose mappings have no ProvisionedPollerConfig (poimen.config's, which this script,
@@ -257,6 +258,16 @@ def parse_assignment(text: str) -> dict[str, str]:
     return {tenant: group for tenant, _, group in pairs}
 
 
+def template_assignment(text: str, tenants: tuple[str, ...]) -> dict[str, str]:
+    """Each tenant's group as the template reads RelayPollerGroups: its first "tenant=g" in
+    ",<RelayPollerGroups>,<tenant>=0", so a tenant the value does not name (a deploy by hand, the default "") is in
+    group 0 (template.yaml's PollerGroupName)."""
+    given: dict[str, str] = {}
+    for tenant, _, group in (entry.partition("=") for entry in text.split(",") if entry):
+        given.setdefault(tenant, group)
+    return {tenant: given.get(tenant, DEFAULT_POLLER_GROUP) for tenant in tenants}
+
+
 def render_assignment(assignment: dict[str, str]) -> str:
     return ",".join(f"{tenant}={group}" for tenant, group in assignment.items())
 
@@ -413,6 +424,7 @@ class DeployedCell:
     region: str = ""  # a peer Region's name; empty for the Region being deployed
     peer_cluster_aliases: tuple[str, str] = ("", "")  # PeerClusterAlias1, PeerClusterAlias2
     poller_groups: str = ""  # RelayPollerGroups
+    event_pollers: str = ""  # RelayEventPollers
     mappings_a_tenant: int = 1  # DispatchSources' kinds
     maximum_pollers: int = DEFAULT_RELAY_MAXIMUM_POLLERS  # RelayMaximumPollers
 
@@ -446,6 +458,7 @@ def _cell(
         region=region,
         peer_cluster_aliases=(given.get("PeerClusterAlias1", ""), given.get("PeerClusterAlias2", "")),
         poller_groups=given.get("RelayPollerGroups", ""),
+        event_pollers=given.get("RelayEventPollers", ""),
         mappings_a_tenant=len((given.get("DispatchSources") or DISPATCH_SOURCES[0]).split(",")),
         maximum_pollers=int(pollers) if re.fullmatch("[0-9]+", pollers) else DEFAULT_RELAY_MAXIMUM_POLLERS,
     )
@@ -610,8 +623,10 @@ def pending_loads(
             or cell.status in SERVES_NOTHING
         ):
             continue
-        for tenant, group in parse_assignment(cell.poller_groups).items():
-            if not _is_group(group) or tenant not in cell.tenants:
+        if cell.event_pollers == ON_DEMAND_POLLERS:
+            continue  # its mappings are in no group (the template declares no ProvisionedPollerConfig)
+        for tenant, group in template_assignment(cell.poller_groups, cell.tenants).items():
+            if not _is_group(group):
                 continue
             there = listed_at.get((tenant, group), GroupLoad())
             loads[group] = loads.get(group, GroupLoad()).plus(
@@ -742,7 +757,7 @@ def _groups(options: argparse.Namespace, tenants: list[str]) -> tuple[str | None
             return (
                 (
                     f"RELAY_POLLER_GROUPS gives {_listed(missing)} no group: give each tenant of TENANTS one"
-                    " (0-9, a-z), or leave it unset and make deploy assigns them ({POLLER_GROUPS_DOC})"
+                    f" (0-9, a-z), or leave it unset and make deploy assigns them ({POLLER_GROUPS_DOC})"
                 ),
                 "",
                 True,

@@ -821,3 +821,75 @@ def test_make_deploys_group_check_prices_no_epu_for_on_demand_mappings(
 
     # On-demand mappings take no EPU: nothing about the $135 an ungrouped provisioned mapping costs
     assert (code, out, err) == (0, "RelayPollerGroups=acme=-,globex=-\n", "")
+
+
+def _by_hand_change_set(groups: str, event_pollers: str = "provisioned") -> tuple[dict[str, Any], Any]:
+    """Cell t's stack, not yet created, and its change set made by sam deploy by hand (no make deploy): 100 tenants,
+    RelayPollerGroups and RelayEventPollers as given (CloudFormation lists a parameter left to its default too)."""
+    stack = _cell_stack("T", "REVIEW_IN_PROGRESS", [], "")
+    summary, described = _change_set(stack, [f"t{n}" for n in range(100)], "x=0")
+    parameters = [p for p in described["Parameters"] if p["ParameterKey"] != "RelayPollerGroups"]
+    parameters += [
+        {"ParameterKey": "RelayPollerGroups", "ParameterValue": groups},
+        {"ParameterKey": "RelayEventPollers", "ParameterValue": event_pollers},
+    ]
+    return stack, (summary, {**described, "Parameters": parameters})
+
+
+@pytest.mark.parametrize("groups", ["", "t0=-", "t0=0,t1=0"])
+def test_another_cells_tenants_its_assignment_does_not_name_hold_room_in_group_0(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], groups: str
+) -> None:
+    # Given cell t's change set deployed by hand: RelayPollerGroups empty (the template's default) or naming a few
+    # of its 100 tenants, so that the template puts the others in group 0 (",<RelayPollerGroups>,<tenant>=0")
+    stack, pending = _by_hand_change_set(groups)
+    cloudformation, lambda_ = _clients(None, [], [], [stack], {"T": [pending]})
+    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
+    arguments = [
+        "--tenants",
+        "acme,globex",
+        "--msk-cluster-arn",
+        CLUSTER,
+        "--dispatch-sources",
+        "DispatchSources=Source",
+    ]
+
+    # When make deploy's group check runs for this cell
+    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+
+    # Then t's 99 or 100 mappings count in group 0 (as the template places them; "t0=-" ungroups t0 only), and
+    # this cell's tenants go where there is room: group 0 never past Lambda's 100 mappings
+    expected = "acme=0,globex=1" if groups == "t0=-" else "acme=1,globex=1"
+    assert (code, *capsys.readouterr()) == (0, f"RelayPollerGroups={expected}\n", "")
+
+
+def test_another_cells_on_demand_tenants_hold_no_room_in_a_group(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given cell t's change set deployed on-demand by hand, its RelayPollerGroups (kept by sam deploy from an
+    # earlier provisioned deploy) naming group 0 for each of its 100 tenants: on-demand, no mapping is in a group
+    stack, pending = _by_hand_change_set(render_assignment({f"t{n}": "0" for n in range(100)}), "on-demand")
+    cloudformation, lambda_ = _clients(None, [], [], [stack], {"T": [pending]})
+    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
+    arguments = [
+        "--tenants",
+        "acme,globex",
+        "--msk-cluster-arn",
+        CLUSTER,
+        "--dispatch-sources",
+        "DispatchSources=Source",
+    ]
+
+    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+
+    # Then group 0 is empty for this cell's tenants
+    assert (code, *capsys.readouterr()) == (0, "RelayPollerGroups=acme=0,globex=0\n", "")
+
+
+def test_make_deploys_refusal_of_a_tenant_given_no_group_names_the_docs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _run_groups(monkeypatch, capsys, [], "--poller-groups", "acme=0")
+
+    assert code == 2
+    assert err.rstrip("\n").endswith(f"({deploy_check.POLLER_GROUPS_DOC})"), err

@@ -6,6 +6,8 @@ would fail once its oldest record is RELAY_MAX_RECORD_AGE_SECONDS old dead-lette
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 import urllib3
 
 from poimen.config import ON_DEMAND_POLLERS, PROVISIONED_POLLERS, ConfigurationError, RelaySettings
+from poimen.observability import logger
 from poimen.relay import AdmissionApiRefused, AdmissionApiUnavailable
 from poimen.store import Store
 from poimen_tools.cli import _dev_options, build_parser
@@ -232,3 +235,25 @@ def test_on_demand_a_given_up_record_the_relay_would_dead_letter_for_itself_keep
     # would have said of it, so that its reason (and whether redrive sends it by default) is the relay's own
     letters = sorted((letter["record"]["offset"], letter["reason"]["kind"]) for _, letter in relay.dead_letters())
     assert letters == [(0, "retries-exhausted"), (1, "invalid-json"), (2, "empty-value"), (3, "keyless-replica")]
+
+
+def test_on_demand_a_given_up_records_log_line_names_its_tenant_and_dispatch_key(
+    harness: RelayHarness, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given on-demand pollers and a batch 2 h old the API refuses to the relay itself
+    monkeypatch.setattr(logger.registered_handler, "stream", sys.stdout)
+    relay = _on_demand(harness)
+    relay.relay._http = RefusingApi()  # type: ignore[assignment]
+    (record,) = _batch(relay, 2 * HOUR_MS)[2:]
+    capsys.readouterr()
+    # When it is given up
+    relay.run([record], seconds=10)
+    # Then its dead-letter line carries the spawn's tenant and dispatch key, as every other spawn's letter line does
+    # (and the admission's lines: a spawn is found by the two, docs/operations.md#finding-an-admission)
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    (line,) = [line for line in lines if line.get("message") == "dispatch dead-lettered"]
+    assert (line["reason"], line["tenant_id"], line["dispatch_key"]) == (
+        "retries-exhausted",
+        relay.tenant,
+        "kept-out-2",
+    )

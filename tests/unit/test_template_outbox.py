@@ -52,7 +52,8 @@ def test_transformed_the_outbox_role_has_no_table_write_either() -> None:
     text = json.dumps(role)
 
     assert not [action for action in TABLE_WRITES if action in text]
-    # SAM's managed policies: logs, X-Ray (Tracing: Active) and a VPC function's network interfaces.
+    # SAM's managed policies: logs, X-Ray (for any Tracing but Disabled: RelayTracing PassThrough too) and a VPC
+    # function's network interfaces.
     assert {arn.rsplit("/", 1)[1] for arn in role["ManagedPolicyArns"]} == {
         "AWSLambdaBasicExecutionRole",
         "AWSXrayWriteOnlyAccess",

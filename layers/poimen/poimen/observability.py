@@ -1,7 +1,7 @@
 """Logger and metrics shared by every function; Powertools reads its own POWERTOOLS_* settings.
 
 No Powertools Tracer: it imports the X-Ray SDK (~130 ms of cold start, see benchmarks/). Lambda's
-tracing (template Globals; the admission function's AdmissionTracing) still records the function's segments.
+tracing (each function's: AdmissionTracing, RelayTracing) still records the function's segments.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ from poimen.dead_letter import (
     dead_letter_attributes,
     dead_letter_body,
 )
-from poimen.inbox_rule import RECORD_FAULT_STATUSES, RETRYABLE_STATUSES, HeldBack, header, judge, rejected
+from poimen.inbox_rule import RECORD_FAULT_STATUSES, RETRYABLE_STATUSES, HeldBack, Spawn, header, judge, rejected
 from poimen.kafka import tenant_of_dispatch_topic
 from poimen.observability import logger, metrics
 from poimen.wire import TENANT_HEADER, retry_after_seconds
@@ -278,21 +278,21 @@ class Relay:
         for record in given_up:
             # A record the batch never reached is judged first: one the relay would dead-letter for itself (not
             # a spawn, expired, a keyless replica) gets that letter, whose kind redrive chooses by, not this one.
+            # Its line names the spawn's tenant and dispatch key, as every other spawn's letter does.
             own = self._own_reason(record)
-            if own is None:
-                self._dead_letter(record, reason, batch, tenant_id=tenant_of_dispatch_topic(record.topic))
+            if isinstance(own, Spawn):
+                self._dead_letter(record, reason, batch, tenant_id=own.tenant, dispatch_key=own.dispatch_key)
             else:
                 self._dead_letter(record, own, batch)
 
-    def _own_reason(self, record: KafkaEventRecord) -> DeadLetterReason | None:
-        """Why the relay dead-letters this record whatever the API says (poimen.inbox_rule), if it does."""
+    def _own_reason(self, record: KafkaEventRecord) -> DeadLetterReason | Spawn:
+        """Why the relay dead-letters this record whatever the API says (poimen.inbox_rule), if it does; else the
+        spawn it is."""
         try:
             verdict = judge(record.raw_event, time.time() * 1000, self._settings.run_retention)
         except Exception as error:  # as _relay_or_dead_letter: a fault of the record's own
             return DeadLetterReason("relay-error", f"{type(error).__name__}: {error}")
-        if isinstance(verdict, HeldBack):
-            return verdict.reason
-        return verdict if isinstance(verdict, DeadLetterReason) else None
+        return verdict.reason if isinstance(verdict, HeldBack) else verdict
 
     def _relay_or_dead_letter(self, record: KafkaEventRecord, batch: _Batch) -> None:
         """Relay one record. A fault of the record's own, foreseen or not, ends as its dead letter."""

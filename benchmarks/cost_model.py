@@ -434,13 +434,13 @@ def per_million_lines(settings: Settings, measured: Durations, load: Load = REFE
             "trace",
         ),
         Line(
-            f"inbox relay: invocations traced (Tracing {settings.tracing['InboxRelayFunction']})",
+            f"inbox relay: invocations traced (RelayTracing {settings.tracing['InboxRelayFunction']})",
             traces("InboxRelayFunction", relay_invocations),
             "traces",
             "trace",
         ),
         Line(
-            f"outbox: invocations traced (Tracing {settings.tracing['OutboxRelayFunction']})",
+            f"outbox: invocations traced (RelayTracing {settings.tracing['OutboxRelayFunction']})",
             traces("OutboxRelayFunction", outbox_invocations),
             "traces",
             "trace",

@@ -379,16 +379,9 @@ def _esm(uuid: str, group: str, topic: str = "poimen.other.dispatch", pollers: i
 
 
 def test_the_deployed_groups_leave_out_the_stacks_own_mappings_and_keep_its_parameters() -> None:
-    stack = {
-        "StackName": "S",
-        "CreationTime": "2026-12-01T00:00:00Z",
-        "StackStatus": "UPDATE_COMPLETE",
-        "Parameters": [
-            {"ParameterKey": "RelayPollerGroups", "ParameterValue": "acme=1"},
-            {"ParameterKey": "RelayMaximumPollers", "ParameterValue": "5"},
-            {"ParameterKey": "DispatchSources", "ParameterValue": "Source,Peer1Source"},
-        ],
-    }
+    stack = _own_stack(
+        "UPDATE_COMPLETE", RelayPollerGroups="acme=1", RelayMaximumPollers="5", DispatchSources="Source,Peer1Source"
+    )
     cloudformation, lambda_ = _clients(
         stack, ["own-1"], [_esm("own-1", "1", "poimen.acme.dispatch"), _esm("other-1", "1")]
     )
@@ -442,12 +435,15 @@ def test_the_group_check_counts_the_stacks_own_mappings_where_lambda_has_them(
     others = 100 - max(1, len(listed_own))
     listed = [_esm(f"other-{n}", "0") for n in range(others)] + [_esm(*own) for own in listed_own]
     cloudformation, lambda_ = _clients(stack, ["own-a", "own-b", "own-g"], listed)
-    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
-    sources = "DispatchSources=Source" + ",Peer1Source" * (len(listed_own) > 1)
-    arguments = ["--tenants", "acme,globex", "--msk-cluster-arn", CLUSTER, "--dispatch-sources", sources]
 
     # When make deploy's group check runs
-    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+    code = _group_check(
+        monkeypatch,
+        cloudformation,
+        lambda_,
+        "acme,globex",
+        "DispatchSources=Source" + ",Peer1Source" * (len(listed_own) > 1),
+    )
 
     # Then it computes from the mappings Lambda has (none held for a rolled-back creation: no room given away for
     # them, no refusal of a group they would overfill), not from the parameters
@@ -459,22 +455,12 @@ def test_a_removed_tenants_mapping_holds_its_maximum_pollers_as_lambda_lists_the
 ) -> None:
     # Given acme's mapping in group 0 at 1,000 MaximumPollers (raised by hand in an incident; the stack still says
     # RelayMaximumPollers 3), beside another cell's mapping of 1,000: group 0 is full
-    stack = {
-        "StackName": "S",
-        "CreationTime": "2026-12-01T00:00:00Z",
-        "StackStatus": "UPDATE_COMPLETE",
-        "Parameters": [
-            {"ParameterKey": "RelayPollerGroups", "ParameterValue": "acme=0"},
-            {"ParameterKey": "RelayMaximumPollers", "ParameterValue": "3"},
-        ],
-    }
+    stack = _own_stack("UPDATE_COMPLETE", RelayPollerGroups="acme=0", RelayMaximumPollers="3")
     listed = [_esm("other", "0", pollers=1000), _esm("own-a", "0", "poimen.acme.dispatch", pollers=1000)]
     cloudformation, lambda_ = _clients(stack, ["own-a"], listed)
-    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
-    arguments = ["--tenants", "globex", "--msk-cluster-arn", CLUSTER, "--dispatch-sources", "DispatchSources=Source"]
 
     # When acme is replaced by globex
-    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+    code = _group_check(monkeypatch, cloudformation, lambda_, "globex", "DispatchSources=Source")
 
     # Then globex goes to group 1: acme's 1,000 pollers stay in group 0 until the update's cleanup deletes them
     assert (code, *capsys.readouterr()) == (0, "RelayPollerGroups=globex=1\n", "")
@@ -530,12 +516,9 @@ def test_another_cells_change_set_not_yet_executed_holds_its_room_in_the_groups(
     pending = _change_set(stack, theirs, render_assignment(dict.fromkeys(theirs, "0")))
     listed = [_esm(f"t{n}", "0", f"poimen.{tenant}.dispatch") for n, tenant in enumerate(deployed)]
     cloudformation, lambda_ = _clients(None, [], listed, [stack], {"T": [pending]})
-    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
-    sources = "DispatchSources=Source"
-    arguments = ["--tenants", "acme,globex", "--msk-cluster-arn", CLUSTER, "--dispatch-sources", sources]
 
     # When make deploy's group check runs for this cell before t's change set is executed
-    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+    code = _group_check(monkeypatch, cloudformation, lambda_, "acme,globex", "DispatchSources=Source")
 
     # Then group 0 has room for one tenant only: t's 99 mappings count there though Lambda lists at most 50
     assert (code, *capsys.readouterr()) == (0, "RelayPollerGroups=acme=0,globex=1\n", "")
@@ -550,11 +533,9 @@ def test_a_group_another_cell_overfills_refuses_only_that_cell_not_this_one(
     stack = _cell_stack("T", "REVIEW_IN_PROGRESS", [], "")
     pending = _change_set(stack, theirs, render_assignment(dict.fromkeys(theirs, "0")))
     cloudformation, lambda_ = _clients(None, [], [_esm("someone", "0")], [stack], {"T": [pending]})
-    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
-    arguments = ["--tenants", "acme", "--msk-cluster-arn", CLUSTER, "--dispatch-sources", "DispatchSources=Source"]
 
     # When this cell's group check runs
-    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+    code = _group_check(monkeypatch, cloudformation, lambda_, "acme", "DispatchSources=Source")
 
     # Then its tenant goes to group 1 and nothing is refused: this deploy adds nothing to group 0
     assert (code, *capsys.readouterr()) == (0, "RelayPollerGroups=acme=1\n", "")
@@ -564,44 +545,49 @@ def test_each_deployed_tenant_grows_from_what_its_own_mappings_hold(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Given group 0 at 1,999 MaximumPollers: another cell's 996, acme's mapping raised by hand to 1,000, globex's 3
-    stack = {
-        "StackName": "S",
-        "CreationTime": "2026-12-01T00:00:00Z",
-        "StackStatus": "UPDATE_COMPLETE",
-        "Parameters": [{"ParameterKey": "RelayPollerGroups", "ParameterValue": "acme=0,globex=0"}],
-    }
+    stack = _own_stack("UPDATE_COMPLETE", RelayPollerGroups="acme=0,globex=0")
     listed = [
         _esm("other", "0", pollers=996),
         _esm("own-a", "0", "poimen.acme.dispatch", pollers=1000),
         _esm("own-g", "0", "poimen.globex.dispatch", pollers=3),
     ]
     cloudformation, lambda_ = _clients(stack, ["own-a", "own-g"], listed)
-    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
-    sources = "DispatchSources=Source"
-    arguments = ["--tenants", "acme,globex", "--msk-cluster-arn", CLUSTER, "--dispatch-sources", sources]
 
     # When RelayMaximumPollers goes from 3 to 5
-    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments, "--maximum-pollers", "5"])
+    code = _group_check(
+        monkeypatch, cloudformation, lambda_, "acme,globex", "DispatchSources=Source", "--maximum-pollers", "5"
+    )
 
     # Then globex's 2 pollers more do not fit group 0 and it moves (acme, lowered to 5, stays): its growth is from
     # its own 3, not from the 1,000 of the tenant holding most
     assert (code, *capsys.readouterr()) == (0, "RelayPollerGroups=acme=0,globex=1\n", "")
 
 
+def _own_stack(status: str, **parameters: str) -> dict[str, Any]:
+    """Stack S as CloudFormation describes it: `status`, with these parameters."""
+    return {
+        "StackName": "S",
+        "CreationTime": "2026-12-01T00:00:00Z",
+        "StackStatus": status,
+        "Parameters": [{"ParameterKey": key, "ParameterValue": value} for key, value in parameters.items()],
+    }
+
+
+def _group_check(
+    monkeypatch: pytest.MonkeyPatch, cloudformation: Any, lambda_: Any, tenants: str, sources: str, *extra: str
+) -> int:
+    """make deploy's group check for `tenants` (of the kinds `sources`) on CLUSTER, AWS answering as the given
+    clients do."""
+    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
+    arguments = ["--tenants", tenants, "--msk-cluster-arn", CLUSTER, "--dispatch-sources", sources, *extra]
+    return main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+
+
 def _run_groups(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], listed: list[dict[str, Any]], *extra: str
 ) -> tuple[int, str, str]:
     cloudformation, lambda_ = _clients(None, [], listed)
-    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
-    arguments = [
-        "--tenants",
-        "acme,globex",
-        "--msk-cluster-arn",
-        CLUSTER,
-        "--dispatch-sources",
-        "DispatchSources=Source",
-    ]
-    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments, *extra])
+    code = _group_check(monkeypatch, cloudformation, lambda_, "acme,globex", "DispatchSources=Source", *extra)
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -712,10 +698,8 @@ def test_make_deploys_group_check_deploys_nothing_when_lambda_cannot_be_read(
     lambda_stub.add_client_error("list_event_source_mappings", "AccessDeniedException", "not authorized")
     cf_stub.activate()
     lambda_stub.activate()
-    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
-    arguments = ["--tenants", "acme", "--msk-cluster-arn", CLUSTER, "--dispatch-sources", "DispatchSources=Source"]
 
-    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+    code = _group_check(monkeypatch, cloudformation, lambda_, "acme", "DispatchSources=Source")
 
     # Then it exits 3 with one line, and prints no parameter to deploy with
     out, err = capsys.readouterr()
@@ -745,28 +729,11 @@ def test_a_redeploy_of_an_on_demand_stack_counts_it_in_no_group(
 ) -> None:
     # Given the stack deployed on-demand (sam deploy keeps RelayEventPollers when it is not given), with the groups
     # an earlier provisioned deploy gave it, and every group of the cluster full of other stacks' mappings
-    stack = {
-        "StackName": "S",
-        "CreationTime": "2026-12-01T00:00:00Z",
-        "StackStatus": "UPDATE_COMPLETE",
-        "Parameters": [
-            {"ParameterKey": "RelayPollerGroups", "ParameterValue": "acme=0,globex=0"},
-            {"ParameterKey": "RelayEventPollers", "ParameterValue": "on-demand"},
-        ],
-    }
+    stack = _own_stack("UPDATE_COMPLETE", RelayPollerGroups="acme=0,globex=0", RelayEventPollers="on-demand")
     cloudformation, lambda_ = _clients(stack, [], _full_cluster())
-    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
-    arguments = [
-        "--tenants",
-        "acme,globex",
-        "--msk-cluster-arn",
-        CLUSTER,
-        "--dispatch-sources",
-        "DispatchSources=Source",
-    ]
 
     # When make deploy redeploys it without naming the mode
-    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+    code = _group_check(monkeypatch, cloudformation, lambda_, "acme,globex", "DispatchSources=Source")
 
     # Then it stays on-demand, ungrouped, and is not refused for groups it does not use
     out, err = capsys.readouterr()
@@ -792,18 +759,13 @@ def test_a_switch_to_on_demand_is_refused_while_the_stacks_mappings_are_provisio
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Given the stack deployed provisioned, its mapping in group 0
-    stack = {
-        "StackName": "S",
-        "CreationTime": "2026-12-01T00:00:00Z",
-        "StackStatus": "UPDATE_COMPLETE",
-        "Parameters": [{"ParameterKey": "RelayPollerGroups", "ParameterValue": "acme=0"}],
-    }
+    stack = _own_stack("UPDATE_COMPLETE", RelayPollerGroups="acme=0")
     cloudformation, lambda_ = _clients(stack, ["own-1"], [_esm("own-1", "0")])
-    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
-    arguments = ["--tenants", "acme", "--msk-cluster-arn", CLUSTER, "--dispatch-sources", "DispatchSources=Source"]
 
     # When make deploy is asked for on-demand pollers
-    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments, "--event-pollers", "on-demand"])
+    code = _group_check(
+        monkeypatch, cloudformation, lambda_, "acme", "DispatchSources=Source", "--event-pollers", "on-demand"
+    )
 
     # Then it deploys nothing and says, in one line, which mapping to clear first and how: a template that drops
     # ProvisionedPollerConfig leaves provisioned mode on (and billed) on a mapping that has it
@@ -844,18 +806,9 @@ def test_another_cells_tenants_its_assignment_does_not_name_hold_room_in_group_0
     # of its 100 tenants, so that the template puts the others in group 0 (",<RelayPollerGroups>,<tenant>=0")
     stack, pending = _by_hand_change_set(groups)
     cloudformation, lambda_ = _clients(None, [], [], [stack], {"T": [pending]})
-    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
-    arguments = [
-        "--tenants",
-        "acme,globex",
-        "--msk-cluster-arn",
-        CLUSTER,
-        "--dispatch-sources",
-        "DispatchSources=Source",
-    ]
 
     # When make deploy's group check runs for this cell
-    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+    code = _group_check(monkeypatch, cloudformation, lambda_, "acme,globex", "DispatchSources=Source")
 
     # Then t's 99 or 100 mappings count in group 0 (as the template places them; "t0=-" ungroups t0 only), and
     # this cell's tenants go where there is room: group 0 never past Lambda's 100 mappings
@@ -870,17 +823,8 @@ def test_another_cells_on_demand_tenants_hold_no_room_in_a_group(
     # earlier provisioned deploy) naming group 0 for each of its 100 tenants: on-demand, no mapping is in a group
     stack, pending = _by_hand_change_set(render_assignment({f"t{n}": "0" for n in range(100)}), "on-demand")
     cloudformation, lambda_ = _clients(None, [], [], [stack], {"T": [pending]})
-    monkeypatch.setattr(boto3, "client", {"cloudformation": cloudformation, "lambda": lambda_}.get)
-    arguments = [
-        "--tenants",
-        "acme,globex",
-        "--msk-cluster-arn",
-        CLUSTER,
-        "--dispatch-sources",
-        "DispatchSources=Source",
-    ]
 
-    code = main(["--prog", "make deploy", "groups", "--stack-name", "S", *arguments])
+    code = _group_check(monkeypatch, cloudformation, lambda_, "acme,globex", "DispatchSources=Source")
 
     # Then group 0 is empty for this cell's tenants
     assert (code, *capsys.readouterr()) == (0, "RelayPollerGroups=acme=0,globex=0\n", "")

@@ -317,18 +317,14 @@ def poller_groups(settings: Settings, deployment: Deployment) -> dict[str, Bille
     return billed
 
 
-def on_demand_poller_lines(settings: Settings, deployment: Deployment) -> list[Line]:
-    """What on-demand event pollers cost: nothing of their own. Lambda bills EPUs in provisioned mode only
-    ("Using provisioned mode incurs additional costs", KAFKA_SCALING_MODES; LAMBDA_PRICING prices EPU-hours for
-    provisioned mode): an on-demand mapping's records cost the invocations and duration of per_million_lines."""
-    return []
-
-
 def poller_lines(settings: Settings, deployment: Deployment) -> list[Line]:
     """The event pollers of every mapping of the deployment, a month: grouped, each group billed whole EPUs of 10
     pollers (its MinimumPollers summed, rounded up); ungrouped, each mapping its own EPUs."""
     if deployment.mode == "on-demand":
-        return on_demand_poller_lines(settings, deployment)
+        # Nothing of their own: Lambda bills EPUs in provisioned mode only ("Using provisioned mode incurs
+        # additional costs", KAFKA_SCALING_MODES; LAMBDA_PRICING prices EPU-hours for provisioned mode): an
+        # on-demand mapping's records cost the invocations and duration of per_million_lines.
+        return []
     each = f"{deployment.mappings:,} mapping{'s' if deployment.mappings > 1 else ''} x {settings.minimum_pollers}"
     if not deployment.grouped:
         epus = deployment.mappings * math.ceil(settings.minimum_pollers / POLLERS_A_EPU)

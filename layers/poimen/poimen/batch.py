@@ -1,0 +1,91 @@
+"""The batch form of POST /v1/runs: the spawns of one request admitted one by one, in order, each by the single
+route's rule (`Admission.admit_run`: the same conditional write, fingerprint, 422, retention, fences and unknown
+outcomes), each answered by its own result. One spawn's failure is its result alone: its exception is mapped as
+the single route maps it (`refusal`, given by the API module, the one place errors become problems) and the next
+spawn is admitted all the same. A key repeated in the batch is admitted after its first spawn, so it answers that
+run (200, replayed) or 422, as two sequential requests would.
+
+The answer is JSON text built from each run's own text (its input exactly as sent), never re-parsed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from poimen.admission import Admission, Admitted
+from poimen.contract import RunRequest, SpawnBatch, json_text
+from poimen.wire import MAX_BODY_BYTES, TRACEPARENT_PATTERN
+
+_TRACEPARENT = re.compile(TRACEPARENT_PATTERN)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """What POST /v1/runs answers for a spawn that was not admitted: its status, problem (JSON text) and
+    Retry-After, if any."""
+
+    status: int
+    problem: str
+    retry_after: str | None = None
+
+
+class SpawnTooLarge(Exception):
+    """A spawn of the batch over MAX_BODY_BYTES as compact JSON, the single route's body limit."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"The spawn takes {size} bytes as compact JSON; a spawn holds at most {MAX_BODY_BYTES}.")
+        self.size = size
+
+
+def admit_spawns(
+    admission: Admission,
+    principal: str | None,
+    tenant_id: str,
+    batch: SpawnBatch,
+    traceparent: str | None,
+    *,
+    refusal: Callable[[Exception], Refusal],
+    admitted: Callable[[Admitted], None],
+) -> str:
+    """The results of `batch`, JSON text (poimen.contract.SpawnResults): each spawn validated as a RunRequest,
+    then admitted, for `tenant_id` by `principal` (whom the caller has authorized for it already).
+    `admitted` is told of each admission (metrics, logs), `refusal` maps an exception to its answer."""
+    traceparents: list[str | None] = batch.traceparents or [None] * len(batch.spawns)
+    results = []
+    for spawn, own_traceparent in zip(batch.spawns, traceparents, strict=True):
+        try:
+            request = _request(spawn)
+            trace = own_traceparent if own_traceparent is not None else traceparent
+            outcome = admission.admit_run(principal, tenant_id, request, traceparent=_well_formed(trace))
+        except Exception as error:
+            results.append(_refused(refusal(error)))
+            continue
+        admitted(outcome)
+        results.append(_admitted(outcome))
+    return '{"results":[' + ",".join(results) + "]}"
+
+
+def _request(spawn: Mapping[str, Any]) -> RunRequest:
+    """The spawn as the single route's body: SpawnTooLarge, pydantic's ValidationError, or the request."""
+    size = len(json_text(spawn).encode("utf-8", "surrogatepass"))
+    if size > MAX_BODY_BYTES:
+        raise SpawnTooLarge(size)
+    return RunRequest.model_validate(spawn)
+
+
+def _well_formed(traceparent: str | None) -> str | None:
+    return traceparent if traceparent is not None and _TRACEPARENT.fullmatch(traceparent) else None
+
+
+def _admitted(outcome: Admitted) -> str:
+    status = 200 if outcome.replayed else 201
+    return f'{{"status":{status},"replayed":{json.dumps(outcome.replayed)},"run":{outcome.run.body}}}'
+
+
+def _refused(answer: Refusal) -> str:
+    retry_after = "" if answer.retry_after is None else f',"retry_after":{int(answer.retry_after)}'
+    return f'{{"status":{answer.status},"problem":{answer.problem}{retry_after}}}'

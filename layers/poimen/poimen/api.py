@@ -664,7 +664,9 @@ def _spawn_too_large(error: SpawnTooLarge) -> Response[str]:
 
 def _invalid_model(error: ModelValidationError) -> Response[str]:
     """A batch's envelope or one of its spawns, validated by its model: the same problem as the route's own."""
-    return _invalid_request(RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in error.errors()]))
+    errors = [{**failure, "loc": ("body", *failure["loc"])} for failure in error.errors()]
+    answer: Response[str] = _invalid_request(RequestValidationError(errors))
+    return answer
 
 
 @app.exception_handler(RunNotStorable)

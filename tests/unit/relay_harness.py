@@ -24,6 +24,7 @@ from poimen.config import RelaySettings
 from poimen.relay import BatchOutcome, Relay
 from poimen.retention import RunRetention
 from poimen.store import Store
+from poimen.wire import SPAWNS_MEDIA_TYPE
 from poimen_tools.local.devserver import LocalLambdaContext, http_api_event, http_response
 from poimen_tools.local.msk import KafkaRecord, msk_event
 from poimen_tools.local.sigv4 import Principal, verify
@@ -43,6 +44,7 @@ class InProcessApi(urllib3.PoolManager):
         # One execution environment: Powertools keeps the current event on the resolver.
         self._lock = threading.Lock()
         self.received: list[dict[str, str]] = []
+        self.forwarded: list[str | None] = []  # each spawn's traceparent as received, alone or in a batch
         self.principals = {RELAY_KEY.access_key: RELAY_KEY}  # whose signatures it accepts
 
     # PoolManager's own signature, which narrows RequestMethods' as urllib3 itself declares it.
@@ -66,9 +68,19 @@ class InProcessApi(urllib3.PoolManager):
         )
         with self._lock:
             self.received.append({name.lower(): value for name, value in headers})
+            self.forwarded.extend(_traceparents(self.received[-1], body))
             answer = self._handler(event, LocalLambdaContext("AdmissionFunction"))
         status, answer_headers, payload = http_response(answer)
         return urllib3.HTTPResponse(body=payload, status=status, headers=dict(answer_headers), preload_content=True)
+
+
+def _traceparents(headers: dict[str, str], body: bytes) -> list[str | None]:
+    """The traceparent of each spawn of the request: the header's, or in a batch each spawn's own if it has one."""
+    if headers.get("content-type") != SPAWNS_MEDIA_TYPE:
+        return [headers.get("traceparent")]
+    batch = json.loads(body)
+    own = batch.get("traceparents") or [None] * len(batch["spawns"])
+    return [traceparent or headers.get("traceparent") for traceparent in own]
 
 
 def sqs_message_size(body: str, attributes: dict[str, Any]) -> int:

@@ -11,7 +11,7 @@ from typing import TypeVar
 from poimen.kafka import is_tenant_id
 from poimen.principals import InvalidPrincipal, grant_principal
 from poimen.retention import InvalidRetention, RunRetention, run_retention, run_retention_days
-from poimen.wire import TENANT_PATTERN
+from poimen.wire import MAX_BATCH_SPAWNS, TENANT_PATTERN
 
 N = TypeVar("N", int, float)
 
@@ -200,6 +200,9 @@ class RelaySettings:
     # RUN_RETENTION_DAYS, as admission reads it (days None: runs kept forever), and its last change
     # (PREVIOUS_RUN_RETENTION_DAYS, RUN_RETENTION_CHANGED_AT), as make deploy records it.
     run_retention: RunRetention = field(default_factory=RunRetention)
+    # Spawns a POST /v1/runs carries (RELAY_BATCH_SPAWNS): up to MAX_BATCH_SPAWNS of a partition's records in one
+    # batch call (poimen.batch); 1, one call a record, as application/json.
+    batch_spawns: int = MAX_BATCH_SPAWNS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RelaySettings:
@@ -224,7 +227,10 @@ class RelaySettings:
             retry_base_seconds=_number(env, "RELAY_RETRY_BASE_SECONDS", cls.retry_base_seconds, float),
             retry_cap_seconds=_number(env, "RELAY_RETRY_CAP_SECONDS", cls.retry_cap_seconds, float),
             run_retention=_relay_retention(env),
+            batch_spawns=_number(env, "RELAY_BATCH_SPAWNS", cls.batch_spawns, int),
         )
+        if not 1 <= settings.batch_spawns <= MAX_BATCH_SPAWNS:
+            raise ConfigurationError(f"RELAY_BATCH_SPAWNS must be 1 to {MAX_BATCH_SPAWNS}")
         positive = (
             settings.max_concurrency,
             settings.http_timeout_seconds,

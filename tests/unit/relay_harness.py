@@ -45,6 +45,8 @@ class InProcessApi(urllib3.PoolManager):
         self._lock = threading.Lock()
         self.received: list[dict[str, str]] = []
         self.forwarded: list[str | None] = []  # each spawn's traceparent as received, alone or in a batch
+        self.routes: list[str] = []  # the route key API Gateway matched for each request
+        self.bodies: list[bytes] = []  # each batch's body, as received
         self.principals = {RELAY_KEY.access_key: RELAY_KEY}  # whose signatures it accepts
 
     # PoolManager's own signature, which narrows RequestMethods' as urllib3 itself declares it.
@@ -69,6 +71,9 @@ class InProcessApi(urllib3.PoolManager):
         with self._lock:
             self.received.append({name.lower(): value for name, value in headers})
             self.forwarded.extend(_traceparents(self.received[-1], body))
+            self.routes.append(event["routeKey"])
+            if self.received[-1].get("content-type") == SPAWNS_MEDIA_TYPE:
+                self.bodies.append(body)
             answer = self._handler(event, LocalLambdaContext("AdmissionFunction"))
         status, answer_headers, payload = http_response(answer)
         return urllib3.HTTPResponse(body=payload, status=status, headers=dict(answer_headers), preload_content=True)

@@ -3,6 +3,7 @@ split by the batch limits, one typed result each, in order, and spawns answered 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -64,14 +65,20 @@ def test_spawn_many_splits_by_count_and_answers_each_spawn_typed_in_order(
         keyed_run_id(tenant, f"m-{n}") for n in range(3)
     ]
     replay, reused, keyless, refused, last = results[245:]
-    assert isinstance(replay, Spawned) and replay.replayed and replay.run_id == keyed_run_id(tenant, "m-0")
-    assert isinstance(reused, DispatchKeyReused) and reused.run_id == keyed_run_id(tenant, "m-1")
+    assert isinstance(replay, Spawned)
+    assert replay.replayed
+    assert replay.run_id == keyed_run_id(tenant, "m-0")
+    assert isinstance(reused, DispatchKeyReused)
+    assert reused.run_id == keyed_run_id(tenant, "m-1")
     assert reused.dispatch_key == "m-1"
-    assert isinstance(keyless, Spawned) and not keyless.replayed
+    assert isinstance(keyless, Spawned)
+    assert not keyless.replayed
     assert str(keyless.run.dispatch_key).startswith(GENERATED_KEY_PREFIX)
     assert str(keyless.run.input["x"]) == "1.10"
-    assert isinstance(refused, InvalidRequest) and refused.status == 400
-    assert isinstance(last, Spawned) and last.run_id == keyed_run_id(tenant, "m-249")
+    assert isinstance(refused, InvalidRequest)
+    assert refused.status == 400
+    assert isinstance(last, Spawned)
+    assert last.run_id == keyed_run_id(tenant, "m-249")
     # And the table holds one run per key: 245 keyed, one keyless, one more
     assert len(count_runs(dynamodb, table_name, tenant)) == 247
 
@@ -91,9 +98,11 @@ def test_a_spawn_answered_503_is_sent_again_in_the_next_call(
     # When two spawns are sent
     first, second = client.spawn_many(tenant, [SpawnRequest("wf/a", {}, dispatch_key=f"t-{n}") for n in range(2)])
     # Then the first was sent again alone, and both are runs
-    assert [len(body) > 0 for body in api.bodies] == [True, True]
-    assert isinstance(first, Spawned) and first.attempts == 2
-    assert isinstance(second, Spawned) and second.attempts == 1
+    assert [len(json.loads(body)["spawns"]) for body in api.bodies] == [2, 1]
+    assert isinstance(first, Spawned)
+    assert first.attempts == 2
+    assert isinstance(second, Spawned)
+    assert second.attempts == 1
 
 
 def test_a_refusal_of_the_whole_call_is_each_spawns_result_naming_its_key(client: AdmissionClient, tenant: str) -> None:

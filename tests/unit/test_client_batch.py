@@ -3,8 +3,11 @@ split by the batch limits, one typed result each, in order, and spawns answered 
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +25,7 @@ from poimen.contract import JSONNumber
 from poimen.ids import keyed_run_id
 from poimen.store import Store
 from poimen.wire import MAX_BATCH_SPAWNS, SPAWNS_MEDIA_TYPE
+from poimen_tools import runs
 from tests.conftest import count_runs
 from tests.unit.dynamodb_faults import script_attempts, throttled
 from tests.unit.relay_harness import RELAY_KEY, RELAY_ROLE, InProcessApi
@@ -110,3 +114,48 @@ def test_a_refusal_of_the_whole_call_is_each_spawns_result_naming_its_key(client
     results = client.spawn_many(f"{tenant}-b", [SpawnRequest("wf/a", {}, dispatch_key=f"f-{n}") for n in range(3)])
     assert [type(result).__name__ for result in results] == ["Forbidden"] * 3
     assert [getattr(result, "dispatch_key", None) for result in results] == ["f-0", "f-1", "f-2"]
+
+
+def test_poimen_runs_spawn_many_sends_a_file_and_prints_a_line_a_spawn_with_its_exit_code(
+    client: AdmissionClient, api: InProcessApi, tenant: str, tmp_path: Path
+) -> None:
+    # Given a file of spawns: two new, a reuse of the first key with another workflow, a blank line, a keyless one
+    spawns = tmp_path / "spawns.jsonl"
+    lines = [
+        '{"workflow_ref": "wf/a", "input": {"x": 1.10}, "dispatch_key": "c-1"}',
+        '{"workflow_ref": "wf/a", "input": {}, "dispatch_key": "c-2"}',
+        '{"workflow_ref": "wf/b", "input": {}, "dispatch_key": "c-1"}',
+        "",
+        '{"workflow_ref": "wf/a", "input": {}}',
+    ]
+    spawns.write_text("\n".join(lines) + "\n")
+    # When poimen runs spawn-many sends it
+    out = io.StringIO()
+    code = runs.run(_runs_arguments("spawn-many", "--tenant", tenant, str(spawns)), client=client, stdout=out)
+    # Then it was one call, one line a spawn in order, and the exit code that of the refused spawn (2)
+    printed = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert len(api.bodies) == 1
+    assert [(line["line"], line["status"]) for line in printed] == [(1, 201), (2, 201), (3, 422), (5, 201)]
+    assert '"input":{"x":1.10}' in out.getvalue().splitlines()[0]
+    assert printed[2]["dispatch_key"] == "c-1"
+    assert keyed_run_id(tenant, "c-1") in printed[2]["error"]
+    assert code == runs.EXIT_USAGE
+
+
+def test_poimen_runs_spawn_many_refuses_a_file_with_a_line_that_is_no_spawn_before_sending(
+    client: AdmissionClient, api: InProcessApi, tenant: str, tmp_path: Path
+) -> None:
+    spawns = tmp_path / "spawns.jsonl"
+    spawns.write_text('{"workflow_ref": "wf/a", "input": {}}\n{"workflow_ref": "wf/a", "inputs": {}}\n')
+    err = io.StringIO()
+    code = runs.run(_runs_arguments("spawn-many", "--tenant", tenant, str(spawns)), client=client, stderr=err)
+    assert code == runs.EXIT_USAGE
+    assert "line 2 is no spawn" in err.getvalue()
+    assert "nothing was sent" in err.getvalue()
+    assert api.received == []
+
+
+def _runs_arguments(*words: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="poimen")
+    runs.add_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["runs", *words])

@@ -131,7 +131,7 @@ def test_the_answers_to_a_real_batch_are_the_documented_ones(dev: DevServer, adm
     # and a spawn the API refuses
     spawn = schema["/v1/runs"]["POST"]
     key = f"k-{uuid.uuid4().hex}"
-    spawns = [
+    spawns: list[Any] = [
         {"workflow_ref": "wf/fuzz", "input": {"n": 1}, "dispatch_key": key},
         {"workflow_ref": "wf/fuzz", "input": {"n": 1}, "dispatch_key": key},
         {"workflow_ref": "wf/fuzz", "input": {"other": True}, "dispatch_key": KEYS[0]},

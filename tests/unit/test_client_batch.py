@@ -27,7 +27,7 @@ from poimen.store import Store
 from poimen.wire import MAX_BATCH_SPAWNS, SPAWNS_MEDIA_TYPE
 from poimen_tools import runs
 from tests.conftest import count_runs
-from tests.unit.dynamodb_faults import script_attempts, throttled
+from tests.unit.dynamodb_faults import only_for, script_attempts, throttled
 from tests.unit.relay_harness import RELAY_KEY, RELAY_ROLE, InProcessApi
 
 
@@ -98,7 +98,7 @@ def test_a_spawn_answered_503_is_sent_again_in_the_next_call(
     client: AdmissionClient, api: InProcessApi, monkeypatch: pytest.MonkeyPatch, tenant: str
 ) -> None:
     # Given a store that throttles the first write past its retries (store-unavailable: nothing written)
-    script_attempts(monkeypatch, put_run=[throttled, throttled])
+    script_attempts(monkeypatch, put_run=only_for('"t-0"', [throttled, throttled]))
     # When two spawns are sent
     first, second = client.spawn_many(tenant, [SpawnRequest("wf/a", {}, dispatch_key=f"t-{n}") for n in range(2)])
     # Then the first was sent again alone, and both are runs

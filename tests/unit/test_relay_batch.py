@@ -16,7 +16,7 @@ from poimen.wire import MAX_BATCH_BODY_BYTES, MAX_JSON_DEPTH, SPAWNS_MEDIA_TYPE
 from poimen_tools.local.msk import KafkaRecord
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs
-from tests.unit.dynamodb_faults import runs_and_fences, script_attempts, throttled
+from tests.unit.dynamodb_faults import only_for, runs_and_fences, script_attempts, throttled
 from tests.unit.relay_harness import RelayHarness
 
 SPAWN = {"workflow_ref": "wf/hello", "input": {"greeting": "hi"}}
@@ -123,7 +123,7 @@ def test_a_throttled_spawn_of_a_batch_is_sent_again_into_its_one_run(
     harness: RelayHarness, dynamodb: Any, table_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a store that throttles the first spawn's write past its retries (store-unavailable, nothing written)
-    script_attempts(monkeypatch, put_run=[throttled, throttled])
+    script_attempts(monkeypatch, put_run=only_for('"t-1"', [throttled, throttled]))
     # When two keyed records and a keyless one are relayed
     records = [harness.record({**SPAWN, "dispatch_key": "t-1"}, 0), harness.record(SPAWN, 1)]
     records.append(harness.record({**SPAWN, "dispatch_key": "t-2"}, 2))

@@ -17,7 +17,7 @@ from poimen.store import Store
 from poimen.wire import MAX_BATCH_BODY_BYTES, MAX_BATCH_SPAWNS, MAX_BODY_BYTES, SPAWNS_MEDIA_TYPE
 from tests.conftest import count_runs
 from tests.unit.conftest import PRINCIPAL, Answer, Invoke
-from tests.unit.dynamodb_faults import lost_before_dynamodb, runs_and_fences, script_attempts
+from tests.unit.dynamodb_faults import lost_before_dynamodb, only_for, runs_and_fences, script_attempts
 
 BATCH = {"content-type": SPAWNS_MEDIA_TYPE}
 RESULTS = "application/vnd.poimen.spawn-results+json"
@@ -114,8 +114,8 @@ def test_an_invalid_or_too_large_spawn_is_its_own_result_and_the_others_are_admi
 def test_a_spawns_unknown_outcome_is_its_503_naming_its_run_and_the_next_spawn_is_admitted(
     invoke: Invoke, monkeypatch: pytest.MonkeyPatch, dynamodb: Any, table_name: str, tenant: str
 ) -> None:
-    # Given a store whose first write's attempts never reach DynamoDB
-    script_attempts(monkeypatch, put_run=[lost_before_dynamodb, lost_before_dynamodb])
+    # Given a store whose writes of the first spawn never reach DynamoDB
+    script_attempts(monkeypatch, put_run=only_for('"u-1"', [lost_before_dynamodb, lost_before_dynamodb]))
     # When a batch of two keyed spawns is sent
     answer = _batch(invoke, [_spawn("u-1"), _spawn("u-2")])
     # Then the first is outcome-unknown naming its run, with its Retry-After (keyed: safe to send again)

@@ -1,9 +1,11 @@
 """The batch form of POST /v1/runs: the spawns of one request admitted one by one, in order, each by the single
 route's rule (`Admission.admit_run`: the same conditional write, fingerprint, 422, retention, fences and unknown
 outcomes), each answered by its own result. One spawn's failure is its result alone: its exception is mapped as
-the single route maps it (`refusal`, given by the API module, the one place errors become problems) and the next
-spawn is admitted all the same. A key repeated in the batch is admitted after its first spawn, so it answers that
-run (200, replayed) or 422, as two sequential requests would.
+the single route maps it (`refusal`, given by the API module, the one place errors become problems) and the other
+spawns are admitted all the same. Spawns of different keys are admitted concurrently (at most ADMITTING_THREADS
+at once, on the store's one thread-safe botocore client); the spawns of one key one after another, in order, so a
+key repeated in the batch is admitted after its first spawn and answers that run (200, replayed) or 422, as two
+sequential requests would. Metrics, logs and problems are made in the calling thread, in order.
 
 The answer is JSON text built from each run's own text (its input exactly as sent), never re-parsed.
 """
@@ -13,7 +15,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from poimen.admission import Admission, Admitted
@@ -21,6 +25,8 @@ from poimen.contract import RunRequest, SpawnBatch, json_text
 from poimen.wire import MAX_BODY_BYTES, TRACEPARENT_PATTERN
 
 _TRACEPARENT = re.compile(TRACEPARENT_PATTERN)
+# Admissions of one batch in flight at once: each waits on its DynamoDB write, not on the CPU.
+ADMITTING_THREADS = 8
 
 
 @dataclass(frozen=True)
@@ -55,18 +61,46 @@ def admit_spawns(
     then admitted, for `tenant_id` by `principal` (whom the caller has authorized for it already).
     `admitted` is told of each admission (metrics, logs), `refusal` maps an exception to its answer."""
     traceparents: list[str | None] = batch.traceparents or [None] * len(batch.spawns)
-    results = []
-    for spawn, own_traceparent in zip(batch.spawns, traceparents, strict=True):
+    outcomes: list[Admitted | Exception | None] = [None] * len(batch.spawns)
+    requests: dict[int, RunRequest] = {}
+    for index, spawn in enumerate(batch.spawns):
         try:
-            request = _request(spawn)
-            trace = own_traceparent if own_traceparent is not None else traceparent
-            outcome = admission.admit_run(principal, tenant_id, request, traceparent=_well_formed(trace))
+            requests[index] = _request(spawn)
         except Exception as error:
-            results.append(_refused(refusal(error)))
-            continue
-        admitted(outcome)
-        results.append(_admitted(outcome))
+            outcomes[index] = error
+
+    def admit_in_order(indexes: list[int]) -> None:
+        for index in indexes:
+            trace = traceparents[index] if traceparents[index] is not None else traceparent
+            try:
+                outcomes[index] = admission.admit_run(
+                    principal, tenant_id, requests[index], traceparent=_well_formed(trace)
+                )
+            except Exception as error:
+                outcomes[index] = error
+
+    keys: dict[object, list[int]] = {}
+    for index, request in requests.items():
+        keys.setdefault(index if request.dispatch_key is None else request.dispatch_key, []).append(index)
+    groups = list(keys.values())
+    if len(groups) > 1:
+        list(_pool().map(admit_in_order, groups))
+    elif groups:
+        admit_in_order(groups[0])
+    results = []
+    for outcome in outcomes:
+        if isinstance(outcome, Admitted):
+            admitted(outcome)
+            results.append(_admitted(outcome))
+        else:
+            results.append(_refused(refusal(outcome or RuntimeError("spawn not admitted"))))
     return '{"results":[' + ",".join(results) + "]}"
+
+
+@lru_cache(maxsize=1)
+def _pool() -> ThreadPoolExecutor:
+    """The admitting threads, started on a first batch (never before a SnapStart snapshot) and kept."""
+    return ThreadPoolExecutor(max_workers=ADMITTING_THREADS, thread_name_prefix="admit")
 
 
 def _request(spawn: Mapping[str, Any]) -> RunRequest:

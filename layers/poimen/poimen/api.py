@@ -484,21 +484,24 @@ def _schema_refs(node: Any) -> set[str]:
 def warm() -> None:
     """Build each route's request validation now rather than on its first request: run before a
     SnapStart snapshot (functions/admission/app.py). One request per route, each refused by validation
-    (no tenant header) before it reaches admission: no AWS call, nothing stored, nothing logged.
+    (no tenant header; a batch without spawns) before it reaches admission: no AWS call, nothing stored,
+    nothing logged.
     """
-    requests: tuple[tuple[str, str, dict[str, str], str | None], ...] = (
-        ("POST", "/v1/runs", {}, '{"workflow_ref": "wf/warm", "input": {}}'),
-        ("GET", "/v1/runs/00000000-0000-8000-8000-000000000000", {}, None),
-        ("GET", "/v1/runs", {"dispatch_key": "warm"}, None),
+    batch = {"content-type": SPAWNS_MEDIA_TYPE, TENANT_HEADER.lower(): "warm"}
+    requests: tuple[tuple[str, str, dict[str, str], str | None, dict[str, str]], ...] = (
+        ("POST", "/v1/runs", {}, '{"workflow_ref": "wf/warm", "input": {}}', {"content-type": "application/json"}),
+        ("POST", "/v1/runs", {}, '{"spawns": []}', batch),
+        ("GET", "/v1/runs/00000000-0000-8000-8000-000000000000", {}, None, {"content-type": "application/json"}),
+        ("GET", "/v1/runs", {"dispatch_key": "warm"}, None, {"content-type": "application/json"}),
     )
-    for method, path, query, body in requests:
+    for method, path, query, body, headers in requests:
         event = {
             "version": "2.0",
             "routeKey": "$default",
             "rawPath": path,
             "rawQueryString": "&".join(f"{name}={value}" for name, value in query.items()),
             "queryStringParameters": query or None,
-            "headers": {"content-type": "application/json"},
+            "headers": headers,
             "requestContext": {"http": {"method": method, "path": path}, "stage": "$default"},
             "body": body,
             "isBase64Encoded": False,

@@ -130,6 +130,21 @@ def test_a_spawns_unknown_outcome_is_its_503_naming_its_run_and_the_next_spawn_i
     assert fences == []
 
 
+def test_a_spawn_the_invocation_has_no_time_left_for_is_503_unwritten(
+    invoke: Invoke, monkeypatch: pytest.MonkeyPatch, dynamodb: Any, table_name: str, tenant: str
+) -> None:
+    # Given an invocation with less time left than one admission may take
+    monkeypatch.setattr("poimen.batch.MIN_REMAINING_MS", 10**9)
+    # When a batch is sent
+    answer = _batch(invoke, [_spawn("late-1"), _spawn(None)])
+    # Then no spawn was begun: each is store-unavailable (nothing written, send it again), and nothing is stored
+    assert [(r["status"], r["problem"]["type"]) for r in answer.body["results"]] == [
+        (503, "urn:poimen:problem:store-unavailable")
+    ] * 2
+    assert [result["retry_after"] for result in answer.body["results"]] == [1, 1]
+    assert count_runs(dynamodb, table_name, tenant) == []
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [

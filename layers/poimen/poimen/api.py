@@ -6,7 +6,7 @@ import base64
 import binascii
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Annotated, Any, cast
@@ -117,7 +117,7 @@ class AdmissionResolver(APIGatewayHttpResolver):
             return refusal.answer
         if _is_spawn_batch(event):
             try:
-                return _spawn_batch(event, self._body)
+                return _spawn_batch(event, self._body, context.get_remaining_time_in_millis)
             finally:
                 self._body = {}
         try:
@@ -793,7 +793,7 @@ def _tenant_id() -> TypeAdapter[str]:
     return TypeAdapter(TenantId)
 
 
-def _spawn_batch(event: Mapping[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+def _spawn_batch(event: Mapping[str, Any], body: dict[str, Any], remaining_ms: Callable[[], int]) -> dict[str, Any]:
     """POST /v1/runs in the batch form: the request checked as the single route checks it (its tenant, no
     Idempotency-Key, its caller authorized once for its tenant) and its envelope, then each spawn admitted by
     poimen.batch. A fault of the request is its own problem; one of a spawn, that spawn's result."""
@@ -814,7 +814,14 @@ def _spawn_batch(event: Mapping[str, Any], body: dict[str, Any]) -> dict[str, An
         service = admission_service()
         service.authorize(principal, tenant_id)
         results = admit_spawns(
-            service, principal, tenant_id, batch, headers.get("traceparent"), refusal=_refusal, admitted=_record
+            service,
+            principal,
+            tenant_id,
+            batch,
+            headers.get("traceparent"),
+            remaining_ms=remaining_ms,
+            refusal=_refusal,
+            admitted=_record,
         )
     except Exception as error:
         answer = _answer_to(error)

@@ -7,6 +7,12 @@ at once, on the store's one thread-safe botocore client); the spawns of one key 
 key repeated in the batch is admitted after its first spawn and answers that run (200, replayed) or 422, as two
 sequential requests would. Metrics, logs and problems are made in the calling thread, in order.
 
+A spawn is admitted only while the invocation has MIN_REMAINING_MS left: one admission's DynamoDB calls end
+within about 5 s (its write's 2 attempts of 0.75 s connect and read, and the one-attempt resolution after an
+unknown outcome; docs/architecture.md, Configuration), so a write begun then ends before the function's
+timeout cuts the answer off (API Gateway's 500: every spawn's outcome unknown). One begun later is answered
+503 `store-unavailable` unwritten, for the caller to send again.
+
 The answer is JSON text built from each run's own text (its input exactly as sent), never re-parsed.
 """
 
@@ -22,11 +28,13 @@ from typing import Any
 
 from poimen.admission import Admission, Admitted
 from poimen.contract import RunRequest, SpawnBatch, json_text
+from poimen.errors import StoreUnavailable
 from poimen.wire import MAX_BODY_BYTES, TRACEPARENT_PATTERN
 
 _TRACEPARENT = re.compile(TRACEPARENT_PATTERN)
 # Admissions of one batch in flight at once: each waits on its DynamoDB write, not on the CPU.
 ADMITTING_THREADS = 8
+MIN_REMAINING_MS = 5_000
 
 
 @dataclass(frozen=True)
@@ -54,12 +62,14 @@ def admit_spawns(
     batch: SpawnBatch,
     traceparent: str | None,
     *,
+    remaining_ms: Callable[[], int],
     refusal: Callable[[Exception], Refusal],
     admitted: Callable[[Admitted], None],
 ) -> str:
     """The results of `batch`, JSON text (poimen.contract.SpawnResults): each spawn validated as a RunRequest,
     then admitted, for `tenant_id` by `principal` (whom the caller has authorized for it already).
-    `admitted` is told of each admission (metrics, logs), `refusal` maps an exception to its answer."""
+    `admitted` is told of each admission (metrics, logs), `refusal` maps an exception to its answer;
+    `remaining_ms` is the invocation's time left."""
     traceparents: list[str | None] = batch.traceparents or [None] * len(batch.spawns)
     outcomes: list[Admitted | Exception | None] = [None] * len(batch.spawns)
     requests: dict[int, RunRequest] = {}
@@ -72,6 +82,9 @@ def admit_spawns(
     def admit_in_order(indexes: list[int]) -> None:
         for index in indexes:
             trace = traceparents[index] if traceparents[index] is not None else traceparent
+            if remaining_ms() < MIN_REMAINING_MS:
+                outcomes[index] = StoreUnavailable("the invocation has too little time left to admit this spawn")
+                continue
             try:
                 outcomes[index] = admission.admit_run(
                     principal, tenant_id, requests[index], traceparent=_well_formed(trace)

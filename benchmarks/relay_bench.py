@@ -1,8 +1,10 @@
-"""Relay benchmark: 1,000 dispatch records relayed to the local API vs a plain keep-alive HTTP client.
+"""Relay benchmark: 1,000 dispatch records relayed to the local API, on the batch path (a call a partition's
+chunk of up to 100, the default) and on the per-record path (RELAY_BATCH_SPAWNS=1, one call a record), vs a
+plain keep-alive HTTP client posting one record a request.
 
-Run: `make bench` (or `.venv/bin/python -m benchmarks.relay_bench`). Both sides post the same bodies
-(fresh dispatch keys each) at the same concurrency to one `poimen dev` stack in this process; the figure
-that matters is the ratio, measured side by side.
+Run: `make bench` (or `.venv/bin/python -m benchmarks.relay_bench`). Every side posts the same bodies
+(fresh dispatch keys each), the per-record ones at the same concurrency, to one `poimen dev` stack in this
+process; the figures that matter are the ratios, measured side by side in one run.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import urllib3
 
 from benchmarks.quiet import silenced
 from poimen.relay import relay_service
+from poimen.wire import MAX_BATCH_SPAWNS
 from poimen_tools.local.dev import DevOptions, dev_stack
 from poimen_tools.local.devserver import LocalLambdaContext
 from poimen_tools.local.msk import KafkaRecord, msk_event
@@ -69,6 +72,12 @@ def relay_seconds(handler: object, bodies: list[bytes]) -> float:
 
 def relay_rate(handler: object, bodies: list[bytes]) -> float:
     return len(bodies) / relay_seconds(handler, bodies)
+
+
+def relay_batching(batch_spawns: int) -> None:
+    """The relay built anew with this many spawns a call (RELAY_BATCH_SPAWNS: 1, the per-record path)."""
+    os.environ["RELAY_BATCH_SPAWNS"] = str(batch_spawns)
+    relay_service.cache_clear()
 
 
 def floor_rate(url: str, bodies: list[bytes], concurrency: int) -> float:
@@ -138,44 +147,60 @@ def main() -> None:
             }
         )
         handler = template.load_handler("InboxRelayFunction")
-        relay_service.cache_clear()
         relay: list[float] = []
+        single: list[float] = []
         floor: list[float] = []
         floor_rate(stack.server.url, _bodies("warm-floor", 100), args.concurrency)  # start every environment
+        relay_batching(1)
+        relay_rate(handler, _bodies("warm-single", 100))
+        relay_batching(MAX_BATCH_SPAWNS)
         relay_rate(handler, _bodies("warm-relay", 100))
         for round_ in range(args.rounds):
+            relay_batching(MAX_BATCH_SPAWNS)
             relay.append(relay_rate(handler, _bodies(f"relay-{round_}", args.records)))
+            relay_batching(1)
+            single.append(relay_rate(handler, _bodies(f"single-{round_}", args.records)))
             floor.append(floor_rate(stack.server.url, _bodies(f"floor-{round_}", args.records), args.concurrency))
         # The cost model's duration: invocations of the template's batch size, as the event source sends them.
-        batch_ms = [
-            relay_seconds(handler, _bodies(f"batch-{number}", args.batch_size)) * 1000 for number in range(args.batches)
-        ]
+        batch_ms: dict[int, list[float]] = {}
+        for spawns in (MAX_BATCH_SPAWNS, 1):
+            relay_batching(spawns)
+            batch_ms[spawns] = [
+                relay_seconds(handler, _bodies(f"batch-{spawns}-{number}", args.batch_size)) * 1000
+                for number in range(args.batches)
+            ]
         _check_every_record_became_a_run(
             stack.endpoints.dynamodb,
             stack.endpoints.sqs,
             stack.table_name,
             stack.dlq_url,
-            200 + 2 * args.records * args.rounds + args.batch_size * args.batches,
+            300 + 3 * args.records * args.rounds + 2 * args.batch_size * args.batches,
         )
         stack.server.shutdown()
         thread.join()
 
-    relayed, plain = statistics.median(relay), statistics.median(floor)
+    relayed, one_by_one, plain = statistics.median(relay), statistics.median(single), statistics.median(floor)
     print(
-        f"\nRelay benchmark: {args.records} records x {args.rounds} rounds, concurrency {args.concurrency}, "
-        f"{args.environments} API environments, medians\n"
+        f"\nRelay benchmark: {args.records} records x {args.rounds} rounds over 4 partitions, concurrency "
+        f"{args.concurrency}, {args.environments} API environments, medians\n"
     )
-    print(f"{'variant':44} {'records/s':>10}")
-    print("-" * 55)
-    print(f"{'inbox relay (MSK event -> signed POSTs)':44} {relayed:10.0f}")
-    print(f"{'plain keep-alive HTTP client (floor)':44} {plain:10.0f}")
-    print(f"\nRatio relay / floor {relayed / plain:.2f}  [>= 0.8]")
-    per_batch = statistics.median(batch_ms)
-    print(
-        f"\nPer record (docs/operations.md#what-a-tenant-costs): {args.batches} invocations of {args.batch_size} "
-        f"records (RelayBatchSize: {batch_size}), median {per_batch:.0f} ms an invocation, "
-        f"{per_batch / args.batch_size:.2f} ms a record, {args.concurrency} calls in flight"
-    )
+    print(f"{'variant':52} {'records/s':>10} {'ms a record':>12}")
+    print("-" * 76)
+    for name, rate in (
+        (f"inbox relay, batch path (<= {MAX_BATCH_SPAWNS} spawns a POST)", relayed),
+        ("inbox relay, per-record path (a POST a record)", one_by_one),
+        ("plain keep-alive HTTP client, a POST a record (floor)", plain),
+    ):
+        print(f"{name:52} {rate:10.0f} {1000 / rate:12.2f}")
+    print(f"\nRatio batch path / per-record path {relayed / one_by_one:.2f}  [>= 5]")
+    print(f"Ratio relay / floor {one_by_one / plain:.2f}  (per-record path)  [>= 0.8]")
+    for spawns, label in ((MAX_BATCH_SPAWNS, "batch path"), (1, "per-record path")):
+        per_batch = statistics.median(batch_ms[spawns])
+        print(
+            f"\nPer record, {label} (docs/operations.md#what-a-tenant-costs): {args.batches} invocations of "
+            f"{args.batch_size} records (RelayBatchSize: {batch_size}), median {per_batch:.0f} ms an invocation, "
+            f"{per_batch / args.batch_size:.2f} ms a record, {args.concurrency} calls in flight at most"
+        )
 
 
 if __name__ == "__main__":

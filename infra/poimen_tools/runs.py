@@ -1,10 +1,11 @@
-"""`poimen runs spawn|get|find`: the admission API from the shell, through `poimen.client`.
+"""`poimen runs spawn|spawn-many|get|find`: the admission API from the shell, through `poimen.client`.
 
 Answers are JSON on stdout (numbers in `input` exactly as the API keeps them); a failure is one line on
 stderr and an exit code. Calls are signed (SigV4, execute-api) with your AWS credentials; against a
 loopback URL (`poimen dev`) for which the SDK finds none, with poimen dev's documented dev key
 (`--dev-key` forces it). A spawn without --dispatch-key gets a key generated for it, so its retries
-never admit it twice.
+never admit it twice. `spawn-many` sends a file of spawns, one JSON object a line, in the batch form of POST
+/v1/runs (as few calls as its limits allow), and prints one line a spawn, in order.
 
 A multi-Region stack: give --base-url once per Region, in order of preference, as REGION=URL (the
 Region its calls are signed for) or a bare URL (Region as for a single one). A connection failure, a
@@ -45,9 +46,11 @@ from poimen.client import (
     InvalidRequest,
     NotFound,
     RegionalEndpoint,
+    Spawned,
+    SpawnRequest,
     Unavailable,
 )
-from poimen.contract import json_text
+from poimen.contract import json_text, parse_json
 from poimen_tools.arguments import base_url, json_object, positive_seconds, region, tenant, text
 from poimen_tools.credentials import is_loopback, local_credentials
 from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY
@@ -64,7 +67,10 @@ EXIT_UNAVAILABLE = 3  # no answer (or only 408/429/5xx) after every retry, no cr
 
 EPILOG = """\
 output: spawn prints {"replayed": true|false, "run": {...}}; get and find print the run; numbers in input
-exactly as the API keeps them.
+exactly as the API keeps them. spawn-many prints a line a spawn, in the order of its file: {"line": N,
+"status": 201|200, "replayed": ..., "run": {...}}, or {"line": N, "status": S|null, "dispatch_key": K,
+"outcome_unknown": true|false, "error": "..."}; its exit code is the worst of its spawns' (3, then 2), and a
+file with a line that is no spawn is refused before anything is sent (2).
 
 exit codes: 0 done; 1 no such run (get, find); 2 usage: bad arguments, a cell map that is not one or a
 tenant it lists in no cell or in several (nothing sent), or a request the API refused (400, 413, 415; 422
@@ -165,7 +171,20 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=formatter,
     )
     find.add_argument("dispatch_key", type=text, metavar="DISPATCH_KEY")
-    for leaf in (spawn, get, find):
+    many = actions.add_parser(
+        "spawn-many",
+        parents=[common],
+        help="POST /v1/runs in the batch form: a file of spawns, one JSON object a line (- for stdin)",
+        epilog=EPILOG,
+        formatter_class=formatter,
+    )
+    many.add_argument(
+        "file",
+        type=argparse.FileType("r", encoding="utf-8"),
+        metavar="FILE",
+        help='JSON lines, each {"workflow_ref", "input", "goal_id"?, "dispatch_key"?}; blank lines are skipped',
+    )
+    for leaf in (spawn, get, find, many):
         leaf.set_defaults(run=run, prog=leaf.prog)
 
 
@@ -191,6 +210,10 @@ def run(
     on stderr and its exit code (`args.debug`: raised instead); anything else is left to the caller."""
     out, err = stdout or sys.stdout, stderr or sys.stderr
     try:
+        if args.action == "spawn-many":
+            spawns = _spawns(args.file)
+            with client or _client(args) as api:
+                return _spawn_many(api, args.tenant, spawns, out)
         with client or _client(args) as api:
             document = _act(api, args)
     except (AdmissionError, _Failure) as error:
@@ -215,6 +238,48 @@ def _act(api: AdmissionClient, args: argparse.Namespace) -> str:
     if found is None:
         raise _Failure(f"no run for dispatch_key {args.dispatch_key!r} in tenant {args.tenant}", EXIT_NOT_FOUND)
     return json_text(found.model_dump())
+
+
+def _spawns(lines: TextIO) -> list[tuple[int, SpawnRequest]]:
+    """The file's spawns with their line numbers; _Failure (nothing sent) at the first line that is none."""
+    spawns = []
+    with lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                fields = parse_json(line)
+                if not isinstance(fields, dict) or set(fields) - {"workflow_ref", "input", "goal_id", "dispatch_key"}:
+                    raise ValueError("not an object of workflow_ref, input, goal_id and dispatch_key")
+                spawn = SpawnRequest(
+                    fields["workflow_ref"], fields["input"], fields.get("goal_id"), fields.get("dispatch_key")
+                )
+            except (ValueError, KeyError, RecursionError) as error:
+                where = getattr(lines, "name", "the file")
+                raise _Failure(f"{where} line {number} is no spawn ({error}): nothing was sent", EXIT_USAGE) from error
+            spawns.append((number, spawn))
+    return spawns
+
+
+def _spawn_many(api: AdmissionClient, tenant: str, spawns: list[tuple[int, SpawnRequest]], out: TextIO) -> int:
+    """Each spawn's result on a line of its own, in order; the worst exit code of them."""
+    code = EXIT_OK
+    for (number, _), result in zip(spawns, api.spawn_many(tenant, [spawn for _, spawn in spawns]), strict=True):
+        if isinstance(result, Spawned):
+            status = 200 if result.replayed else 201
+            line = {"line": number, "status": status, "replayed": result.replayed, "run": result.run.model_dump()}
+        else:
+            line = {
+                "line": number,
+                "status": result.status,
+                "dispatch_key": result.dispatch_key,
+                "outcome_unknown": result.outcome_unknown,
+                "error": " ".join(str(result).split()),
+            }
+            refused = isinstance(result, InvalidRequest | DispatchKeyReused)
+            code = max(code, EXIT_USAGE if refused else EXIT_UNAVAILABLE)
+        out.write(json_text(line) + "\n")
+    return code
 
 
 def _explain(error: Exception, args: argparse.Namespace) -> tuple[str, int]:

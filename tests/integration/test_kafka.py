@@ -132,6 +132,28 @@ def test_one_published_message_is_one_run_through_one_post(
     assert dead_letters(dev, dlq) == []
 
 
+def test_relayed_records_reach_admission_through_post_v1_runs_a_call_a_partition_batch(
+    broker: KafkaBroker, dev: DevServer, tenant: str, event_source: EventSourceFactory, dlq: str
+) -> None:
+    # Given 30 records on the tenant's three partitions, published before the relay starts
+    publisher = DispatchPublisher(broker.bootstrap_servers)
+    spawns = [RunRequest(workflow_ref="wf/hello", input={"n": n}, dispatch_key=f"p-{n}") for n in range(30)]
+    run_ids = [publisher.publish(tenant, spawn).run_id for spawn in spawns]
+    publisher.flush()
+    # When the relay consumes them
+    source = event_source(broker.bootstrap_servers)
+    wait_for(lambda: _committed(broker.bootstrap_servers, source.group_id, dispatch_topic(tenant)) == 30)
+    # Then the API, instrumented by its own structured logs, admitted each record once in the handler of
+    # POST /v1/runs (the one route that admits), and in fewer requests than records: a call a partition batch
+    admissions = dev.admissions(tenant)
+    assert sorted(entry["run_id"] for entry in admissions) == sorted(run_ids)
+    assert [entry["message"] for entry in admissions] == ["run admitted"] * 30
+    requests = {entry["correlation_id"] for entry in admissions}
+    assert len(requests) <= 10  # at most 3 partitions in each of a few batches, never one a record
+    assert sorted(run["run_id"]["S"] for run in _runs(dev, tenant)) == sorted(run_ids)
+    assert dead_letters(dev, dlq) == []
+
+
 def test_forced_redelivery_is_still_one_run(
     broker: KafkaBroker, dev: DevServer, tenant: str, event_source: EventSourceFactory
 ) -> None:

@@ -216,8 +216,11 @@ def test_transient_failures_are_retried_and_traceparent_forwarded(
     tenant: str,
     scripted_api: ScriptedApi,
     capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Given an API that answers 503, 429 (Retry-After: 0), 500 and then admits
+    # Given an API that answers 503, 429 (Retry-After: 0), 500 and then admits, one spawn a request (the
+    # per-record wire; the batch's retries: tests/unit/test_relay_batch.py)
+    monkeypatch.setenv("RELAY_BATCH_SPAWNS", "1")
     scripted_api.script = [
         (503, {}, b'{"type":"urn:poimen:problem:store-unavailable"}'),
         (429, {"Retry-After": "0"}, b"{}"),
@@ -245,10 +248,11 @@ def test_transient_failures_are_retried_and_traceparent_forwarded(
 
 
 def test_records_sharing_a_key_are_sent_in_offset_order(
-    relay_against: Callable[[str], Relay], tenant: str, scripted_api: ScriptedApi
+    relay_against: Callable[[str], Relay], tenant: str, scripted_api: ScriptedApi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given ten records under one Kafka key among twenty others (keyed and keyless), delivered shuffled,
-    # and an API that fails the first POST of the first same-key record once
+    # and an API that fails the first POST of the first same-key record once, one spawn a request
+    monkeypatch.setenv("RELAY_BATCH_SPAWNS", "1")
     failed_once: list[bytes] = []
 
     def fail_first_of_key(body: bytes) -> tuple[int, dict[str, str], bytes] | None:
@@ -502,9 +506,16 @@ def test_a_dlq_that_does_not_answer_fails_the_batch_within_the_functions_time(
 
 
 def test_a_crlf_traceparent_stalls_no_record_of_the_batch(
-    relay_against: Callable[[str], Relay], dev: DevServer, dlq: str, tenant: str, scripted_api: ScriptedApi
+    relay_against: Callable[[str], Relay],
+    dev: DevServer,
+    dlq: str,
+    tenant: str,
+    scripted_api: ScriptedApi,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Given 21 records over 20 Kafka keys, the first of the shared key with a CR/LF in its traceparent
+    # Given 21 records over 20 Kafka keys, the first of the shared key with a CR/LF in its traceparent, and an
+    # API answering one spawn a request (a batch's traceparents: tests/unit/test_relay.py)
+    monkeypatch.setenv("RELAY_BATCH_SPAWNS", "1")
     traceparent = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     records = [
         _record(tenant, {**SPAWN, "dispatch_key": f"d-{i}"}, offset=i, key=f"k{min(i, 19)}".encode()) for i in range(21)

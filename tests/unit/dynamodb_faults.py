@@ -119,6 +119,20 @@ def script_attempts(monkeypatch: pytest.MonkeyPatch, **faults: list[Fault]) -> d
     return seen
 
 
+def only_for(marker: str, faults: list[Fault], attempts: int = 1000) -> list[Fault]:
+    """`faults`, in turn, for the attempts whose request holds `marker` (a spawn's `"dispatch_key"`, say); every
+    other attempt goes through. For spawns admitted concurrently (a batch), whose attempts come in any order."""
+    mine = list(faults)
+
+    def fault(send: Callable[[], Any], request: Any) -> Any:
+        body = request.body if isinstance(request.body, bytes) else str(request.body or "").encode()
+        if mine and marker.encode() in body:
+            return mine.pop(0)(send, request)
+        return send()
+
+    return [fault] * attempts
+
+
 def runs_and_fences(dynamodb: Any, table_name: str, tenant: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     items = count_runs(dynamodb, table_name, tenant)
     return [i for i in items if "item_type" not in i], [i for i in items if "item_type" in i]

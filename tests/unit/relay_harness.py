@@ -24,6 +24,7 @@ from poimen.config import RelaySettings
 from poimen.relay import BatchOutcome, Relay
 from poimen.retention import RunRetention
 from poimen.store import Store
+from poimen.wire import SPAWNS_MEDIA_TYPE
 from poimen_tools.local.devserver import LocalLambdaContext, http_api_event, http_response
 from poimen_tools.local.msk import KafkaRecord, msk_event
 from poimen_tools.local.sigv4 import Principal, verify
@@ -43,6 +44,9 @@ class InProcessApi(urllib3.PoolManager):
         # One execution environment: Powertools keeps the current event on the resolver.
         self._lock = threading.Lock()
         self.received: list[dict[str, str]] = []
+        self.forwarded: list[str | None] = []  # each spawn's traceparent as received, alone or in a batch
+        self.routes: list[str] = []  # the route key API Gateway matched for each request
+        self.bodies: list[bytes] = []  # each batch's body, as received
         self.principals = {RELAY_KEY.access_key: RELAY_KEY}  # whose signatures it accepts
 
     # PoolManager's own signature, which narrows RequestMethods' as urllib3 itself declares it.
@@ -66,9 +70,25 @@ class InProcessApi(urllib3.PoolManager):
         )
         with self._lock:
             self.received.append({name.lower(): value for name, value in headers})
-            answer = self._handler(event, LocalLambdaContext("AdmissionFunction"))
+            self.forwarded.extend(_traceparents(self.received[-1], body))
+            self.routes.append(event["routeKey"])
+            if self.received[-1].get("content-type") == SPAWNS_MEDIA_TYPE:
+                self.bodies.append(body)
+            # A minute, not the function's 13 s: a batch starts no spawn with less than 5 s left (poimen.batch),
+            # and on a loaded test machine an in-process batch of moto writes can take that long; what the
+            # guard does is tested on its own (tests/unit/test_spawn_batch.py).
+            answer = self._handler(event, LocalLambdaContext("AdmissionFunction", timeout_seconds=60))
         status, answer_headers, payload = http_response(answer)
         return urllib3.HTTPResponse(body=payload, status=status, headers=dict(answer_headers), preload_content=True)
+
+
+def _traceparents(headers: dict[str, str], body: bytes) -> list[str | None]:
+    """The traceparent of each spawn of the request: the header's, or in a batch each spawn's own if it has one."""
+    if headers.get("content-type") != SPAWNS_MEDIA_TYPE:
+        return [headers.get("traceparent")]
+    batch = json.loads(body)
+    own = batch.get("traceparents") or [None] * len(batch["spawns"])
+    return [traceparent or headers.get("traceparent") for traceparent in own]
 
 
 def sqs_message_size(body: str, attributes: dict[str, Any]) -> int:

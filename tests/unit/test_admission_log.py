@@ -22,6 +22,7 @@ from poimen.api import admission_service
 from poimen.ids import keyed_run_id
 from poimen.observability import logger
 from poimen.store import Store
+from poimen.wire import SPAWNS_MEDIA_TYPE
 from poimen_tools.local.rie import LOG_EVENT_OVERHEAD_BYTES
 from tests.conftest import REPO
 from tests.unit.conftest import PRINCIPAL, Invoke
@@ -168,6 +169,43 @@ def test_a_reused_dispatch_key_is_found_by_the_runbook_query_with_the_run_it_nam
     assert (line["message"], line["status"], line["run_id"]) == ("dispatch key reused", 422, first.body["run_id"])
     assert line["_aws"]["CloudWatchMetrics"][0]["Metrics"] == [{"Name": "DispatchKeyConflicts", "Unit": "Count"}]
     assert line["correlation_id"]
+
+
+def test_each_spawn_of_a_batch_is_found_by_the_runbook_query_and_its_metrics_are_one_line(
+    invoke: Invoke, tenant: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a run admitted under k-b1, and the Logger's lines printed where the EMF line is
+    monkeypatch.setattr(logger.registered_handler, "stream", sys.stdout)
+    first = invoke(body={"workflow_ref": "wf/audit", "input": {}, "dispatch_key": "k-b1"})
+    capsys.readouterr()
+    spawns = [
+        {"workflow_ref": "wf/audit", "input": {}, "dispatch_key": "k-b1"},  # replayed
+        {"workflow_ref": "wf/audit", "input": {}, "dispatch_key": "k-b2"},  # admitted
+        {"workflow_ref": "wf/other", "input": {}, "dispatch_key": "k-b1"},  # 422
+        {"workflow_ref": "wf/audit", "input": {}},  # keyless, admitted
+    ]
+
+    # When they are sent as one batch
+    answer = invoke(body={"spawns": spawns}, headers={"content-type": SPAWNS_MEDIA_TYPE})
+
+    # Then each spawn has its own line with the runbook's fields, naming its run, and the batch one EMF line of
+    # its summed metrics
+    assert answer.status == 200
+    run_ids = [result.get("run", result.get("problem", {})).get("run_id") for result in answer.body["results"]]
+    lines = [line for line in _json_lines(capsys.readouterr().out) if line.get("tenant_id") == tenant]
+    audits = [line for line in lines if "run_id" in line and "_aws" not in line]
+    assert [(line["message"], line["status"], line["dispatch_key"]) for line in audits] == [
+        ("run replayed", 200, "k-b1"),
+        ("run admitted", 201, "k-b2"),
+        ("dispatch key reused", 422, "k-b1"),
+        ("run admitted", 201, None),
+    ]
+    assert [line["run_id"] for line in audits] == [first.body["run_id"], run_ids[1], first.body["run_id"], run_ids[3]]
+    assert all(line["correlation_id"] and line["latency_ms"] >= 0 for line in audits)
+    (emf,) = [line for line in lines if "_aws" in line]
+    names = {metric["Name"] for metric in emf["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
+    assert names == {"RunsAdmitted", "RunsReplayed", "DispatchKeyConflicts"}
+    assert (emf["RunsAdmitted"], emf["RunsReplayed"], emf["DispatchKeyConflicts"], emf["spawns"]) == ([2], [1], [1], 4)
 
 
 def test_a_tenant_not_granted_is_found_by_the_runbook_query_by_tenant_and_dispatch_key(

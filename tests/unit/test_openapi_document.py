@@ -12,6 +12,7 @@ from openapi_spec_validator import validate
 from openapi_spec_validator.readers import read_from_filename
 
 from poimen.contract import IDEMPOTENCY_KEY_HEADER_PATTERN
+from poimen.wire import MAX_BATCH_BODY_BYTES, MAX_BATCH_SPAWNS, SPAWN_RESULTS_MEDIA_TYPE, SPAWNS_MEDIA_TYPE
 from tests.conftest import REPO
 
 DOCUMENT = REPO / "infra" / "openapi.json"
@@ -49,13 +50,41 @@ def test_each_get_answers_its_run_with_the_run_schema(document: dict[str, Any]) 
         assert found["content"] == {"application/json": {"schema": {"$ref": "#/components/schemas/Run"}}}
 
 
-def test_the_created_runs_location_and_the_replays_header_are_declared_and_required(document: dict[str, Any]) -> None:
+def test_the_created_runs_location_is_required_and_the_replays_header_declared(document: dict[str, Any]) -> None:
     responses = document["paths"]["/v1/runs"]["post"]["responses"]
     location = responses["201"]["headers"]["Location"]
     assert location["required"] is True
     assert location["schema"]["pattern"].startswith("^/v1/runs/")
+    # Not required: a batch's 200 (its own media type) has none, each result says whether it replayed
     replayed = responses["200"]["headers"]["Idempotent-Replayed"]
-    assert (replayed["required"], replayed["schema"]) == (True, {"type": "string", "enum": ["true"]})
+    assert (replayed.get("required", False), replayed["schema"]) == (False, {"type": "string", "enum": ["true"]})
+    assert "absent on a batch" in replayed["description"]
+
+
+def test_the_batch_form_is_a_media_type_of_post_v1_runs_with_its_limits_and_its_answer(
+    document: dict[str, Any],
+) -> None:
+    create_run = document["paths"]["/v1/runs"]["post"]
+    schemas = document["components"]["schemas"]
+    # Given the request body: one spawn as application/json, a batch as its own media type
+    assert create_run["requestBody"]["content"] == {
+        "application/json": {"schema": {"$ref": "#/components/schemas/RunRequest"}},
+        SPAWNS_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/SpawnBatch"}},
+    }
+    spawns = schemas["SpawnBatch"]["properties"]["spawns"]
+    assert (spawns["minItems"], spawns["maxItems"]) == (1, MAX_BATCH_SPAWNS)
+    assert spawns["items"]["type"] == "object"  # each spawn validated on its own: a bad one is its result's 400
+    assert f"at most {MAX_BATCH_BODY_BYTES} bytes" in spawns["description"]
+    assert schemas["SpawnBatch"]["additionalProperties"] is False
+    # Then a batch is answered 200 with its results, each a run or a problem with its status
+    assert create_run["responses"]["200"]["content"][SPAWN_RESULTS_MEDIA_TYPE] == {
+        "schema": {"$ref": "#/components/schemas/SpawnResults"}
+    }
+    results = schemas["SpawnResults"]["properties"]["results"]["items"]["anyOf"]
+    assert results == [{"$ref": "#/components/schemas/SpawnAdmitted"}, {"$ref": "#/components/schemas/SpawnRefused"}]
+    assert schemas["SpawnAdmitted"]["properties"]["status"]["enum"] == [200, 201]
+    assert schemas["SpawnAdmitted"]["properties"]["run"] == {"$ref": "#/components/schemas/Run"}
+    assert schemas["SpawnRefused"]["required"] == ["status", "problem"]
 
 
 def test_the_idempotency_key_header_has_its_syntax_and_its_400s(document: dict[str, Any]) -> None:

@@ -56,25 +56,34 @@ def harness(template: Template, handler: Callable[[dict[str, Any], Any], dict[st
     return RelayHarness.start(template, handler, store)
 
 
-def _on_demand(harness: RelayHarness) -> RelayHarness:
-    return harness.with_settings(event_pollers=ON_DEMAND_POLLERS, max_record_age_seconds=3600)
+@pytest.fixture(params=[1, 100], ids=["per-record", "batch-route"])
+def batch_spawns(request: pytest.FixtureRequest) -> int:
+    """RELAY_BATCH_SPAWNS: the relay's per-record path and its batch path (the default) alike."""
+    return int(request.param)
+
+
+def _on_demand(harness: RelayHarness, batch_spawns: int = 100) -> RelayHarness:
+    return harness.with_settings(
+        event_pollers=ON_DEMAND_POLLERS, max_record_age_seconds=3600, batch_spawns=batch_spawns
+    )
 
 
 def _batch(harness: RelayHarness, age_ms: int) -> list[Any]:
-    """One admitted record (key a), one malformed (key b) and one the outage keeps out (key c), `age_ms` old."""
+    """One admitted record (key a), one malformed (key b) and one the outage keeps out (key c, on a partition of
+    its own, so that the batch route's call of partition 0 does not carry it), `age_ms` old."""
     born = int(time.time() * 1000) - age_ms
     return [
         harness.record({**SPAWN, "dispatch_key": "reachable-1"}, 0, key=b"a", timestamp_ms=born),
         harness.record(b"{not json", 1, key=b"b", timestamp_ms=born),
-        harness.record({**SPAWN, "dispatch_key": "kept-out-2"}, 2, key=b"c", timestamp_ms=born + 1000),
+        harness.record({**SPAWN, "dispatch_key": "kept-out-2"}, 2, key=b"c", timestamp_ms=born + 1000, partition=1),
     ]
 
 
 def test_on_demand_a_batch_failing_past_the_age_limit_dead_letters_what_it_did_not_settle_once_and_succeeds(
-    harness: RelayHarness, dynamodb: Any, table_name: str
+    harness: RelayHarness, dynamodb: Any, table_name: str, batch_spawns: int
 ) -> None:
     # Given on-demand pollers (age limit 1 h), a batch 2 h old, and the API down for one of its records
-    relay = _on_demand(harness)
+    relay = _on_demand(harness, batch_spawns)
     down = PartlyDownApi(relay.relay._http, b"reachable-1")
     relay.relay._http = down  # type: ignore[assignment]
     records = _batch(relay, 2 * HOUR_MS)
@@ -106,9 +115,11 @@ def test_on_demand_the_letter_of_a_given_up_record_says_why_and_holds_the_record
     assert letter["record"]["value"] is not None
 
 
-def test_on_demand_a_batch_younger_than_the_age_limit_still_fails_for_an_outage(harness: RelayHarness) -> None:
+def test_on_demand_a_batch_younger_than_the_age_limit_still_fails_for_an_outage(
+    harness: RelayHarness, batch_spawns: int
+) -> None:
     # Given on-demand pollers and a batch a minute old, the API down for one of its records
-    relay = _on_demand(harness)
+    relay = _on_demand(harness, batch_spawns)
     relay.relay._http = PartlyDownApi(relay.relay._http, b"reachable-1")  # type: ignore[assignment]
     # When it is invoked, the batch fails (AWS retries it: nothing is lost while the topic keeps it)
     with pytest.raises(AdmissionApiUnavailable):
@@ -126,10 +137,12 @@ def test_on_demand_a_batch_without_timestamps_has_no_age_and_still_fails(harness
     assert relay.dead_letters() == []
 
 
-def test_provisioned_an_old_batch_fails_for_an_outage_as_its_mapping_parks_it(harness: RelayHarness) -> None:
+def test_provisioned_an_old_batch_fails_for_an_outage_as_its_mapping_parks_it(
+    harness: RelayHarness, batch_spawns: int
+) -> None:
     # Given provisioned pollers (the default) and the same batch 2 h old, the API down for one record
     assert harness.relay._settings.event_pollers == PROVISIONED_POLLERS
-    relay = harness.with_settings(max_record_age_seconds=3600)
+    relay = harness.with_settings(max_record_age_seconds=3600, batch_spawns=batch_spawns)
     relay.relay._http = PartlyDownApi(relay.relay._http, b"reachable-1")  # type: ignore[assignment]
     # When it is invoked, the batch fails: the mapping's retries and its S3 destination bound it
     with pytest.raises(AdmissionApiUnavailable):

@@ -7,7 +7,7 @@ import binascii
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Annotated, Any, cast
@@ -23,10 +23,12 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import (
 from aws_lambda_powertools.event_handler.openapi.params import Header, Path, Query
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import ValidationError as ModelValidationError
 from pydantic.json_schema import SkipJsonSchema
 
 from poimen.admission import Admission, Admitted, RunView
+from poimen.batch import Refusal, SpawnTooLarge, admit_spawns
 from poimen.config import ConfigurationError, Settings
 from poimen.contract import (
     IDEMPOTENCY_KEY_HEADER_PATTERN,
@@ -38,6 +40,8 @@ from poimen.contract import (
     Problem,
     Run,
     RunRequest,
+    SpawnBatch,
+    SpawnResults,
     TenantId,
     dispatch_key_of,
     parse_json,
@@ -57,10 +61,14 @@ from poimen.observability import logger, metrics
 from poimen.store import Store
 from poimen.wire import (
     IDEMPOTENCY_KEY_HEADER,
+    MAX_BATCH_BODY_BYTES,
+    MAX_BATCH_SPAWNS,
     MAX_BODY_BYTES,
     MAX_JSON_DEPTH,
     REPLAYED_HEADER,
     RUN_ID_PATTERN,
+    SPAWN_RESULTS_MEDIA_TYPE,
+    SPAWNS_MEDIA_TYPE,
     TENANT_HEADER,
     TRACEPARENT_PATTERN,
 )
@@ -95,6 +103,8 @@ class AdmissionResolver(APIGatewayHttpResolver):
       element for a non-sequence body (meant for form fields), which would admit `[{...}]`.
 
     The screen's parse, numbers exact (`poimen.contract.parse_json`), is the one Powertools validates.
+    A POST /v1/runs sent as SPAWNS_MEDIA_TYPE, the batch form, is screened to its own limits and answered by
+    `_spawn_batch`: the same route, authorization and rule, its envelope checked here.
     """
 
     def __init__(self) -> None:
@@ -103,14 +113,24 @@ class AdmissionResolver(APIGatewayHttpResolver):
         self.started = 0.0  # perf_counter() when the request in hand arrived: its admission's latency_ms
         # The tenant and dispatch_key a POST /v1/runs in hand spawns for, once read: what its audit line names.
         self.spawning: dict[str, str | None] = {}
+        # Whether the request in hand is a batch: its spawns' audit fields are a line each, not the EMF line's.
+        self.in_batch = False
+        self.request_id = ""  # API Gateway's id of the request in hand (requestContext.requestId)
 
     def resolve(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
         self.started = time.perf_counter()
         self.spawning = {}
+        self.in_batch = False
+        self.request_id = str((event.get("requestContext") or {}).get("requestId") or "")
         try:
             event, self._body = _screened(event)
         except _Refused as refusal:
             return refusal.answer
+        if _is_spawn_batch(event):
+            try:
+                return _spawn_batch(event, self._body, context.get_remaining_time_in_millis)
+            finally:
+                self._body = {}
         try:
             return super().resolve(event, context)
         finally:
@@ -210,9 +230,12 @@ _PROBLEM_DESCRIPTIONS = {
     ),
     HTTPStatus.NOT_FOUND: "`run-not-found`: no such run for this tenant.",
     HTTPStatus.REQUEST_ENTITY_TOO_LARGE: (
-        f"`payload-too-large`: the body is over {MAX_BODY_BYTES} bytes, or the run would be over DynamoDB's item limit."
+        f"`payload-too-large`: the body is over {MAX_BODY_BYTES} bytes (a batch's over {MAX_BATCH_BODY_BYTES}), or "
+        "the run would be over DynamoDB's item limit."
     ),
-    HTTPStatus.UNSUPPORTED_MEDIA_TYPE: "`unsupported-media-type`: a body that is not application/json.",
+    HTTPStatus.UNSUPPORTED_MEDIA_TYPE: (
+        f"`unsupported-media-type`: a body that is not application/json (nor, to POST /v1/runs, {SPAWNS_MEDIA_TYPE})."
+    ),
     HTTPStatus.UNPROCESSABLE_ENTITY: (
         "`dispatch-key-reused`: the dispatch_key already admitted a run with a different workflow_ref, input or "
         "goal_id; `run_id` names it. Nothing was written."
@@ -332,13 +355,22 @@ _RUN_PATH_PATTERN = "^/v1/runs/" + RUN_ID_PATTERN.removeprefix("^")
             "content": {"application/json": {"model": Run}},
         },
         200: {
-            "description": "The dispatch_key already admitted this run (Idempotent-Replayed: true)",
+            "description": (
+                "application/json: the dispatch_key already admitted this run (Idempotent-Replayed: true). "
+                f"{SPAWN_RESULTS_MEDIA_TYPE}: the answer to a batch ({SPAWNS_MEDIA_TYPE}), whatever became of its "
+                "spawns: one result a spawn, in order, each the run and its status (201 admitted, 200 replayed) or "
+                "the problem this route would answer for that spawn alone, with its status (a 503 "
+                "`outcome-unknown` names the run that may have been admitted). The request's own 4xx (its "
+                "envelope, tenant, authorization) and 5xx are its problems below."
+            ),
             "headers": {
-                REPLAYED_HEADER: _required_header(
-                    "Always `true`: the answer is the first run's", {"type": "string", "enum": ["true"]}
-                )
+                REPLAYED_HEADER: {
+                    "description": "Always `true` on a replay of one spawn: the answer is the first run's; absent "
+                    "on a batch's answer, whose results say it",
+                    "schema": {"type": "string", "enum": ["true"]},
+                }
             },
-            "content": {"application/json": {"model": Run}},
+            "content": {"application/json": {"model": Run}, SPAWN_RESULTS_MEDIA_TYPE: {"model": SpawnResults}},
         },
         **_problems(
             *_COMMON_PROBLEMS,
@@ -415,7 +447,24 @@ def openapi_document() -> dict[str, Any]:
     schema: dict[str, Any] = json.loads(
         app.get_openapi_json_schema(title="Poimen admission", version="1", description=_API_DESCRIPTION)
     )
-    return _without_leftovers(schema)
+    return _without_leftovers(_with_spawn_batch(schema))
+
+
+def _with_spawn_batch(schema: dict[str, Any]) -> dict[str, Any]:
+    """The document with POST /v1/runs's second request media type, the batch, from its model: Powertools
+    declares one body model a route."""
+    components = schema["components"]["schemas"]
+    batch = SpawnBatch.model_json_schema(ref_template="#/components/schemas/{model}")
+    components.update(batch.pop("$defs", {}))
+    components["SpawnBatch"] = batch
+    request = schema["paths"]["/v1/runs"]["post"]["requestBody"]
+    request["content"][SPAWNS_MEDIA_TYPE] = {"schema": {"$ref": "#/components/schemas/SpawnBatch"}}
+    request["description"] = (
+        f"One spawn (application/json, a RunRequest), or up to {MAX_BATCH_SPAWNS} of the tenant in one request "
+        f"({SPAWNS_MEDIA_TYPE}, a SpawnBatch of at most {MAX_BATCH_BODY_BYTES} bytes), answered 200 "
+        f"{SPAWN_RESULTS_MEDIA_TYPE}."
+    )
+    return schema
 
 
 def _without_leftovers(schema: dict[str, Any]) -> dict[str, Any]:
@@ -452,21 +501,24 @@ def _schema_refs(node: Any) -> set[str]:
 def warm() -> None:
     """Build each route's request validation now rather than on its first request: run before a
     SnapStart snapshot (functions/admission/app.py). One request per route, each refused by validation
-    (no tenant header) before it reaches admission: no AWS call, nothing stored, nothing logged.
+    (no tenant header; a batch without spawns) before it reaches admission: no AWS call, nothing stored,
+    nothing logged.
     """
-    requests: tuple[tuple[str, str, dict[str, str], str | None], ...] = (
-        ("POST", "/v1/runs", {}, '{"workflow_ref": "wf/warm", "input": {}}'),
-        ("GET", "/v1/runs/00000000-0000-8000-8000-000000000000", {}, None),
-        ("GET", "/v1/runs", {"dispatch_key": "warm"}, None),
+    batch = {"content-type": SPAWNS_MEDIA_TYPE, TENANT_HEADER.lower(): "warm"}
+    requests: tuple[tuple[str, str, dict[str, str], str | None, dict[str, str]], ...] = (
+        ("POST", "/v1/runs", {}, '{"workflow_ref": "wf/warm", "input": {}}', {"content-type": "application/json"}),
+        ("POST", "/v1/runs", {}, '{"spawns": []}', batch),
+        ("GET", "/v1/runs/00000000-0000-8000-8000-000000000000", {}, None, {"content-type": "application/json"}),
+        ("GET", "/v1/runs", {"dispatch_key": "warm"}, None, {"content-type": "application/json"}),
     )
-    for method, path, query, body in requests:
+    for method, path, query, body, headers in requests:
         event = {
             "version": "2.0",
             "routeKey": "$default",
             "rawPath": path,
             "rawQueryString": "&".join(f"{name}={value}" for name, value in query.items()),
             "queryStringParameters": query or None,
-            "headers": {"content-type": "application/json"},
+            "headers": headers,
             "requestContext": {"http": {"method": method, "path": path}, "stage": "$default"},
             "body": body,
             "isBase64Encoded": False,
@@ -497,18 +549,28 @@ def _record(admitted: Admitted, status: HTTPStatus) -> None:
 
 
 def _audit(message: str, status: HTTPStatus, run_id: str) -> None:
-    """The audit fields of the spawn in hand, as metadata of the EMF line of the metric just added."""
+    """The audit fields of the spawn in hand, as metadata of the EMF line of the metric just added; a batch's
+    spawn, as a line of its own with the same fields (the batch's one EMF line carries its metrics summed)."""
     audit = {
         "message": message,
         **app.spawning,
         "run_id": run_id,
         "status": int(status),
         # API Gateway's request id, the correlation_id of the Logger's lines (a refusal's, an error's).
-        "correlation_id": app.current_event.request_context.request_id,
+        "correlation_id": app.request_id,
         "latency_ms": round((time.perf_counter() - app.started) * 1000, 1),
     }
+    if app.in_batch:
+        print(json.dumps(audit, separators=(",", ":")))  # the line Lambda sends to the log group
+        return
     for key, value in audit.items():
         metrics.add_metadata(key=key, value=value)
+
+
+def _spawning(tenant_id: str, dispatch_key: str | None) -> None:
+    """Name the spawn in hand in every line written about it from here on (the runbook's query finds it)."""
+    app.spawning = {"tenant_id": tenant_id, "dispatch_key": dispatch_key}
+    logger.append_keys(**app.spawning)
 
 
 # --- errors: every failure leaves as application/problem+json, mapped here and nowhere else ---
@@ -641,6 +703,18 @@ def _run_too_large(error: RunTooLarge) -> Response[str]:
     )
 
 
+@app.exception_handler(SpawnTooLarge)
+def _spawn_too_large(error: SpawnTooLarge) -> Response[str]:
+    return problem(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "payload-too-large", str(error))
+
+
+def _invalid_model(error: ModelValidationError) -> Response[str]:
+    """A batch's envelope or one of its spawns, validated by its model: the same problem as the route's own."""
+    errors = [{**failure, "loc": ("body", *failure["loc"])} for failure in error.errors()]
+    answer: Response[str] = _invalid_request(RequestValidationError(errors))
+    return answer
+
+
 @app.exception_handler(RunNotStorable)
 def _run_not_storable(error: RunNotStorable) -> Response[str]:
     logger.warning("run not storable", reason=str(error), status=HTTPStatus.BAD_REQUEST)
@@ -718,21 +792,23 @@ class _Refused(Exception):
 def _screened(event: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, Any]]:
     """The event to route, its content type lower-cased, and its body parsed ({} if none); or _Refused."""
     body = _decoded_body(event)
-    if len(body) > MAX_BODY_BYTES:
-        raise _Refused(
-            HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "payload-too-large", f"The body exceeds {MAX_BODY_BYTES} bytes."
-        )
-    if not body:
-        return event, {}
     content_type = _content_type(event)
-    if content_type.split(";", 1)[0].strip().lower() not in ("", "application/json"):
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    batch = media_type == SPAWNS_MEDIA_TYPE and _is_create_run(event)
+    # A batch's spawns nest in it two levels down (the envelope, its list): each keeps the body's depth.
+    limit, depth = (MAX_BATCH_BODY_BYTES, MAX_JSON_DEPTH + 2) if batch else (MAX_BODY_BYTES, MAX_JSON_DEPTH)
+    if len(body) > limit:
+        raise _Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "payload-too-large", f"The body exceeds {limit} bytes.")
+    if not body and not batch:
+        return event, {}
+    if media_type not in ("", "application/json") and not batch:
         raise _Refused(
             HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Send the body as application/json."
         )
     try:
-        value = parse_json(body.decode("utf-8"))
+        value = parse_json(body.decode("utf-8"), depth) if body else None
     except (JSONTooDeep, RecursionError) as error:
-        detail = f"The body nests deeper than {MAX_JSON_DEPTH} levels."
+        detail = f"The body nests deeper than {MAX_JSON_DEPTH} levels" + (" in a spawn." if batch else ".")
         raise _Refused(HTTPStatus.BAD_REQUEST, "malformed-json", detail) from error
     except ValueError as error:  # UnicodeError and JSONDecodeError are ValueErrors
         raise _Refused(HTTPStatus.BAD_REQUEST, "malformed-json", "The body is not valid JSON.") from error
@@ -748,6 +824,104 @@ def _screened(event: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, An
         # Media types are case-insensitive (RFC 9110); Powertools compares them case-sensitively.
         event = {**event, "headers": {**event["headers"], "content-type": content_type.lower()}}
     return event, value
+
+
+def _is_create_run(event: Mapping[str, Any]) -> bool:
+    http = (event.get("requestContext") or {}).get("http") or {}
+    return str(http.get("method", "")).upper() == "POST" and event.get("rawPath") == "/v1/runs"
+
+
+def _is_spawn_batch(event: Mapping[str, Any]) -> bool:
+    """Whether the screened event is a batch: POST /v1/runs as SPAWNS_MEDIA_TYPE."""
+    return _content_type(event).split(";", 1)[0].strip() == SPAWNS_MEDIA_TYPE and _is_create_run(event)
+
+
+@lru_cache(maxsize=1)
+def _tenant_id() -> TypeAdapter[str]:
+    """The tenant header's validation, built on a batch's first use (cold start)."""
+    return TypeAdapter(TenantId)
+
+
+def _spawn_batch(event: Mapping[str, Any], body: dict[str, Any], remaining_ms: Callable[[], int]) -> dict[str, Any]:
+    """POST /v1/runs in the batch form: the request checked as the single route checks it (its tenant, no
+    Idempotency-Key, its caller authorized once for its tenant) and its envelope, then each spawn admitted by
+    poimen.batch. A fault of the request is its own problem; one of a spawn, that spawn's result."""
+    headers = event.get("headers") or {}
+    try:
+        try:
+            tenant_id = _tenant_id().validate_python(headers.get(TENANT_HEADER.lower()))
+        except ModelValidationError as error:
+            loc = ("header", TENANT_HEADER.lower())
+            raise RequestValidationError([{**e, "loc": loc} for e in error.errors()]) from error
+        batch = SpawnBatch.model_validate(body)
+        if headers.get(IDEMPOTENCY_KEY_HEADER.lower()) is not None:
+            raise InvalidIdempotencyKey(
+                f"A batch takes no {IDEMPOTENCY_KEY_HEADER} header: each spawn's key is its own dispatch_key."
+            )
+        authorizer = (event.get("requestContext") or {}).get("authorizer") or {}
+        principal = (authorizer.get("iam") or {}).get("userArn") or None
+        service = admission_service()
+        service.authorize(principal, tenant_id)
+        app.in_batch = True
+        counts = {"RunsAdmitted": 0, "RunsReplayed": 0}
+
+        def admitted(dispatch_key: str | None, outcome: Admitted) -> None:
+            _spawning(tenant_id, dispatch_key)
+            counts["RunsReplayed" if outcome.replayed else "RunsAdmitted"] += 1
+            status = HTTPStatus.OK if outcome.replayed else HTTPStatus.CREATED
+            _audit("run replayed" if outcome.replayed else "run admitted", status, outcome.run.run_id)
+
+        def refused(dispatch_key: str | None, error: Exception) -> Refusal:
+            _spawning(tenant_id, dispatch_key)
+            return _refusal(error)
+
+        results = admit_spawns(
+            service,
+            principal,
+            tenant_id,
+            batch,
+            headers.get("traceparent"),
+            remaining_ms=remaining_ms,
+            refusal=refused,
+            admitted=admitted,
+        )
+        if counts["RunsAdmitted"]:
+            metrics.add_metric(name="RunsAdmitted", unit=MetricUnit.Count, value=counts["RunsAdmitted"])
+        if counts["RunsReplayed"]:
+            metrics.add_metric(name="RunsReplayed", unit=MetricUnit.Count, value=counts["RunsReplayed"])
+        metrics.add_metadata(key="tenant_id", value=tenant_id)
+        metrics.add_metadata(key="spawns", value=len(batch.spawns))
+    except Exception as error:
+        answer = _answer_to(error)
+        return {
+            "statusCode": answer.status_code,
+            "headers": {"Content-Type": PROBLEM_JSON, **(answer.headers or {})},
+            "body": answer.body,
+            "isBase64Encoded": False,
+        }
+    return {
+        "statusCode": int(HTTPStatus.OK),
+        "headers": {"Content-Type": SPAWN_RESULTS_MEDIA_TYPE},
+        "body": results,
+        "isBase64Encoded": False,
+    }
+
+
+def _answer_to(error: Exception) -> Response[str]:
+    """The problem this module answers for `error`: its exception handler's, the one mapping."""
+    if isinstance(error, ModelValidationError):  # not registered: only a batch validates a model itself
+        return _invalid_model(error)
+    handler = app.exception_handler_manager.lookup_exception_handler(type(error)) or _unexpected
+    answer: Response[str] = handler(error)
+    return answer
+
+
+def _refusal(error: Exception) -> Refusal:
+    """A batch's spawn that failed, answered as the single route answers it."""
+    answer = _answer_to(error)
+    headers = answer.headers or {}
+    retry_after = headers.get("Retry-After")
+    return Refusal(int(answer.status_code), str(answer.body), retry_after if isinstance(retry_after, str) else None)
 
 
 def _early_problem(status: HTTPStatus, kind: str, detail: str, **extensions: Any) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import botocore.credentials
@@ -38,7 +38,16 @@ from pydantic import ValidationError
 from poimen.cells import CELLS_DOCUMENT_VARIABLE, CELLS_FILE_VARIABLE, CellMap
 from poimen.contract import Problem, Run, json_text, parse_json
 from poimen.endpoints import RegionalEndpoint, Rotation, regional_endpoint
-from poimen.wire import REPLAYED_HEADER, TENANT_HEADER, TENANT_PATTERN, retry_after_seconds
+from poimen.wire import (
+    MAX_BATCH_BODY_BYTES,
+    MAX_BATCH_SPAWNS,
+    REPLAYED_HEADER,
+    SPAWN_RESULTS_MEDIA_TYPE,
+    SPAWNS_MEDIA_TYPE,
+    TENANT_HEADER,
+    TENANT_PATTERN,
+    retry_after_seconds,
+)
 
 __all__ = [
     "GENERATED_KEY_PREFIX",
@@ -51,6 +60,7 @@ __all__ = [
     "NotFound",
     "OutcomeUnknown",
     "RegionalEndpoint",
+    "SpawnRequest",
     "Spawned",
     "TenantInNoCell",
     "TenantInSeveralCells",
@@ -216,6 +226,20 @@ class Spawned:
     @property
     def run_id(self) -> str:
         return self.run.run_id
+
+
+@dataclass(frozen=True)
+class SpawnRequest:
+    """One spawn of `AdmissionClient.spawn_many`: what `spawn` takes."""
+
+    workflow_ref: str
+    input: Mapping[str, Any]
+    goal_id: str | None = None
+    dispatch_key: str | None = None
+
+
+# The batch envelope's bytes besides its spawns (`{"spawns":[`, `]}`), and each spawn's comma.
+_ENVELOPE_BYTES = 16
 
 
 def generated_dispatch_key() -> str:
@@ -391,6 +415,83 @@ class AdmissionClient:
         replayed = answer.status == 200 and answer.headers.get(REPLAYED_HEADER, "").lower() == "true"
         return Spawned(run, replayed=replayed and not generated, attempts=answer.attempts, endpoint=answer.endpoint)
 
+    def spawn_many(self, tenant: str, spawns: Sequence[SpawnRequest]) -> list[Spawned | AdmissionError]:
+        """POST /v1/runs in the batch form: the spawns in as few calls as the API's limits allow (MAX_BATCH_SPAWNS
+        a call, MAX_BATCH_BODY_BYTES a body), in order. One result a spawn, in order: its Spawned, or the
+        AdmissionError `spawn` would raise for it alone, its `dispatch_key` set. Every spawn carries a key
+        (generated as `spawn` does when it has none), so a call, or a spawn of it answered 408/429/5xx, is
+        sent again (up to `max_attempts` in all, as `spawn`'s retries), and can only admit or replay its run.
+        A failure of a whole call (Forbidden, Unavailable, ...) is the result of each spawn it carried; only
+        a tenant that is not one (or no cell's) raises, before anything is sent."""
+        self._rotation(tenant)
+        results: list[Spawned | AdmissionError | None] = [None] * len(spawns)
+        keys: list[str] = []
+        bodies: list[tuple[int, bytes]] = []
+        for index, spawn in enumerate(spawns):
+            key = generated_dispatch_key() if spawn.dispatch_key is None else spawn.dispatch_key
+            keys.append(key)
+            request: dict[str, Any] = {"workflow_ref": spawn.workflow_ref, "input": dict(spawn.input)}
+            if spawn.goal_id is not None:
+                request["goal_id"] = spawn.goal_id
+            request["dispatch_key"] = key
+            try:
+                bodies.append((index, json_text(request).encode("utf-8")))
+            except (TypeError, ValueError) as error:
+                refused = InvalidRequest(f"the spawn request cannot be sent as JSON: {error}")
+                refused.dispatch_key = key
+                results[index] = refused
+        generated = [spawn.dispatch_key is None for spawn in spawns]
+        for chunk in _batches(bodies):
+            self._spawn_chunk(tenant, chunk, keys, generated, results)
+        return cast("list[Spawned | AdmissionError]", results)  # each set: by its encoding, or by its chunk
+
+    def _spawn_chunk(
+        self,
+        tenant: str,
+        chunk: list[tuple[int, bytes]],
+        keys: list[str],
+        generated: list[bool],
+        results: list[Spawned | AdmissionError | None],
+    ) -> None:
+        """One batch call of `chunk` (index, body), its spawns answered 408/429/5xx sent again in the next."""
+        pending = chunk
+        for attempt in range(1, self._max_attempts + 1):
+            body = b'{"spawns":[' + b",".join(spawn for _, spawn in pending) + b"]}"
+            try:
+                answer = self._call("POST", "/v1/runs", tenant, body=body, media=SPAWNS_MEDIA_TYPE)
+                found = _batch_results(answer, len(pending))
+            except AdmissionError as error:
+                for index, _ in pending:
+                    results[index] = _for_key(error, keys[index])
+                return
+            again: list[tuple[int, bytes]] = []
+            retry_after = 0.0
+            for (index, spawn_body), result in zip(pending, found, strict=True):
+                status = result["status"]
+                data = json_text(result.get("run", result.get("problem"))).encode("utf-8")
+                headers = {} if result.get("retry_after") is None else {"Retry-After": str(result["retry_after"])}
+                item = _Answer(status, headers, data, answer.attempts + attempt - 1, answer.endpoint)
+                if status in (200, 201):
+                    run = _run(item)
+                    replayed = status == 200 and not generated[index]
+                    results[index] = Spawned(run, replayed=replayed, attempts=item.attempts, endpoint=item.endpoint)
+                elif status in RETRYABLE_STATUSES and attempt < self._max_attempts:
+                    again.append((index, spawn_body))
+                    retry_after = max(retry_after, retry_after_seconds(headers.get("Retry-After")) or 0.0)
+                else:
+                    failed = (
+                        _refusal(item)
+                        if status not in RETRYABLE_STATUSES
+                        else _unavailable(
+                            f"unavailable after {attempt} calls", item.attempts, (item.endpoint,), None, item
+                        )
+                    )
+                    results[index] = _named(failed, keys[index])
+            if not again:
+                return
+            pending = again
+            self._sleep(max(retry_after, self._backoff(attempt - 1)))
+
     def get(self, tenant: str, run_id: str) -> Run:
         """GET /v1/runs/{run_id}. Raises NotFound (no such run for this tenant), Forbidden, ..."""
         answer = self._call("GET", f"/v1/runs/{_quoted(run_id, '', 'run_id')}", tenant)
@@ -437,14 +538,23 @@ class AdmissionClient:
         )
         raise TenantInSeveralCells(message, tenant=tenant, cells=names)
 
-    def _call(self, method: str, path: str, tenant: str, *, body: bytes = b"", query: str = "") -> _Answer:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        tenant: str,
+        *,
+        body: bytes = b"",
+        query: str = "",
+        media: str = "application/json",
+    ) -> _Answer:
         rotation = self._rotation(tenant)
         # Encoded here as SigV4 canonicalises a query (unreserved characters bare, upper-case hex), so the
         # URL sent is the one signed: botocore signs a query as it finds it.
         target = path + (f"?{query}" if query else "")
         headers = {TENANT_HEADER: tenant}
         if method == "POST":
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = media
         attempt = 0
         tried: list[RegionalEndpoint] = []
         reached = False  # whether an attempt so far may have reached the API and written (see AdmissionError)
@@ -533,6 +643,58 @@ def _run(answer: _Answer) -> Run:
             attempts=answer.attempts,
             outcome_unknown=True,  # a success of something: it may have admitted the run
         ) from error
+
+
+def _batches(bodies: list[tuple[int, bytes]]) -> list[list[tuple[int, bytes]]]:
+    """The spawns' bodies in order, in runs of at most MAX_BATCH_SPAWNS whose envelope fits MAX_BATCH_BODY_BYTES
+    (a spawn too large for any goes alone: the API answers it 413, which is then its result)."""
+    chunks: list[list[tuple[int, bytes]]] = []
+    size = _ENVELOPE_BYTES
+    for item in bodies:
+        cost = len(item[1]) + 1
+        if chunks and chunks[-1] and (len(chunks[-1]) < MAX_BATCH_SPAWNS) and size + cost <= MAX_BATCH_BODY_BYTES:
+            chunks[-1].append(item)
+            size += cost
+        else:
+            chunks.append([item])
+            size = _ENVELOPE_BYTES + cost
+    return chunks
+
+
+def _batch_results(answer: _Answer, count: int) -> list[dict[str, Any]]:
+    """The results of a batch's answer, numbers exact; its refusal (as `spawn`'s) or UnexpectedAnswer."""
+    if answer.status != 200:
+        raise _refusal(answer)
+    try:
+        results = parse_json(answer.data.decode("utf-8"))["results"]
+        if answer.headers.get("Content-Type") != SPAWN_RESULTS_MEDIA_TYPE or len(results) != count:
+            raise ValueError("not the results of this batch")
+        if not all(isinstance(result, dict) and isinstance(result.get("status"), int) for result in results):
+            raise ValueError("a result without its status")
+    except (ValueError, TypeError, KeyError) as error:
+        raise UnexpectedAnswer(
+            f"HTTP {answer.status} carried no results of {count} spawns: is the base URL the admission API?",
+            status=answer.status,
+            body=_json_or_text(answer.data),
+            attempts=answer.attempts,
+            outcome_unknown=True,  # a success of something: it may have admitted the runs
+        ) from error
+    return list(results)
+
+
+def _named(error: AdmissionError, key: str) -> AdmissionError:
+    """`error` as one spawn's result, naming its key."""
+    error.dispatch_key = key
+    return error
+
+
+def _for_key(error: AdmissionError, key: str) -> AdmissionError:
+    """A failure of a whole call as one of its spawns' results: a copy of its own, naming its key (copied
+    field by field: the errors' constructors take keyword-only arguments that copy.copy cannot pass)."""
+    mine = type(error).__new__(type(error))
+    mine.__dict__.update(error.__dict__)
+    mine.args = error.args
+    return _named(mine, key)
 
 
 def _refusal(answer: _Answer) -> AdmissionError:

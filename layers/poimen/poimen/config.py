@@ -11,7 +11,7 @@ from typing import TypeVar
 from poimen.kafka import is_tenant_id
 from poimen.principals import InvalidPrincipal, grant_principal
 from poimen.retention import InvalidRetention, RunRetention, run_retention, run_retention_days
-from poimen.wire import TENANT_PATTERN
+from poimen.wire import MAX_BATCH_SPAWNS, TENANT_PATTERN
 
 N = TypeVar("N", int, float)
 
@@ -217,6 +217,9 @@ class RelaySettings:
     # oldest record is `max_record_age_seconds` old (RELAY_MAX_RECORD_AGE_SECONDS; docs/operations.md).
     event_pollers: str = PROVISIONED_POLLERS
     max_record_age_seconds: float = 10800.0
+    # Spawns a POST /v1/runs carries (RELAY_BATCH_SPAWNS): up to MAX_BATCH_SPAWNS of a partition's records in one
+    # batch call (poimen.batch); 1, one call a record, as application/json.
+    batch_spawns: int = MAX_BATCH_SPAWNS
 
     @property
     def bounds_failed_batches(self) -> bool:
@@ -248,12 +251,15 @@ class RelaySettings:
             run_retention=_relay_retention(env),
             event_pollers=_event_pollers(env),
             max_record_age_seconds=_number(env, "RELAY_MAX_RECORD_AGE_SECONDS", cls.max_record_age_seconds, float),
+            batch_spawns=_number(env, "RELAY_BATCH_SPAWNS", cls.batch_spawns, int),
         )
         if not MIN_RECORD_AGE_SECONDS <= settings.max_record_age_seconds <= MAX_RECORD_AGE_SECONDS:
             raise ConfigurationError(
                 f"RELAY_MAX_RECORD_AGE_SECONDS must be {MIN_RECORD_AGE_SECONDS} to {MAX_RECORD_AGE_SECONDS} "
                 "(at most the shortest .dispatch retention, a day)"
             )
+        if not 1 <= settings.batch_spawns <= MAX_BATCH_SPAWNS:
+            raise ConfigurationError(f"RELAY_BATCH_SPAWNS must be 1 to {MAX_BATCH_SPAWNS}")
         positive = (
             settings.max_concurrency,
             settings.http_timeout_seconds,

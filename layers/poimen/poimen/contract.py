@@ -15,9 +15,18 @@ from decimal import Decimal, DecimalException
 from json.encoder import encode_basestring
 from typing import Annotated, Any, Literal, NoReturn
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
-from poimen.wire import DISPATCH_KEY_PATTERN, IDEMPOTENCY_KEY_HEADER, MAX_JSON_DEPTH, TENANT_PATTERN
+from poimen.wire import (
+    DISPATCH_KEY_PATTERN,
+    IDEMPOTENCY_KEY_HEADER,
+    MAX_BATCH_BODY_BYTES,
+    MAX_BATCH_SPAWNS,
+    MAX_BODY_BYTES,
+    MAX_JSON_DEPTH,
+    TENANT_PATTERN,
+)
 
 TenantId = Annotated[str, Field(pattern=TENANT_PATTERN, description="Tenant id; part of Kafka topic names")]
 DispatchKey = Annotated[
@@ -59,6 +68,68 @@ class Run(BaseModel):
     dispatch_key: str | None
     status: Literal["admitted"]
     created_at: str = Field(description="RFC 3339 UTC timestamp of the first admission")
+
+
+class SpawnBatch(BaseModel):
+    """Body of POST /v1/runs sent as application/vnd.poimen.spawns+json: spawns of the one tenant the request
+    names, each admitted as if it were the body of its own POST /v1/runs, answered one result each, in order."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
+
+    spawns: list[dict[str, Any]] = Field(
+        min_length=1,
+        max_length=MAX_BATCH_SPAWNS,
+        description=(
+            f"1 to {MAX_BATCH_SPAWNS} spawns, the whole body at most {MAX_BATCH_BODY_BYTES} bytes: each a RunRequest "
+            "(#/components/schemas/RunRequest), validated on its own: one that is not is its own result's 400 "
+            f"(or 413 over {MAX_BODY_BYTES} bytes as compact JSON), never the request's. Its key is its "
+            "dispatch_key (no Idempotency-Key header); a key repeated in the batch is its first spawn's run "
+            "(200, replayed) or a 422."
+        ),
+    )
+    traceparents: list[str | None] = Field(
+        default_factory=list,
+        description=(
+            "W3C traceparent of each spawn, by position: none, or one a spawn (null: the request's traceparent "
+            "header); a malformed one is not kept, as the header's is not."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _none_or_one_traceparent_a_spawn(self) -> SpawnBatch:
+        if self.traceparents and len(self.traceparents) != len(self.spawns):
+            raise ValueError("traceparents must be empty or have one entry for each spawn")
+        return self
+
+
+class SpawnAdmitted(BaseModel):
+    """A spawn of the batch admitted: the run, as POST /v1/runs answers it (201 new, 200 replayed)."""
+
+    model_config = ConfigDict(defer_build=True)
+
+    status: Literal[200, 201]
+    replayed: bool
+    run: Run
+
+
+class SpawnRefused(BaseModel):
+    """A spawn of the batch refused or failed: the problem POST /v1/runs would answer for it alone, with its
+    status. A 503 `outcome-unknown` names the run (`problem.run_id`) that may have been admitted; `retry_after`
+    is the Retry-After its own answer would carry."""
+
+    model_config = ConfigDict(defer_build=True)
+
+    status: int = Field(ge=400, le=599)
+    problem: Problem
+    retry_after: int | SkipJsonSchema[None] = Field(default=None, description="Seconds before sending it again")
+
+
+class SpawnResults(BaseModel):
+    """The answer to a batch: one result a spawn, in the order of `spawns`."""
+
+    model_config = ConfigDict(defer_build=True)
+
+    results: list[SpawnAdmitted | SpawnRefused]
 
 
 class InvalidIdempotencyKey(ValueError):
@@ -173,17 +244,17 @@ class JSONTooDeep(ValueError):
     """The JSON nests deeper than MAX_JSON_DEPTH."""
 
 
-def parse_json(text: str) -> Any:
+def parse_json(text: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """Strict JSON with exact numbers, or ValueError.
 
     Integers are Python ints; numbers with a fraction or an exponent are JSONNumbers. Refused: NaN and
     Infinity, numbers a double would overflow (1e400), integers of more digits than Python converts
-    (4300), lone surrogates, and nesting deeper than MAX_JSON_DEPTH (JSONTooDeep; so is RecursionError
+    (4300), lone surrogates, and nesting deeper than `max_depth` (JSONTooDeep; so is RecursionError
     from nesting too deep to parse at all).
     """
     value = _DECODER.decode(text)
-    if _exceeds_depth(value):
-        raise JSONTooDeep(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    if exceeds_depth(value, max_depth):
+        raise JSONTooDeep(f"nested deeper than {max_depth} levels")
     if _SURROGATE_ESCAPE.search(text):
         json_text(value).encode("utf-8")  # a lone surrogate cannot be encoded: UnicodeEncodeError
     return value
@@ -248,10 +319,10 @@ _LITERALS = {None: "null", True: "true", False: "false"}
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
-def _exceeds_depth(value: Any) -> bool:
-    """Whether `value` nests deeper than MAX_JSON_DEPTH, found level by level (no recursion)."""
+def exceeds_depth(value: Any, max_depth: int = MAX_JSON_DEPTH) -> bool:
+    """Whether `value` nests deeper than `max_depth`, found level by level (no recursion)."""
     level = [value] if isinstance(value, dict | list) else []
-    for _ in range(MAX_JSON_DEPTH):
+    for _ in range(max_depth):
         if not level:
             return False
         level = [

@@ -50,11 +50,23 @@ from poimen.dead_letter import (
 from poimen.inbox_rule import RECORD_FAULT_STATUSES, RETRYABLE_STATUSES, HeldBack, Spawn, header, judge, rejected
 from poimen.kafka import tenant_of_dispatch_topic
 from poimen.observability import logger, metrics
-from poimen.wire import TENANT_HEADER, retry_after_seconds
+from poimen.wire import (
+    MAX_BATCH_BODY_BYTES,
+    SPAWNS_MEDIA_TYPE,
+    TENANT_HEADER,
+    retry_after_seconds,
+)
 
 # The 503 the API answers when a run may have been admitted: retried for a keyed record (it can only admit
 # that run), dead-lettered naming the run for a keyless one.
 OUTCOME_UNKNOWN = "urn:poimen:problem:outcome-unknown"
+# What a batch's envelope may not refuse a spawn for: a spawn the batch cannot carry (a body over the batch
+# limit, nesting or text the API refuses in a spawn) is sent again alone, for its own answer.
+_ENVELOPE_REFUSED = frozenset({400, 413, 415})
+# The envelope's bytes besides its spawns: `{"spawns":[`, `],"traceparents":[`, `]}`; each spawn adds its
+# value, a comma and its traceparent (at most 55 characters, quoted) or null, and a comma.
+_ENVELOPE_BYTES = 64
+_SPAWN_OVERHEAD_BYTES = 60
 
 
 class BatchFailed(Exception):
@@ -245,9 +257,17 @@ class Relay:
                     return  # the batch will be retried whole; later records must not overtake
                 self._relay_or_dead_letter(record, batch)
 
+        def relay_partition(records: list[KafkaEventRecord]) -> None:
+            self._relay_partition(records, batch)
+
+        work = relay_group
+        if self._settings.batch_spawns > 1:
+            # A partition's records in one call a chunk, in offset order, admitted in that order: the records of
+            # a Kafka key (one partition) keep theirs. Partitions go concurrently.
+            groups, work = _partitions(records), relay_partition
         with ThreadPoolExecutor(max_workers=workers) as pool:
             try:
-                _each(pool, relay_group, groups, batch)
+                _each(pool, work, groups, batch)
             except BatchFailed as failure:
                 if oldest_ms is None or not gives_up:
                     raise
@@ -306,23 +326,38 @@ class Relay:
         batch.settle(record)
 
     def _relay_record(self, record: KafkaEventRecord, batch: _Batch) -> None:
+        spawn = self._spawn_of(record, batch)
+        if spawn is not None:
+            self._post_spawn(record, spawn, batch)
+
+    def _post_spawn(self, record: KafkaEventRecord, spawn: Spawn, batch: _Batch) -> None:
+        """The spawn alone in a POST /v1/runs (application/json), and what its answer makes of the record."""
+        keyed = spawn.dispatch_key is not None
+        status, answer = self._post(spawn.tenant, spawn.body, spawn.traceparent, batch, keyed=keyed)
+        self._answered(record, spawn, status, answer, batch)
+
+    def _spawn_of(self, record: KafkaEventRecord, batch: _Batch) -> Spawn | None:
+        """The record's spawn to send, by the one rule (poimen.inbox_rule); None once it is dead-lettered."""
         verdict = judge(record.raw_event, time.time() * 1000, self._settings.run_retention)
         if isinstance(verdict, DeadLetterReason):
             self._dead_letter(record, verdict, batch)
-            return
+            return None
         if isinstance(verdict, HeldBack):
             spawn = verdict.spawn
             self._dead_letter(record, verdict.reason, batch, tenant_id=spawn.tenant, dispatch_key=spawn.dispatch_key)
-            return
-        spawn, dispatch_key = verdict, verdict.dispatch_key
-        if dispatch_key is None:
+            return None
+        if verdict.dispatch_key is None:
             # Relayed, as the API admits keyless spawns; but a retry after a lost answer, or of the
             # batch, can then admit it twice. Publishers should always set a dispatch_key.
             logger.warning("dispatch without dispatch_key: delivered at least once", topic=record.topic)
-        if spawn.traceparent is None and header(record.raw_event, "traceparent") is not None:
+        if verdict.traceparent is None and header(record.raw_event, "traceparent") is not None:
             logger.warning("malformed traceparent header not forwarded", topic=record.topic, offset=record.offset)
-        status, answer = self._post(spawn.tenant, spawn.body, spawn.traceparent, batch, keyed=dispatch_key is not None)
-        tenant_id = spawn.tenant
+        return verdict
+
+    def _answered(self, record: KafkaEventRecord, spawn: Spawn, status: int, answer: Any, batch: _Batch) -> None:
+        """What the API's final answer for the spawn (alone, or its result in a batch) makes of the record:
+        admitted, or dead-lettered with its reason; raises AdmissionApiRefused for an answer blaming the relay."""
+        tenant_id, dispatch_key = spawn.tenant, spawn.dispatch_key
         if status in (200, 201):
             timestamp_ms = spawn.timestamp_ms
             lag_ms = None if timestamp_ms is None else max(0.0, time.time() * 1000 - timestamp_ms)
@@ -358,12 +393,85 @@ class Relay:
             dispatch_key=dispatch_key,
         )
 
+    def _relay_partition(self, records: list[KafkaEventRecord], batch: _Batch) -> None:
+        """A partition's records in offset order: each judged (poimen.inbox_rule), the spawns sent in chunks of
+        the batch limits, one call a chunk."""
+        spawns: list[tuple[KafkaEventRecord, Spawn]] = []
+        for record in records:
+            try:
+                spawn = self._spawn_of(record, batch)
+            except Exception as error:
+                logger.exception("relaying the record failed", topic=record.topic, offset=record.offset)
+                reason = DeadLetterReason("relay-error", f"{type(error).__name__}: {error}")
+                self._dead_letter(record, reason, batch)
+                spawn = None
+            if spawn is None:
+                batch.settle(record)  # its letter is held
+            else:
+                spawns.append((record, spawn))
+        for chunk in _chunks(spawns, self._settings.batch_spawns):
+            if batch.abort.is_set():
+                return  # the batch will be retried whole; later records must not overtake
+            self._relay_chunk(chunk, batch)
+
+    def _relay_chunk(self, chunk: list[tuple[KafkaEventRecord, Spawn]], batch: _Batch) -> None:
+        """One POST /v1/runs of the chunk's spawns as a batch; each result judged as the answer to its spawn
+        alone would be (`_answered`). A result worth sending again (as `_post` would send it alone) is, with
+        the others of its kind, in the next call, after the backoff; an envelope the API refuses, each spawn
+        alone; an API that takes no batch (415), the same."""
+        pending, attempt = chunk, 0
+        while pending:
+            tenant = pending[0][1].tenant
+            status, answer = self._post(
+                tenant, _envelope([spawn for _, spawn in pending]), None, batch, keyed=True, media=SPAWNS_MEDIA_TYPE
+            )
+            if status in _ENVELOPE_REFUSED:
+                for record, spawn in pending:
+                    if batch.abort.is_set():
+                        raise _Aborted("another record failed the batch")
+                    self._post_spawn(record, spawn, batch)
+                    batch.settle(record)
+                return
+            results = answer.get("results") if status == 200 and isinstance(answer, dict) else None
+            if not isinstance(results, list) or len(results) != len(pending):
+                raise AdmissionApiRefused(f"the admission API answered a batch with {status}: {str(answer)[:500]}")
+            again: list[tuple[KafkaEventRecord, Spawn]] = []
+            retry_after = 0.0
+            for (record, spawn), result in zip(pending, results, strict=True):
+                item_status, item_answer = result["status"], result.get("run", result.get("problem"))
+                keyed = spawn.dispatch_key is not None
+                if item_status in RETRYABLE_STATUSES and (keyed or not _is_outcome_unknown(item_answer)):
+                    again.append((record, spawn))
+                    retry_after = max(retry_after, float(result.get("retry_after") or 0))
+                else:
+                    self._answered(record, spawn, item_status, item_answer, batch)
+                    batch.settle(record)
+            pending = again
+            if pending:
+                delay = max(retry_after, self._jitter(attempt))
+                if time.monotonic() + delay >= batch.api_deadline:
+                    raise AdmissionApiUnavailable(
+                        f"admission API unavailable after {attempt + 1} attempts: {len(pending)} spawns answered 5xx"
+                    )
+                logger.warning("spawns of a batch failed; retrying", spawns=len(pending), delay_seconds=round(delay, 3))
+                batch.outcome.count("retries")
+                attempt += 1
+                if batch.abort.wait(delay):
+                    raise _Aborted("another record failed the batch")
+
     def _post(
-        self, tenant_id: str, body: bytes, traceparent: str | None, batch: _Batch, *, keyed: bool
+        self,
+        tenant_id: str,
+        body: bytes,
+        traceparent: str | None,
+        batch: _Batch,
+        *,
+        keyed: bool,
+        media: str = "application/json",
     ) -> tuple[int, Any]:
         """POST the body verbatim, retrying transient failures with full-jitter backoff until the deadline.
         An outcome-unknown answer to a keyless body is returned, not retried: it may have admitted a run."""
-        headers = {"Content-Type": "application/json", TENANT_HEADER: tenant_id}
+        headers = {"Content-Type": media, TENANT_HEADER: tenant_id}
         if traceparent:
             headers["traceparent"] = traceparent
         attempt = 0
@@ -546,8 +654,43 @@ def _json_or_text(data: bytes) -> Any:
 
 
 def _outcome_unknown(data: bytes) -> bool:
-    answer = _json_or_text(data)
+    return _is_outcome_unknown(_json_or_text(data))
+
+
+def _is_outcome_unknown(answer: Any) -> bool:
     return isinstance(answer, dict) and answer.get("type") == OUTCOME_UNKNOWN
+
+
+def _partitions(records: Iterable[KafkaEventRecord]) -> list[list[KafkaEventRecord]]:
+    """The records of each topic partition, in offset order."""
+    partitions: dict[tuple[str, int], list[KafkaEventRecord]] = {}
+    for record in records:
+        partitions.setdefault((record.topic, record.partition), []).append(record)
+    return [sorted(records, key=lambda r: r.offset) for records in partitions.values()]
+
+
+def _chunks(spawns: list[tuple[KafkaEventRecord, Spawn]], limit: int) -> Iterator[list[tuple[KafkaEventRecord, Spawn]]]:
+    """The spawns in order, in runs of at most `limit` whose envelope fits MAX_BATCH_BODY_BYTES (a spawn too
+    large for any is a chunk alone, which the API refuses whole: it is then sent alone, for its own answer)."""
+    chunk: list[tuple[KafkaEventRecord, Spawn]] = []
+    size = _ENVELOPE_BYTES
+    for item in spawns:
+        cost = len(item[1].body) + _SPAWN_OVERHEAD_BYTES
+        if chunk and (len(chunk) == limit or size + cost > MAX_BATCH_BODY_BYTES):
+            yield chunk
+            chunk, size = [], _ENVELOPE_BYTES
+        chunk.append(item)
+        size += cost
+    if chunk:
+        yield chunk
+
+
+def _envelope(spawns: list[Spawn]) -> bytes:
+    """The batch body (poimen.contract.SpawnBatch): each record's value verbatim, and the traceparents if any."""
+    body = b'{"spawns":[' + b",".join(spawn.body for spawn in spawns) + b"]"
+    if any(spawn.traceparent is not None for spawn in spawns):
+        body += b',"traceparents":' + json.dumps([spawn.traceparent for spawn in spawns]).encode()
+    return body + b"}"
 
 
 def _botocore_error(error: urllib3.exceptions.HTTPError, url: str) -> botocore.exceptions.BotoCoreError:

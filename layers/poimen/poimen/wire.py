@@ -22,6 +22,17 @@ RUN_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}
 # W3C Trace Context: version-traceid-parentid-flags in lowercase hex; version ff and all-zero ids are invalid.
 TRACEPARENT_PATTERN = r"^(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$"
 
+# The batch form of POST /v1/runs (poimen.batch): a media type of its own, so a JSON body keeps its one meaning (one
+# spawn) and the batch answer its own schema. Its limits hold the request and the answer within Lambda's 6 MB
+# synchronous payload, the event base64-encoded (4/3) and each result echoing its run or a bounded problem, and
+# so within API Gateway's 10 MB (https://docs.aws.amazon.com/lambda/latest/dg/gettingstarted-limits.html,
+# https://docs.aws.amazon.com/apigateway/latest/developerguide/http-api-quotas.html). 100 spawns: a Kafka
+# event source mapping's default batch of records.
+SPAWNS_MEDIA_TYPE = "application/vnd.poimen.spawns+json"
+SPAWN_RESULTS_MEDIA_TYPE = "application/vnd.poimen.spawn-results+json"
+MAX_BATCH_SPAWNS = 100
+MAX_BATCH_BODY_BYTES = 1024 * 1024
+
 TENANT_HEADER = "X-Poimen-Tenant"
 REPLAYED_HEADER = "Idempotent-Replayed"
 # The dispatch_key as a header (RFC 8941 string, or the key itself unquoted): poimen.contract.idempotency_key.

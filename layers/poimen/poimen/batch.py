@@ -1,0 +1,140 @@
+"""The batch form of POST /v1/runs: the spawns of one request admitted one by one, in order, each by the single
+route's rule (`Admission.admit_run`: the same conditional write, fingerprint, 422, retention, fences and unknown
+outcomes), each answered by its own result. One spawn's failure is its result alone: its exception is mapped as
+the single route maps it (`refusal`, given by the API module, the one place errors become problems) and the other
+spawns are admitted all the same. Spawns of different keys are admitted concurrently (at most ADMITTING_THREADS
+at once, on the store's one thread-safe botocore client); the spawns of one key one after another, in order, so a
+key repeated in the batch is admitted after its first spawn and answers that run (200, replayed) or 422, as two
+sequential requests would. Metrics, logs and problems are made in the calling thread, in order.
+
+A spawn is admitted only while the invocation has MIN_REMAINING_MS left: one admission's DynamoDB calls end
+within about 5 s (its write's 2 attempts of 0.75 s connect and read, and the one-attempt resolution after an
+unknown outcome; docs/architecture.md, Configuration), so a write begun then ends before the function's
+timeout cuts the answer off (API Gateway's 500: every spawn's outcome unknown). One begun later is answered
+503 `store-unavailable` unwritten, for the caller to send again.
+
+The answer is JSON text built from each run's own text (its input exactly as sent), never re-parsed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from poimen.admission import Admission, Admitted
+from poimen.contract import RunRequest, SpawnBatch, json_text
+from poimen.errors import StoreUnavailable
+from poimen.wire import MAX_BODY_BYTES, TRACEPARENT_PATTERN
+
+_TRACEPARENT = re.compile(TRACEPARENT_PATTERN)
+# Admissions of one batch in flight at once: each waits on its DynamoDB write, not on the CPU.
+ADMITTING_THREADS = 8
+MIN_REMAINING_MS = 5_000
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """What POST /v1/runs answers for a spawn that was not admitted: its status, problem (JSON text) and
+    Retry-After, if any."""
+
+    status: int
+    problem: str
+    retry_after: str | None = None
+
+
+class SpawnTooLarge(Exception):
+    """A spawn of the batch over MAX_BODY_BYTES as compact JSON, the single route's body limit."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"The spawn takes {size} bytes as compact JSON; a spawn holds at most {MAX_BODY_BYTES}.")
+        self.size = size
+
+
+def admit_spawns(
+    admission: Admission,
+    principal: str | None,
+    tenant_id: str,
+    batch: SpawnBatch,
+    traceparent: str | None,
+    *,
+    remaining_ms: Callable[[], int],
+    refusal: Callable[[str | None, Exception], Refusal],
+    admitted: Callable[[str | None, Admitted], None],
+) -> str:
+    """The results of `batch`, JSON text (poimen.contract.SpawnResults): each spawn validated as a RunRequest,
+    then admitted, for `tenant_id` by `principal` (whom the caller has authorized for it already).
+    `admitted` is told of each admission (metrics, logs) and `refusal` maps a failure to its answer, each given
+    the spawn's dispatch_key (None for a keyless or invalid spawn), in the spawns' order;
+    `remaining_ms` is the invocation's time left."""
+    traceparents: list[str | None] = batch.traceparents or [None] * len(batch.spawns)
+    outcomes: list[Admitted | Exception | None] = [None] * len(batch.spawns)
+    requests: dict[int, RunRequest] = {}
+    for index, spawn in enumerate(batch.spawns):
+        try:
+            requests[index] = _request(spawn)
+        except Exception as error:
+            outcomes[index] = error
+
+    def admit_in_order(indexes: list[int]) -> None:
+        for index in indexes:
+            trace = traceparents[index] if traceparents[index] is not None else traceparent
+            if remaining_ms() < MIN_REMAINING_MS:
+                outcomes[index] = StoreUnavailable("the invocation has too little time left to admit this spawn")
+                continue
+            try:
+                outcomes[index] = admission.admit_run(
+                    principal, tenant_id, requests[index], traceparent=_well_formed(trace)
+                )
+            except Exception as error:
+                outcomes[index] = error
+
+    keys: dict[object, list[int]] = {}
+    for index, request in requests.items():
+        keys.setdefault(index if request.dispatch_key is None else request.dispatch_key, []).append(index)
+    groups = list(keys.values())
+    if len(groups) > 1:
+        list(_pool().map(admit_in_order, groups))
+    elif groups:
+        admit_in_order(groups[0])
+    results = []
+    for index, outcome in enumerate(outcomes):
+        key = requests[index].dispatch_key if index in requests else None
+        if isinstance(outcome, Admitted):
+            admitted(key, outcome)
+            results.append(_admitted(outcome))
+        else:
+            results.append(_refused(refusal(key, outcome or RuntimeError("spawn not admitted"))))
+    return '{"results":[' + ",".join(results) + "]}"
+
+
+@lru_cache(maxsize=1)
+def _pool() -> ThreadPoolExecutor:
+    """The admitting threads, started on a first batch (never before a SnapStart snapshot) and kept."""
+    return ThreadPoolExecutor(max_workers=ADMITTING_THREADS, thread_name_prefix="admit")
+
+
+def _request(spawn: Mapping[str, Any]) -> RunRequest:
+    """The spawn as the single route's body: SpawnTooLarge, pydantic's ValidationError, or the request."""
+    size = len(json_text(spawn).encode("utf-8", "surrogatepass"))
+    if size > MAX_BODY_BYTES:
+        raise SpawnTooLarge(size)
+    return RunRequest.model_validate(spawn)
+
+
+def _well_formed(traceparent: str | None) -> str | None:
+    return traceparent if traceparent is not None and _TRACEPARENT.fullmatch(traceparent) else None
+
+
+def _admitted(outcome: Admitted) -> str:
+    status = 200 if outcome.replayed else 201
+    return f'{{"status":{status},"replayed":{json.dumps(outcome.replayed)},"run":{outcome.run.body}}}'
+
+
+def _refused(answer: Refusal) -> str:
+    retry_after = "" if answer.retry_after is None else f',"retry_after":{int(answer.retry_after)}'
+    return f'{{"status":{answer.status},"problem":{answer.problem}{retry_after}}}'

@@ -1,0 +1,161 @@
+"""AdmissionClient.spawn_many against the admission handler in-process (the relay harness's API): the spawns
+split by the batch limits, one typed result each, in order, and spawns answered 5xx sent again."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.credentials import Credentials
+
+from poimen.client import (
+    GENERATED_KEY_PREFIX,
+    AdmissionClient,
+    DispatchKeyReused,
+    InvalidRequest,
+    Spawned,
+    SpawnRequest,
+)
+from poimen.contract import JSONNumber
+from poimen.ids import keyed_run_id
+from poimen.store import Store
+from poimen.wire import MAX_BATCH_SPAWNS, SPAWNS_MEDIA_TYPE
+from poimen_tools import runs
+from tests.conftest import count_runs
+from tests.unit.dynamodb_faults import only_for, script_attempts, throttled
+from tests.unit.relay_harness import RELAY_KEY, RELAY_ROLE, InProcessApi
+
+
+@pytest.fixture
+def api(handler: Callable[[dict[str, Any], Any], dict[str, Any]], store: Store, tenant: str) -> InProcessApi:
+    store.grant(RELAY_ROLE, tenant)
+    return InProcessApi(handler)
+
+
+@pytest.fixture
+def client(api: InProcessApi) -> AdmissionClient:
+    credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
+    return AdmissionClient(
+        "https://api.example", region="us-east-1", credentials=credentials, http=api, sleep=lambda _: None
+    )
+
+
+def test_spawn_many_splits_by_count_and_answers_each_spawn_typed_in_order(
+    client: AdmissionClient, api: InProcessApi, dynamodb: Any, table_name: str, tenant: str
+) -> None:
+    # Given 2.5 batches of spawns: new keys, a key twice, a key reused with another workflow, a keyless one,
+    # one the API refuses, and a number to keep exactly
+    spawns = [SpawnRequest("wf/a", {"n": n}, dispatch_key=f"m-{n}") for n in range(245)]
+    spawns += [
+        SpawnRequest("wf/a", {"n": 0}, dispatch_key="m-0"),  # replay
+        SpawnRequest("wf/b", {"n": 1}, dispatch_key="m-1"),  # 422
+        SpawnRequest("wf/a", {"x": JSONNumber("1.10")}),  # keyless
+        SpawnRequest("", {}, dispatch_key="m-bad"),  # 400
+        SpawnRequest("wf/a", {"n": 249}, dispatch_key="m-249"),
+    ]
+    # When they are spawned
+    results = client.spawn_many(tenant, spawns)
+    # Then three calls carried them (100, 100, 50), each a batch
+    assert [headers["content-type"] for headers in api.received] == [SPAWNS_MEDIA_TYPE] * 3
+    assert len(results) == len(spawns) == 2 * MAX_BATCH_SPAWNS + 50
+    # And each result is the spawn's own, typed
+    assert all(isinstance(result, Spawned) and not result.replayed for result in results[:245])
+    assert [r.run_id for r in results[:3] if isinstance(r, Spawned)] == [
+        keyed_run_id(tenant, f"m-{n}") for n in range(3)
+    ]
+    replay, reused, keyless, refused, last = results[245:]
+    assert isinstance(replay, Spawned)
+    assert replay.replayed
+    assert replay.run_id == keyed_run_id(tenant, "m-0")
+    assert isinstance(reused, DispatchKeyReused)
+    assert reused.run_id == keyed_run_id(tenant, "m-1")
+    assert reused.dispatch_key == "m-1"
+    assert isinstance(keyless, Spawned)
+    assert not keyless.replayed
+    assert str(keyless.run.dispatch_key).startswith(GENERATED_KEY_PREFIX)
+    assert str(keyless.run.input["x"]) == "1.10"
+    assert isinstance(refused, InvalidRequest)
+    assert refused.status == 400
+    assert isinstance(last, Spawned)
+    assert last.run_id == keyed_run_id(tenant, "m-249")
+    # And the table holds one run per key: 245 keyed, one keyless, one more
+    assert len(count_runs(dynamodb, table_name, tenant)) == 247
+
+
+def test_spawn_many_splits_by_bytes(client: AdmissionClient, api: InProcessApi, tenant: str) -> None:
+    spawns = [SpawnRequest("wf/a", {"s": "x" * 250_000}, dispatch_key=f"big-{n}") for n in range(5)]
+    results = client.spawn_many(tenant, spawns)
+    assert len(api.bodies) == 2  # 4 of 250 KB fit 1 MiB, the fifth does not
+    assert all(isinstance(result, Spawned) for result in results)
+
+
+def test_a_spawn_answered_503_is_sent_again_in_the_next_call(
+    client: AdmissionClient, api: InProcessApi, monkeypatch: pytest.MonkeyPatch, tenant: str
+) -> None:
+    # Given a store that throttles the first write past its retries (store-unavailable: nothing written)
+    script_attempts(monkeypatch, put_run=only_for('"t-0"', [throttled, throttled]))
+    # When two spawns are sent
+    first, second = client.spawn_many(tenant, [SpawnRequest("wf/a", {}, dispatch_key=f"t-{n}") for n in range(2)])
+    # Then the first was sent again alone, and both are runs
+    assert [len(json.loads(body)["spawns"]) for body in api.bodies] == [2, 1]
+    assert isinstance(first, Spawned)
+    assert first.attempts == 2
+    assert isinstance(second, Spawned)
+    assert second.attempts == 1
+
+
+def test_a_refusal_of_the_whole_call_is_each_spawns_result_naming_its_key(client: AdmissionClient, tenant: str) -> None:
+    # The client's principal is not granted the stack's second tenant: the call is refused whole (403)
+    results = client.spawn_many(f"{tenant}-b", [SpawnRequest("wf/a", {}, dispatch_key=f"f-{n}") for n in range(3)])
+    assert [type(result).__name__ for result in results] == ["Forbidden"] * 3
+    assert [getattr(result, "dispatch_key", None) for result in results] == ["f-0", "f-1", "f-2"]
+
+
+def test_poimen_runs_spawn_many_sends_a_file_and_prints_a_line_a_spawn_with_its_exit_code(
+    client: AdmissionClient, api: InProcessApi, tenant: str, tmp_path: Path
+) -> None:
+    # Given a file of spawns: two new, a reuse of the first key with another workflow, a blank line, a keyless one
+    spawns = tmp_path / "spawns.jsonl"
+    lines = [
+        '{"workflow_ref": "wf/a", "input": {"x": 1.10}, "dispatch_key": "c-1"}',
+        '{"workflow_ref": "wf/a", "input": {}, "dispatch_key": "c-2"}',
+        '{"workflow_ref": "wf/b", "input": {}, "dispatch_key": "c-1"}',
+        "",
+        '{"workflow_ref": "wf/a", "input": {}}',
+    ]
+    spawns.write_text("\n".join(lines) + "\n")
+    # When poimen runs spawn-many sends it
+    out = io.StringIO()
+    code = runs.run(_runs_arguments("spawn-many", "--tenant", tenant, str(spawns)), client=client, stdout=out)
+    # Then it was one call, one line a spawn in order, and the exit code that of the refused spawn (2)
+    printed = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert len(api.bodies) == 1
+    assert [(line["line"], line["status"]) for line in printed] == [(1, 201), (2, 201), (3, 422), (5, 201)]
+    assert '"input":{"x":1.10}' in out.getvalue().splitlines()[0]
+    assert printed[2]["dispatch_key"] == "c-1"
+    assert keyed_run_id(tenant, "c-1") in printed[2]["error"]
+    assert code == runs.EXIT_USAGE
+
+
+def test_poimen_runs_spawn_many_refuses_a_file_with_a_line_that_is_no_spawn_before_sending(
+    client: AdmissionClient, api: InProcessApi, tenant: str, tmp_path: Path
+) -> None:
+    spawns = tmp_path / "spawns.jsonl"
+    spawns.write_text('{"workflow_ref": "wf/a", "input": {}}\n{"workflow_ref": "wf/a", "inputs": {}}\n')
+    err = io.StringIO()
+    code = runs.run(_runs_arguments("spawn-many", "--tenant", tenant, str(spawns)), client=client, stderr=err)
+    assert code == runs.EXIT_USAGE
+    assert "line 2 is no spawn" in err.getvalue()
+    assert "nothing was sent" in err.getvalue()
+    assert api.received == []
+
+
+def _runs_arguments(*words: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="poimen")
+    runs.add_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["runs", *words])

@@ -1,0 +1,162 @@
+"""The relay on the batch form of POST /v1/runs: one call a partition's chunk, and each record ends as the
+per-record path ends it (admitted, or dead-lettered with the same reason), every call POST /v1/runs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from poimen.admission import Admission
+from poimen.ids import keyed_run_id
+from poimen.store import Store
+from poimen.wire import MAX_BATCH_BODY_BYTES, MAX_JSON_DEPTH, SPAWNS_MEDIA_TYPE
+from poimen_tools.local.msk import KafkaRecord
+from poimen_tools.local.template import Template
+from tests.conftest import count_runs
+from tests.unit.dynamodb_faults import only_for, runs_and_fences, script_attempts, throttled
+from tests.unit.relay_harness import RelayHarness
+
+SPAWN = {"workflow_ref": "wf/hello", "input": {"greeting": "hi"}}
+
+
+@pytest.fixture
+def harness(template: Template, handler: Callable[[dict[str, Any], Any], dict[str, Any]], store: Store) -> RelayHarness:
+    return RelayHarness.start(template, handler, store)
+
+
+def _mixed(harness: RelayHarness, prefix: str) -> list[KafkaRecord]:
+    """Records of every fate: admitted, replayed, 422, 400, invalid JSON, keyless, nested too deep for a batch."""
+    deep: Any = {}
+    for _ in range(MAX_JSON_DEPTH):
+        deep = {"d": deep}
+    values: list[Any] = [
+        {**SPAWN, "dispatch_key": f"{prefix}-1"},
+        {**SPAWN, "dispatch_key": f"{prefix}-1"},  # replayed
+        {**SPAWN, "workflow_ref": "wf/other", "dispatch_key": f"{prefix}-1"},  # 422
+        {**SPAWN, "dispatch_key": f"{prefix}-2", "priority": 1},  # 400
+        b"{not json",  # dead-lettered before any call
+        SPAWN,  # keyless
+        {**SPAWN, "dispatch_key": f"{prefix}-3"},
+    ]
+    return [harness.record(value, offset) for offset, value in enumerate(values)]
+
+
+def _fates(harness: RelayHarness) -> list[tuple[int, str, int | None, str | None]]:
+    """Each dead letter's offset, reason, status and problem type, by offset."""
+    letters = [letter for _, letter in harness.dead_letters()]
+    return sorted(
+        (
+            letter["record"]["offset"],
+            letter["reason"]["kind"],
+            letter["reason"].get("status"),
+            (letter["reason"].get("problem") or {}).get("type"),
+        )
+        for letter in letters
+    )
+
+
+def test_a_partition_is_one_call_and_each_record_ends_as_the_per_record_path_ends_it(
+    harness: RelayHarness, dynamodb: Any, table_name: str
+) -> None:
+    # Given the same records relayed one call a record, then (other keys) one call a partition
+    single = harness.with_settings(batch_spawns=1)
+    single_outcome = single.run(_mixed(single, "one"))
+    single_fates, single_calls = _fates(single), len(harness.api.received)
+    batched_outcome = harness.run(_mixed(harness, "all"))
+    # Then the batch path made one call for the six spawns, and every record met the same fate
+    assert single_calls == 6
+    assert len(harness.api.received) == single_calls + 1
+    assert harness.api.received[-1]["content-type"] == SPAWNS_MEDIA_TYPE
+    assert _fates(harness) == single_fates
+    assert [kind for _, kind, _, _ in single_fates] == ["rejected", "rejected", "invalid-json"]
+    for outcome in (single_outcome, batched_outcome):
+        assert (outcome.relayed, outcome.replayed, outcome.dead_lettered, outcome.keyless) == (3, 1, 3, 1)
+    assert len(count_runs(dynamodb, table_name, harness.tenant)) == 6
+
+
+def test_a_spawn_the_envelope_cannot_carry_is_sent_alone_and_the_others_still_in_the_batch_answer(
+    harness: RelayHarness, dynamodb: Any, table_name: str
+) -> None:
+    # Given a spawn nested deeper than a body may be, beside two good ones
+    deep: Any = {}
+    for _ in range(MAX_JSON_DEPTH):
+        deep = {"d": deep}
+    records = [
+        harness.record({**SPAWN, "dispatch_key": "ok-1"}, 0),
+        harness.record({**SPAWN, "input": deep, "dispatch_key": "deep"}, 1),
+        harness.record({**SPAWN, "dispatch_key": "ok-2"}, 2),
+    ]
+    # When they are relayed
+    outcome = harness.run(records)
+    # Then the batch was refused whole, each spawn was sent alone, and only the deep one is dead-lettered
+    assert [headers["content-type"] for headers in harness.api.received] == [SPAWNS_MEDIA_TYPE] + [
+        "application/json"
+    ] * 3
+    assert _fates(harness) == [(1, "rejected", 400, "urn:poimen:problem:malformed-json")]
+    assert (outcome.relayed, outcome.dead_lettered) == (2, 1)
+    assert len(count_runs(dynamodb, table_name, harness.tenant)) == 2
+
+
+def test_records_are_sent_in_chunks_of_the_count_and_byte_limits_in_offset_order(
+    harness: RelayHarness, dynamodb: Any, table_name: str
+) -> None:
+    # Given 7 records of 300 KB-ish each would not fit one 1 MiB batch, nor 5 small ones a batch of 2
+    big = [harness.record({**SPAWN, "input": {"s": "x" * 250_000}, "dispatch_key": f"b-{n}"}, n) for n in range(7)]
+    outcome = harness.run(big)
+    sizes = [len(json.loads(body)["spawns"]) for body in harness.api.bodies]
+    assert sizes == [4, 3]
+    assert all(len(body) <= MAX_BATCH_BODY_BYTES for body in harness.api.bodies)
+    small = harness.with_settings(batch_spawns=2)
+    small.run([small.record({**SPAWN, "dispatch_key": f"s-{n}"}, 10 + n) for n in range(5)])
+    sizes = [len(json.loads(body)["spawns"]) for body in harness.api.bodies[2:]]
+    assert sizes == [2, 2, 1]
+    keys = [spawn["dispatch_key"] for body in harness.api.bodies for spawn in json.loads(body)["spawns"]]
+    assert keys == [f"b-{n}" for n in range(7)] + [f"s-{n}" for n in range(5)]
+    assert outcome.relayed == 7
+    assert len(count_runs(dynamodb, table_name, harness.tenant)) == 12
+
+
+def test_a_throttled_spawn_of_a_batch_is_sent_again_into_its_one_run(
+    harness: RelayHarness, dynamodb: Any, table_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a store that throttles the first spawn's write past its retries (store-unavailable, nothing written)
+    script_attempts(monkeypatch, put_run=only_for('"t-1"', [throttled, throttled]))
+    # When two keyed records and a keyless one are relayed
+    records = [harness.record({**SPAWN, "dispatch_key": "t-1"}, 0), harness.record(SPAWN, 1)]
+    records.append(harness.record({**SPAWN, "dispatch_key": "t-2"}, 2))
+    outcome = harness.run(records)
+    # Then the throttled one was in a second call, alone, and each record is one run; nothing dead-lettered
+    assert [len(json.loads(body)["spawns"]) for body in harness.api.bodies] == [3, 1]
+    runs, _ = runs_and_fences(dynamodb, table_name, harness.tenant)
+    assert keyed_run_id(harness.tenant, "t-1") in {run["run_id"]["S"] for run in runs}
+    assert len(runs) == 3
+    assert (outcome.relayed, outcome.retries, outcome.dead_lettered) == (3, 1, 0)
+
+
+def test_every_relayed_record_reaches_admission_through_post_v1_runs(
+    harness: RelayHarness, dynamodb: Any, table_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the API instrumented: each route key the relay's requests reach, each spawn they carry, and each
+    # admission the handler makes, with the route of the request it serves
+    admitted: list[tuple[str, str | None]] = []
+    admit_run = Admission.admit_run
+
+    def instrumented(self: Admission, principal: str | None, tenant_id: str, request: Any, **kwargs: Any) -> Any:
+        admitted.append((harness.api.routes[-1], request.dispatch_key))
+        return admit_run(self, principal, tenant_id, request, **kwargs)
+
+    monkeypatch.setattr(Admission, "admit_run", instrumented)
+    records = [harness.record({**SPAWN, "dispatch_key": f"r-{n}"}, n, partition=n % 3) for n in range(30)]
+    # When a batch of three partitions is relayed
+    outcome = harness.run(records)
+    # Then every call was POST /v1/runs, one a partition, and they carried every record's spawn, once
+    assert harness.api.routes == ["POST /v1/runs"] * 3
+    carried = sorted(spawn["dispatch_key"] for body in harness.api.bodies for spawn in json.loads(body)["spawns"])
+    assert carried == sorted(f"r-{n}" for n in range(30))
+    assert outcome.relayed == 30
+    # And each record was admitted once, by the admission rule, serving POST /v1/runs
+    assert sorted(admitted) == sorted(("POST /v1/runs", f"r-{n}") for n in range(30))
+    assert len(count_runs(dynamodb, table_name, harness.tenant)) == 30

@@ -268,3 +268,61 @@ def test_the_results_text_keeps_each_inputs_numbers_exactly(invoke: Invoke) -> N
     assert '"input":{"x":1.10,"y":2.50}' in exact.text
     assert '"input":{"x":0.1000000000000000055511151231257827}' in exact.text
     assert json.loads(exact.text)["results"][0]["status"] == 201
+
+
+# Lambda answers a synchronous invocation with at most 6 MB (https://docs.aws.amazon.com/lambda/latest/dg/gettingstarted-limits.html);
+# past it the invocation fails and API Gateway answers 500, every spawn's outcome unknown.
+LAMBDA_RESPONSE_BYTES = 6 * 1024 * 1024
+
+
+def _response_bytes(answer: Answer) -> int:
+    """The answer's size as Lambda's python3.13 runtime sends it: the proxy response as JSON, UTF-8 unescaped
+    (awslambdaric's marshaller, ensure_ascii=False from python3.12)."""
+    response = {"statusCode": answer.status, "headers": answer.headers, "body": answer.text, "isBase64Encoded": False}
+    return len(json.dumps(response, ensure_ascii=False).encode())
+
+
+def test_replays_of_runs_far_larger_than_their_spawns_answer_within_lambdas_payload(
+    invoke: Invoke, dynamodb: Any, table_name: str, tenant: str
+) -> None:
+    # Given 25 runs of about 250 KB each, their input's one number sent long-form
+    long_form = "1." + "0" * 250_000
+    for n in range(25):
+        raw = f'{{"workflow_ref": "wf", "input": {{"x": {long_form}}}, "dispatch_key": "big-{n}"}}'
+        assert invoke(raw_body=raw).status == 201
+    # When a batch of 100 small spawns of the same value (1), four a key, is sent: 100 replays of 250 KB
+    answer = _batch(invoke, [_spawn(f"big-{n % 25}", "wf", input={"x": 1}) for n in range(MAX_BATCH_SPAWNS)])
+    # Then the answer fits Lambda's payload, each spawn replayed or 503 store-unavailable (nothing was written:
+    # send it again), the first ones replayed
+    assert _response_bytes(answer) <= LAMBDA_RESPONSE_BYTES
+    results = answer.body["results"]
+    assert {(r["status"], r.get("problem", {}).get("type")) for r in results} == {
+        (200, None),
+        (503, "urn:poimen:problem:store-unavailable"),
+    }
+    assert results[0]["status"] == 200
+    assert all(result["retry_after"] >= 0 for result in results if result["status"] == 503)
+    assert len(count_runs(dynamodb, table_name, tenant)) == 25
+
+
+def test_100_spawns_refused_with_long_problems_answer_within_lambdas_payload(
+    invoke: Invoke, dynamodb: Any, table_name: str, tenant: str
+) -> None:
+    # Given 100 spawns of 10 KB, each with 20 unknown fields named by 125 characters beyond the BMP (4 bytes
+    # each as sent, 12 escaped in a problem, which names each field twice), and one valid spawn last
+    def unknown(n: int) -> dict[str, Any]:
+        return {**_spawn(f"p-{n}"), **{f"{i:02}" + "\U0001f600" * 123: 1 for i in range(20)}}
+
+    spawns = [unknown(n) for n in range(MAX_BATCH_SPAWNS - 1)] + [_spawn("p-ok")]
+    body = json.dumps({"spawns": spawns}, ensure_ascii=False)
+    assert len(body.encode()) <= MAX_BATCH_BODY_BYTES
+    # When they are sent as one batch
+    answer = invoke(raw_body=body, headers=BATCH)
+    # Then the answer fits Lambda's payload, the valid spawn is admitted and each other one is its 400 or a 503
+    # store-unavailable (nothing written)
+    assert answer.status == 200
+    assert _response_bytes(answer) <= LAMBDA_RESPONSE_BYTES
+    statuses = Counter(result["status"] for result in answer.body["results"][:-1])
+    assert set(statuses) == {400, 503}
+    assert answer.body["results"][-1]["status"] == 201
+    assert [item["dispatch_key"]["S"] for item in count_runs(dynamodb, table_name, tenant)] == ["p-ok"]

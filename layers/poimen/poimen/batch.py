@@ -13,7 +13,13 @@ unknown outcome; docs/architecture.md, Configuration), so a write begun then end
 timeout cuts the answer off (API Gateway's 500: every spawn's outcome unknown). One begun later is answered
 503 `store-unavailable` unwritten, for the caller to send again.
 
-The answer is JSON text built from each run's own text (its input exactly as sent), never re-parsed.
+The answer is JSON text built from each run's own text (its input exactly as sent), never re-parsed, and fits
+Lambda's 6 MB response payload (ANSWER_BUDGET_BYTES), past which the invocation fails and API Gateway answers 500,
+every spawn's outcome unknown. A replay echoes its run as stored, which may be far larger than its spawn (an
+input whose numbers were first sent long-form), and a refused spawn's problem may be several times its size: a
+result that wrote nothing (a replay, a 4xx, a 503 store-unavailable) with no room left in the answer is answered
+503 `store-unavailable` instead (`AnswerFull`: nothing was written, send it again), room being kept for every
+later result that must be answered as it is (a new run, an outcome unknown).
 """
 
 from __future__ import annotations
@@ -35,6 +41,13 @@ _TRACEPARENT = re.compile(TRACEPARENT_PATTERN)
 # Admissions of one batch in flight at once: each waits on its DynamoDB write, not on the CPU.
 ADMITTING_THREADS = 8
 MIN_REMAINING_MS = 5_000
+STORE_UNAVAILABLE = "urn:poimen:problem:store-unavailable"
+# Lambda's synchronous response payload, 6 MB (https://docs.aws.amazon.com/lambda/latest/dg/gettingstarted-limits.html),
+# less room for the proxy response around the body (status, headers) and the results' envelope.
+ANSWER_BUDGET_BYTES = 6 * 1024 * 1024 - 64 * 1024
+# Room kept in the answer for a result not known yet: a failure's problem (an outcome unknown is one of a few
+# hundred bytes; a larger problem wrote nothing and may be answered AnswerFull instead), or a replay's AnswerFull.
+_RESERVED_RESULT_BYTES = 8 * 1024
 
 
 @dataclass(frozen=True)
@@ -53,6 +66,13 @@ class SpawnTooLarge(Exception):
     def __init__(self, size: int) -> None:
         super().__init__(f"The spawn takes {size} bytes as compact JSON; a spawn holds at most {MAX_BODY_BYTES}.")
         self.size = size
+
+
+class AnswerFull(StoreUnavailable):
+    """A spawn that wrote nothing whose result has no room left in the batch's answer (ANSWER_BUDGET_BYTES)."""
+
+    def __init__(self) -> None:
+        super().__init__("the batch's answer has no room left for this spawn's result", retry_after_seconds=0)
 
 
 def admit_spawns(
@@ -101,14 +121,29 @@ def admit_spawns(
         list(_pool().map(admit_in_order, groups))
     elif groups:
         admit_in_order(groups[0])
+    # Room kept for each result from the next on: a new run's exact size (it was written: it is always answered).
+    kept = [
+        _size(_admitted(outcome)) if isinstance(outcome, Admitted) and not outcome.replayed else _RESERVED_RESULT_BYTES
+        for outcome in outcomes
+    ]
+    room = ANSWER_BUDGET_BYTES - sum(kept)
     results = []
     for index, outcome in enumerate(outcomes):
         key = requests[index].dispatch_key if index in requests else None
+        room += kept[index]
         if isinstance(outcome, Admitted):
-            admitted(key, outcome)
-            results.append(_admitted(outcome))
+            text = _admitted(outcome)
+            if outcome.replayed and _size(text) > room:
+                text = _refused(refusal(key, AnswerFull()))
+            else:
+                admitted(key, outcome)
         else:
-            results.append(_refused(refusal(key, outcome or RuntimeError("spawn not admitted"))))
+            answer = refusal(key, outcome or RuntimeError("spawn not admitted"))
+            text = _refused(answer)
+            if _size(text) > room and _wrote_nothing(answer):
+                text = _refused(refusal(key, AnswerFull()))
+        room -= _size(text)
+        results.append(text)
     return '{"results":[' + ",".join(results) + "]}"
 
 
@@ -124,6 +159,18 @@ def _request(spawn: Mapping[str, Any]) -> RunRequest:
     if size > MAX_BODY_BYTES:
         raise SpawnTooLarge(size)
     return RunRequest.model_validate(spawn)
+
+
+def _size(result: str) -> int:
+    """The result's bytes at most in Lambda's response, a comma after it: the body is a JSON string there, its
+    quotes and backslashes escaped (python3.12 and later keep other characters as UTF-8; earlier runtimes
+    \\u-escape them, which json.dumps' count bounds too)."""
+    return len(json.dumps(result)) + 1
+
+
+def _wrote_nothing(answer: Refusal) -> bool:
+    """Whether the refused spawn is known to have written nothing: a 4xx, or 503 store-unavailable."""
+    return answer.status < 500 or (answer.status == 503 and json.loads(answer.problem).get("type") == STORE_UNAVAILABLE)
 
 
 def _well_formed(traceparent: str | None) -> str | None:

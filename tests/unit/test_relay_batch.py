@@ -160,3 +160,20 @@ def test_every_relayed_record_reaches_admission_through_post_v1_runs(
     # And each record was admitted once, by the admission rule, serving POST /v1/runs
     assert sorted(admitted) == sorted(("POST /v1/runs", f"r-{n}") for n in range(30))
     assert len(count_runs(dynamodb, table_name, harness.tenant)) == 30
+
+
+@pytest.mark.parametrize("batch_spawns", [1, 100])
+def test_a_key_whose_first_record_is_throttled_is_that_records_run_and_the_later_one_its_422(
+    harness: RelayHarness, dynamodb: Any, table_name: str, monkeypatch: pytest.MonkeyPatch, batch_spawns: int
+) -> None:
+    # Given a store that throttles the first write past its retries (store-unavailable, nothing written)
+    script_attempts(monkeypatch, put_run=[throttled, throttled])
+    relay = harness.with_settings(batch_spawns=batch_spawns)
+    # When two records of one key are relayed, the second under the same dispatch_key with another workflow
+    first, second = {**SPAWN, "dispatch_key": "o-1"}, {**SPAWN, "workflow_ref": "wf/later", "dispatch_key": "o-1"}
+    outcome = relay.run([relay.record(first, 0, key=b"k"), relay.record(second, 1, key=b"k")])
+    # Then, on either path, the first record is the key's run and the second its 422, in offset order
+    (run,) = count_runs(dynamodb, table_name, relay.tenant)
+    assert run["workflow_ref"]["S"] == SPAWN["workflow_ref"]
+    assert _fates(relay) == [(1, "rejected", 422, "urn:poimen:problem:dispatch-key-reused")]
+    assert (outcome.relayed, outcome.dead_lettered) == (1, 1)

@@ -17,7 +17,13 @@ from poimen.store import Store
 from poimen.wire import MAX_BATCH_BODY_BYTES, MAX_BATCH_SPAWNS, MAX_BODY_BYTES, SPAWNS_MEDIA_TYPE
 from tests.conftest import count_runs
 from tests.unit.conftest import PRINCIPAL, Answer, Invoke
-from tests.unit.dynamodb_faults import lost_before_dynamodb, only_for, runs_and_fences, script_attempts
+from tests.unit.dynamodb_faults import (
+    lost_before_dynamodb,
+    only_for,
+    runs_and_fences,
+    script_attempts,
+    throttled,
+)
 
 BATCH = {"content-type": SPAWNS_MEDIA_TYPE}
 RESULTS = "application/vnd.poimen.spawn-results+json"
@@ -128,6 +134,24 @@ def test_a_spawns_unknown_outcome_is_its_503_naming_its_run_and_the_next_spawn_i
     runs, fences = runs_and_fences(dynamodb, table_name, tenant)
     assert [run["dispatch_key"]["S"] for run in runs] == ["u-2"]
     assert fences == []
+
+
+@pytest.mark.parametrize("fault", [throttled, lost_before_dynamodb])
+def test_a_key_whose_first_spawn_failed_admits_no_later_spawn_of_it_in_the_batch(
+    invoke: Invoke, monkeypatch: pytest.MonkeyPatch, dynamodb: Any, table_name: str, tenant: str, fault: Any
+) -> None:
+    # Given a store whose first spawn's writes fail (throttled: nothing written; lost: outcome unknown)
+    script_attempts(monkeypatch, put_run=[fault, fault])
+    # When a batch sends a key twice, the second with another workflow, as two records of one Kafka key
+    answer = _batch(invoke, [_spawn("o-1", "wf/first"), _spawn("o-1", "wf/second")])
+    # Then the second is not admitted ahead of the first: 503 store-unavailable, nothing written, to send again
+    assert [result["status"] for result in answer.body["results"]] == [503, 503]
+    assert answer.body["results"][1]["problem"]["type"] == "urn:poimen:problem:store-unavailable"
+    assert count_runs(dynamodb, table_name, tenant) == []
+    # And sent again in order, the first is the key's run and the second that item's 422, as one by one
+    again = _batch(invoke, [_spawn("o-1", "wf/first"), _spawn("o-1", "wf/second")])
+    assert [result["status"] for result in again.body["results"]] == [201, 422]
+    assert [item["workflow_ref"]["S"] for item in count_runs(dynamodb, table_name, tenant)] == ["wf/first"]
 
 
 def test_a_spawn_the_invocation_has_no_time_left_for_is_503_unwritten(

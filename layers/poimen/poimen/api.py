@@ -28,7 +28,7 @@ from pydantic import ValidationError as ModelValidationError
 from pydantic.json_schema import SkipJsonSchema
 
 from poimen.admission import Admission, Admitted, RunView
-from poimen.batch import AnswerFull, Refusal, SpawnTooLarge, admit_spawns
+from poimen.batch import Refusal, SpawnDeferred, SpawnTooLarge, admit_spawns
 from poimen.config import ConfigurationError, Settings
 from poimen.contract import (
     IDEMPOTENCY_KEY_HEADER_PATTERN,
@@ -733,14 +733,13 @@ def _store_unavailable(error: StoreUnavailable) -> Response[str]:
     )
 
 
-@app.exception_handler(AnswerFull)
-def _answer_full(error: AnswerFull) -> Response[str]:
-    logger.warning("batch answer full", reason=str(error), status=HTTPStatus.SERVICE_UNAVAILABLE)
+@app.exception_handler(SpawnDeferred)
+def _spawn_deferred(error: SpawnDeferred) -> Response[str]:
+    logger.warning("spawn deferred", reason=str(error), status=HTTPStatus.SERVICE_UNAVAILABLE)
     return problem(
         HTTPStatus.SERVICE_UNAVAILABLE,
         "store-unavailable",
-        "The batch's answer has no room left for this spawn's result (Lambda answers at most 6 MB); nothing was "
-        "written: send it again, in a smaller batch or alone.",
+        str(error),
         headers={"Retry-After": str(error.retry_after_seconds)},
     )
 

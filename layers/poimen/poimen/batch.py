@@ -34,7 +34,7 @@ from typing import Any
 
 from poimen.admission import Admission, Admitted
 from poimen.contract import RunRequest, SpawnBatch, json_text
-from poimen.errors import StoreUnavailable
+from poimen.errors import AdmissionError, OutcomeUnknown, StoreUnavailable
 from poimen.wire import MAX_BODY_BYTES, TRACEPARENT_PATTERN
 
 _TRACEPARENT = re.compile(TRACEPARENT_PATTERN)
@@ -68,11 +68,17 @@ class SpawnTooLarge(Exception):
         self.size = size
 
 
-class AnswerFull(StoreUnavailable):
-    """A spawn that wrote nothing whose result has no room left in the batch's answer (ANSWER_BUDGET_BYTES)."""
+class SpawnDeferred(StoreUnavailable):
+    """A spawn of the batch that wrote nothing, answered 503 `store-unavailable` for a reason of the batch's (its
+    message, the problem's detail) rather than the store's: send it again."""
 
-    def __init__(self) -> None:
-        super().__init__("the batch's answer has no room left for this spawn's result", retry_after_seconds=0)
+
+def _answer_full() -> SpawnDeferred:
+    return SpawnDeferred(
+        "The batch's answer has no room left for this spawn's result (Lambda answers at most 6 MB); nothing was "
+        "written: send it again, in a smaller batch or alone.",
+        retry_after_seconds=0,
+    )
 
 
 def admit_spawns(
@@ -101,10 +107,22 @@ def admit_spawns(
             outcomes[index] = error
 
     def admit_in_order(indexes: list[int]) -> None:
+        # A key's spawn after one that failed (unwritten, or its outcome unknown) is not begun: admitted, it would
+        # be the key's run ahead of the earlier spawn, which sent again could then only replay it or be the 422.
+        held: Exception | None = None
         for index in indexes:
             trace = traceparents[index] if traceparents[index] is not None else traceparent
+            if held is not None:
+                outcomes[index] = SpawnDeferred(
+                    "An earlier spawn of this dispatch_key in the batch was not admitted, so this one was not begun: "
+                    "nothing was written; send it again after that one.",
+                    getattr(held, "retry_after_seconds", 1),
+                )
+                continue
             if remaining_ms() < MIN_REMAINING_MS:
-                outcomes[index] = StoreUnavailable("the invocation has too little time left to admit this spawn")
+                outcomes[index] = SpawnDeferred(
+                    "The invocation has too little time left to admit this spawn: nothing was written; send it again."
+                )
                 continue
             try:
                 outcomes[index] = admission.admit_run(
@@ -112,6 +130,9 @@ def admit_spawns(
                 )
             except Exception as error:
                 outcomes[index] = error
+                # Not a refusal of the spawn's own (422, 413, 400): unwritten, unknown, or unforeseen (500).
+                if isinstance(error, StoreUnavailable | OutcomeUnknown) or not isinstance(error, AdmissionError):
+                    held = error
 
     keys: dict[object, list[int]] = {}
     for index, request in requests.items():
@@ -134,14 +155,14 @@ def admit_spawns(
         if isinstance(outcome, Admitted):
             text = _admitted(outcome)
             if outcome.replayed and _size(text) > room:
-                text = _refused(refusal(key, AnswerFull()))
+                text = _refused(refusal(key, _answer_full()))
             else:
                 admitted(key, outcome)
         else:
             answer = refusal(key, outcome or RuntimeError("spawn not admitted"))
             text = _refused(answer)
             if _size(text) > room and _wrote_nothing(answer):
-                text = _refused(refusal(key, AnswerFull()))
+                text = _refused(refusal(key, _answer_full()))
         room -= _size(text)
         results.append(text)
     return '{"results":[' + ",".join(results) + "]}"

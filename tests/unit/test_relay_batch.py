@@ -177,3 +177,19 @@ def test_a_key_whose_first_record_is_throttled_is_that_records_run_and_the_later
     assert run["workflow_ref"]["S"] == SPAWN["workflow_ref"]
     assert _fates(relay) == [(1, "rejected", 422, "urn:poimen:problem:dispatch-key-reused")]
     assert (outcome.relayed, outcome.dead_lettered) == (1, 1)
+
+
+@pytest.mark.parametrize("batch_spawns", [1, 100])
+def test_a_value_over_the_body_limit_though_small_compacted_is_rejected_on_either_path(
+    harness: RelayHarness, dynamodb: Any, table_name: str, batch_spawns: int
+) -> None:
+    # Given a value of 300 KB, mostly whitespace and escapes (its compact JSON, a batch's measure, is 20 KB)
+    padded = json.dumps({**SPAWN, "input": {"s": "\u00e9" * 10_000}, "dispatch_key": "pad"}, ensure_ascii=True)
+    value = (padded[:-1] + " " * (300_000 - len(padded)) + "}").encode()
+    relay = harness.with_settings(batch_spawns=batch_spawns)
+    # When it is relayed beside a good record
+    outcome = relay.run([relay.record(value, 0), relay.record({**SPAWN, "dispatch_key": "fine"}, 1)])
+    # Then it is rejected as the single route answers a body over 256 KiB (413), whatever the path
+    assert _fates(relay) == [(0, "rejected", 413, "urn:poimen:problem:payload-too-large")]
+    assert (outcome.relayed, outcome.dead_lettered) == (1, 1)
+    assert [item["dispatch_key"]["S"] for item in count_runs(dynamodb, table_name, relay.tenant)] == ["fine"]

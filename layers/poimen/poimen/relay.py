@@ -52,6 +52,7 @@ from poimen.kafka import tenant_of_dispatch_topic
 from poimen.observability import logger, metrics
 from poimen.wire import (
     MAX_BATCH_BODY_BYTES,
+    MAX_BODY_BYTES,
     SPAWNS_MEDIA_TYPE,
     TENANT_HEADER,
     retry_after_seconds,
@@ -412,6 +413,13 @@ class Relay:
         for chunk in _chunks(spawns, self._settings.batch_spawns):
             if batch.abort.is_set():
                 return  # the batch will be retried whole; later records must not overtake
+            if len(chunk[0][1].body) > MAX_BODY_BYTES:
+                # Alone, as the per-record path sends it: its 413 is the single route's, whose limit is on the
+                # body as sent, a batch's on each spawn as compact JSON (a value padded with whitespace or escapes).
+                ((record, spawn),) = chunk
+                self._post_spawn(record, spawn, batch)
+                batch.settle(record)
+                continue
             self._relay_chunk(chunk, batch)
 
     def _relay_chunk(self, chunk: list[tuple[KafkaEventRecord, Spawn]], batch: _Batch) -> None:
@@ -670,17 +678,21 @@ def _partitions(records: Iterable[KafkaEventRecord]) -> list[list[KafkaEventReco
 
 
 def _chunks(spawns: list[tuple[KafkaEventRecord, Spawn]], limit: int) -> Iterator[list[tuple[KafkaEventRecord, Spawn]]]:
-    """The spawns in order, in runs of at most `limit` whose envelope fits MAX_BATCH_BODY_BYTES (a spawn too
-    large for any is a chunk alone, which the API refuses whole: it is then sent alone, for its own answer)."""
+    """The spawns in order, in runs of at most `limit` whose envelope fits MAX_BATCH_BODY_BYTES; a spawn over
+    MAX_BODY_BYTES as sent is a chunk alone (sent alone, for the single route's answer)."""
     chunk: list[tuple[KafkaEventRecord, Spawn]] = []
     size = _ENVELOPE_BYTES
     for item in spawns:
         cost = len(item[1].body) + _SPAWN_OVERHEAD_BYTES
-        if chunk and (len(chunk) == limit or size + cost > MAX_BATCH_BODY_BYTES):
+        alone = len(item[1].body) > MAX_BODY_BYTES
+        if chunk and (alone or len(chunk) == limit or size + cost > MAX_BATCH_BODY_BYTES):
             yield chunk
             chunk, size = [], _ENVELOPE_BYTES
         chunk.append(item)
         size += cost
+        if alone:
+            yield chunk
+            chunk, size = [], _ENVELOPE_BYTES
     if chunk:
         yield chunk
 

@@ -251,6 +251,9 @@ def _spawns(lines: TextIO) -> list[tuple[int, SpawnRequest]]:
                 fields = parse_json(line)
                 if not isinstance(fields, dict) or set(fields) - {"workflow_ref", "input", "goal_id", "dispatch_key"}:
                     raise ValueError("not an object of workflow_ref, input, goal_id and dispatch_key")
+                if not isinstance(fields.get("input"), dict):
+                    # As `spawn --input`: the client's dict() would make [["a", 1]] an input, and [] an empty one.
+                    raise ValueError("its input is not a JSON object")
                 spawn = SpawnRequest(
                     fields["workflow_ref"], fields["input"], fields.get("goal_id"), fields.get("dispatch_key")
                 )

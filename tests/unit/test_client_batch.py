@@ -155,6 +155,22 @@ def test_poimen_runs_spawn_many_refuses_a_file_with_a_line_that_is_no_spawn_befo
     assert api.received == []
 
 
+@pytest.mark.parametrize("input_json", ['[["a", 1]]', "[]", '"x"', "null", "1"])
+def test_poimen_runs_spawn_many_refuses_an_input_that_is_no_object_before_sending(
+    client: AdmissionClient, api: InProcessApi, tenant: str, tmp_path: Path, input_json: str
+) -> None:
+    # Given a file whose second line's input is not a JSON object (a list of pairs would pass for one to dict())
+    spawns = tmp_path / "spawns.jsonl"
+    spawns.write_text(f'{{"workflow_ref": "wf/a", "input": {{}}}}\n{{"workflow_ref": "wf/a", "input": {input_json}}}\n')
+    # When poimen runs spawn-many is given it
+    err = io.StringIO()
+    code = runs.run(_runs_arguments("spawn-many", "--tenant", tenant, str(spawns)), client=client, stderr=err)
+    # Then, as for `poimen runs spawn --input`, the line is no spawn and nothing was sent
+    assert code == runs.EXIT_USAGE
+    assert "line 2 is no spawn" in err.getvalue()
+    assert api.received == []
+
+
 def _runs_arguments(*words: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="poimen")
     runs.add_parser(parser.add_subparsers(dest="command", required=True))

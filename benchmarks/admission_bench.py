@@ -108,9 +108,16 @@ class PowertoolsAdmission(Admission):
         self._admit = admit
 
     def admit_run(
-        self, principal: str | None, tenant_id: str, request: RunRequest, *, traceparent: str | None = None
+        self,
+        principal: str | None,
+        tenant_id: str,
+        request: RunRequest,
+        *,
+        traceparent: str | None = None,
+        authorized: bool = False,
     ) -> Admitted:
-        self.authorize(principal, tenant_id)
+        if not authorized:
+            self.authorize(principal, tenant_id)
         self._executed.value = False
         try:
             answer = self._admit(spawn={"tenant_id": tenant_id, **request.model_dump()})

@@ -118,7 +118,7 @@ def invoke(handler: Callable[[dict[str, Any], Any], dict[str, Any]], granted: st
         elif text is not None:
             event["body"] = base64.b64encode(text.encode()).decode() if base64_body else text
         event["isBase64Encoded"] = base64_body
-        # A minute: a batch begins no spawn with less than 5 s left (poimen.batch), and a loaded test machine can
+        # A minute: a batch begins no spawn with less than 8.5 s left (poimen.batch), and a loaded test machine can
         # take that long; the guard is tested on its own (test_spawn_batch.py).
         result = handler(event, LocalLambdaContext("AdmissionFunction", timeout_seconds=60))
         answered = result.get("body") or "{}"

@@ -74,7 +74,7 @@ class InProcessApi(urllib3.PoolManager):
             self.routes.append(event["routeKey"])
             if self.received[-1].get("content-type") == SPAWNS_MEDIA_TYPE:
                 self.bodies.append(body)
-            # A minute, not the function's 13 s: a batch starts no spawn with less than 5 s left (poimen.batch),
+            # A minute, not the function's 13 s: a batch starts no spawn with less than 8.5 s left (poimen.batch),
             # and on a loaded test machine an in-process batch of moto writes can take that long; what the
             # guard does is tested on its own (tests/unit/test_spawn_batch.py).
             answer = self._handler(event, LocalLambdaContext("AdmissionFunction", timeout_seconds=60))

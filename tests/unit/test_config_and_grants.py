@@ -10,6 +10,7 @@ from botocore.retries.standard import ExponentialBackoff, RetryContext, RetryEve
 
 from poimen.admission import Admission, normalise_principal
 from poimen.aws_session import CREDENTIALS_FETCH_SECONDS
+from poimen.batch import MIN_REMAINING_MS
 from poimen.config import API_GATEWAY_MAX_INTEGRATION_SECONDS, ConfigurationError, RelaySettings, Settings
 from poimen.contract import RunRequest
 from poimen.errors import IdentityMissing, TenantNotGranted
@@ -173,6 +174,21 @@ def test_admission_answers_within_its_timeout_and_the_relay_outwaits_any_answer(
 ROLE_WITH_PATH = "arn:aws:iam::123456789012:role/aws-reserved/sso.amazonaws.com/AWSReservedSSO_X_abc"
 ROLE = "arn:aws:iam::123456789012:role/AWSReservedSSO_X_abc"
 SESSION = "arn:aws:sts::123456789012:assumed-role/AWSReservedSSO_X_abc/alice@example.com"
+
+
+def test_a_batch_begins_no_spawn_that_could_outlast_its_function(template: Template) -> None:
+    # Given admission's settings from template.yaml
+    admission = Settings.from_env(
+        {"AWS_REGION": "us-east-1", **template.function_environment("AdmissionFunction", {"AdmissionTable": "t"})}
+    )
+    # Then a spawn begun with MIN_REMAINING_MS left ends before the function times out: its write, retries and
+    # backoff included, and the resolution of an unknown outcome, on the request that builds the store's clients
+    # and fetches credentials (a batch authorizes its caller once, before its first spawn: no grant read in it)
+    resolution = _dynamodb_call_seconds(dataclasses.replace(admission, dynamodb_max_attempts=1))
+    worst_spawn = CREDENTIALS_FETCH_SECONDS + CLIENTS_BUILD_SECONDS + _dynamodb_call_seconds(admission) + resolution
+    assert worst_spawn <= MIN_REMAINING_MS / 1000
+    # And spawns may still begin during the first 4 s of an invocation (a batch's 100 take well under one)
+    assert _function_timeout(template, "AdmissionFunction") - MIN_REMAINING_MS / 1000 >= 4.0
 
 
 @pytest.mark.parametrize(

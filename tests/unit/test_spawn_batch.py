@@ -154,6 +154,26 @@ def test_a_key_whose_first_spawn_failed_admits_no_later_spawn_of_it_in_the_batch
     assert [item["workflow_ref"]["S"] for item in count_runs(dynamodb, table_name, tenant)] == ["wf/first"]
 
 
+def test_a_batch_reads_its_callers_grants_once_not_once_a_spawn(
+    invoke: Invoke, monkeypatch: pytest.MonkeyPatch, dynamodb: Any, table_name: str, tenant: str
+) -> None:
+    # Given no grant cache (GRANTS_CACHE_SECONDS=0), and the grant reads counted
+    reads: list[str] = []
+    original = Store.granted_tenants
+
+    def counting(self: Store, principal: str) -> Any:
+        reads.append(principal)
+        return original(self, principal)
+
+    monkeypatch.setattr(Store, "granted_tenants", counting)
+    # When a batch of 5 is sent
+    answer = _batch(invoke, [_spawn(f"g-{n}") for n in range(5)])
+    # Then each is admitted, and the grants were read once, for the request: a read in each spawn would add a
+    # retried DynamoDB call to every admission's worst time (MIN_REMAINING_MS)
+    assert [result["status"] for result in answer.body["results"]] == [201] * 5
+    assert len(reads) == 1
+
+
 def test_a_spawn_the_invocation_has_no_time_left_for_is_503_unwritten(
     invoke: Invoke, monkeypatch: pytest.MonkeyPatch, dynamodb: Any, table_name: str, tenant: str
 ) -> None:

@@ -93,9 +93,18 @@ class Admission:
         self._grants: dict[str, tuple[float, frozenset[str]]] = {}
 
     def admit_run(
-        self, principal: str | None, tenant_id: str, request: RunRequest, *, traceparent: str | None = None
+        self,
+        principal: str | None,
+        tenant_id: str,
+        request: RunRequest,
+        *,
+        traceparent: str | None = None,
+        authorized: bool = False,
     ) -> Admitted:
-        self.authorize(principal, tenant_id)
+        """`authorized`: the caller checked `authorize(principal, tenant_id)` for this request already (a batch,
+        once for its spawns), so no spawn of it reads the grants again."""
+        if not authorized:
+            self.authorize(principal, tenant_id)
         key = request.dispatch_key
         run_id = keyed_run_id(tenant_id, key) if key is not None else unkeyed_run_id()
         fingerprint = request_fingerprint(request.workflow_ref, request.input, request.goal_id)

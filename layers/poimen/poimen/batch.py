@@ -7,11 +7,12 @@ at once, on the store's one thread-safe botocore client); the spawns of one key 
 key repeated in the batch is admitted after its first spawn and answers that run (200, replayed) or 422, as two
 sequential requests would. Metrics, logs and problems are made in the calling thread, in order.
 
-A spawn is admitted only while the invocation has MIN_REMAINING_MS left: one admission's DynamoDB calls end
-within about 5 s (its write's 2 attempts of 0.75 s connect and read, and the one-attempt resolution after an
-unknown outcome; docs/architecture.md, Configuration), so a write begun then ends before the function's
-timeout cuts the answer off (API Gateway's 500: every spawn's outcome unknown). One begun later is answered
-503 `store-unavailable` unwritten, for the caller to send again.
+A spawn is admitted only while the invocation has MIN_REMAINING_MS left: one spawn's admission ends within 8.5 s
+(its write's 2 attempts of 0.75 s connect and read and botocore's backoff, 4 s; the one-attempt resolution after
+an unknown outcome, 1.5 s; on the request that fetches credentials and builds the store's clients, 3 s more;
+docs/architecture.md, Configuration), the caller's grants read once for the batch, before its first spawn, never
+in one: so a write begun then ends before the function's timeout cuts the answer off (API Gateway's 500: every
+spawn's outcome unknown). One begun later is answered 503 `store-unavailable` unwritten, to send again.
 
 The answer is JSON text built from each run's own text (its input exactly as sent), never re-parsed, and fits
 Lambda's 6 MB response payload (ANSWER_BUDGET_BYTES), past which the invocation fails and API Gateway answers 500,
@@ -40,7 +41,7 @@ from poimen.wire import MAX_BODY_BYTES, TRACEPARENT_PATTERN
 _TRACEPARENT = re.compile(TRACEPARENT_PATTERN)
 # Admissions of one batch in flight at once: each waits on its DynamoDB write, not on the CPU.
 ADMITTING_THREADS = 8
-MIN_REMAINING_MS = 5_000
+MIN_REMAINING_MS = 8_500
 STORE_UNAVAILABLE = "urn:poimen:problem:store-unavailable"
 # Lambda's synchronous response payload, 6 MB (https://docs.aws.amazon.com/lambda/latest/dg/gettingstarted-limits.html),
 # less room for the proxy response around the body (status, headers) and the results' envelope.
@@ -126,7 +127,7 @@ def admit_spawns(
                 continue
             try:
                 outcomes[index] = admission.admit_run(
-                    principal, tenant_id, requests[index], traceparent=_well_formed(trace)
+                    principal, tenant_id, requests[index], traceparent=_well_formed(trace), authorized=True
                 )
             except Exception as error:
                 outcomes[index] = error

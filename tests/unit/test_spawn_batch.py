@@ -234,6 +234,16 @@ def test_the_request_is_refused_whole_for_its_tenant_its_key_header_or_its_size(
     assert [r["status"] for r in _batch(invoke, big[:4]).body["results"]] == [201] * 4
 
 
+@pytest.mark.parametrize("header", [None, "Not-A-Tenant", ""])
+def test_a_batchs_tenant_header_is_refused_with_the_single_routes_problem(invoke: Invoke, header: str | None) -> None:
+    # When a batch and a single spawn are sent without a valid tenant header (None: none at all)
+    batch = _batch(invoke, [_spawn("h-1")], tenant=header)
+    single = invoke(body=_spawn("h-1"), tenant=header)
+    # Then both are the same 400, field by field
+    assert batch.status == single.status == 400
+    assert batch.body == single.body
+
+
 def test_each_spawns_traceparent_is_its_own_or_the_requests(
     invoke: Invoke, dynamodb: Any, table_name: str, tenant: str
 ) -> None:

@@ -859,10 +859,12 @@ def _spawn_batch(event: Mapping[str, Any], body: dict[str, Any], remaining_ms: C
     poimen.batch. A fault of the request is its own problem; one of a spawn, that spawn's result."""
     headers = event.get("headers") or {}
     try:
+        loc = ("header", TENANT_HEADER.lower())
+        if TENANT_HEADER.lower() not in headers:  # as Powertools answers the single route: missing, not a None
+            raise RequestValidationError([{"type": "missing", "loc": loc, "msg": "Field required"}])
         try:
-            tenant_id = _tenant_id().validate_python(headers.get(TENANT_HEADER.lower()))
+            tenant_id = _tenant_id().validate_python(headers[TENANT_HEADER.lower()])
         except ModelValidationError as error:
-            loc = ("header", TENANT_HEADER.lower())
             raise RequestValidationError([{**e, "loc": loc} for e in error.errors()]) from error
         batch = SpawnBatch.model_validate(body)
         if headers.get(IDEMPOTENCY_KEY_HEADER.lower()) is not None:

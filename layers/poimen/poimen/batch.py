@@ -143,10 +143,11 @@ def admit_spawns(
         list(_pool().map(admit_in_order, groups))
     elif groups:
         admit_in_order(groups[0])
+    runs = [_admitted(outcome) if isinstance(outcome, Admitted) else "" for outcome in outcomes]
     # Room kept for each result from the next on: a new run's exact size (it was written: it is always answered).
     kept = [
-        _size(_admitted(outcome)) if isinstance(outcome, Admitted) and not outcome.replayed else _RESERVED_RESULT_BYTES
-        for outcome in outcomes
+        _size(text) if isinstance(outcome, Admitted) and not outcome.replayed else _RESERVED_RESULT_BYTES
+        for outcome, text in zip(outcomes, runs, strict=True)
     ]
     room = ANSWER_BUDGET_BYTES - sum(kept)
     results = []
@@ -154,7 +155,7 @@ def admit_spawns(
         key = requests[index].dispatch_key if index in requests else None
         room += kept[index]
         if isinstance(outcome, Admitted):
-            text = _admitted(outcome)
+            text = runs[index]
             if outcome.replayed and _size(text) > room:
                 text = _refused(refusal(key, _answer_full()))
             else:

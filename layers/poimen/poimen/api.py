@@ -556,6 +556,12 @@ def _caller() -> str | None:
     return app.current_event.request_context.authorizer.iam.user_arn or None
 
 
+def correlation_id(event: Mapping[str, Any]) -> str | None:
+    """API Gateway's id of the request, `requestContext.requestId` (correlation_paths.API_GATEWAY_HTTP)."""
+    context = event.get("requestContext")
+    return context.get("requestId") if isinstance(context, Mapping) else None
+
+
 def _principal(event: Mapping[str, Any]) -> str | None:
     """`_caller()` of an event the resolver has not routed."""
     authorizer = (event.get("requestContext") or {}).get("authorizer") or {}

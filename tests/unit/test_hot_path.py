@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 from aws_lambda_powertools.event_handler import depends
 from aws_lambda_powertools.event_handler.api_gateway import APIGatewayHttpResolver
+from aws_lambda_powertools.metrics import MetricUnit
 from botocore.hooks import EventAliaser
 
 from poimen import api
+from poimen.observability import metrics, print_count
 from tests.conftest import count_runs
 from tests.unit.conftest import Invoke
 
@@ -118,3 +121,49 @@ def test_the_single_route_answers_as_powertools_resolver_does(
         assert direct.body["run_id"] != resolved.body["run_id"]
     else:
         assert (direct.headers, direct.text) == (resolved.headers, resolved.text)
+
+
+AUDIT = {
+    "message": "run admitted",
+    "tenant_id": "t-1",
+    "dispatch_key": None,
+    "run_id": "r-1",
+    "status": 201,
+    "correlation_id": "c-1",
+    "latency_ms": 1.5,
+}
+
+
+def _printed_by_metrics(name: str, metadata: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> str:
+    """What Powertools' Metrics prints for a Count of 1 and `metadata`, flushed as `log_metrics` flushes it."""
+    metrics.add_metric(name=name, unit=MetricUnit.Count, value=1)
+    for key, value in metadata.items():
+        metrics.add_metadata(key=key, value=value)
+    metrics.flush_metrics()
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["RunsAdmitted", "RunsReplayed"])
+def test_an_admissions_emf_line_is_the_one_powertools_metrics_prints(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given the line an admission prints directly, then the one Powertools prints for the same metric and metadata
+    capsys.readouterr()
+    print_count(name, AUDIT)
+    ours = json.loads(capsys.readouterr().out)
+    theirs = json.loads(_printed_by_metrics(name, AUDIT, capsys))
+
+    # Then they are the same line, key for key in the same order, but for the moment each was printed
+    assert abs(ours["_aws"]["Timestamp"] - theirs["_aws"]["Timestamp"]) < 60_000
+    ours["_aws"]["Timestamp"] = theirs["_aws"]["Timestamp"]
+    assert list(ours.items()) == list(theirs.items())
+
+
+def test_no_emf_line_is_printed_when_metrics_are_disabled(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
+    capsys.readouterr()
+    print_count("RunsAdmitted", AUDIT)
+    assert capsys.readouterr().out == "" == _printed_by_metrics("RunsAdmitted", AUDIT, capsys)
+    metrics.clear_metrics()

@@ -58,7 +58,7 @@ from poimen.errors import (
     TenantNotGranted,
     TenantNotServed,
 )
-from poimen.observability import logger, metrics
+from poimen.observability import logger, metrics, print_count
 from poimen.store import Store
 from poimen.wire import (
     IDEMPOTENCY_KEY_HEADER,
@@ -571,16 +571,27 @@ def _principal(event: Mapping[str, Any]) -> str | None:
 def _record(admitted: Admitted, status: HTTPStatus) -> None:
     """The admission's one log line: the EMF line of its metric, the audit fields in it as metadata (not
     dimensions, each of which would make a metric of its own). docs/operations.md#finding-an-admission
-    queries them."""
-    run = admitted.run
-    metrics.add_metric(name="RunsReplayed" if admitted.replayed else "RunsAdmitted", unit=MetricUnit.Count, value=1)
-    _audit("run replayed" if admitted.replayed else "run admitted", status, run.run_id)
+    queries them. Printed directly (poimen.observability.print_count): the request has added no metric."""
+    message = "run replayed" if admitted.replayed else "run admitted"
+    print_count(
+        "RunsReplayed" if admitted.replayed else "RunsAdmitted", _audit_fields(message, status, admitted.run.run_id)
+    )
 
 
 def _audit(message: str, status: HTTPStatus, run_id: str) -> None:
     """The audit fields of the spawn in hand, as metadata of the EMF line of the metric just added; a batch's
     spawn, as a line of its own with the same fields (the batch's one EMF line carries its metrics summed)."""
-    audit = {
+    audit = _audit_fields(message, status, run_id)
+    if app.in_batch:
+        print(json.dumps(audit, separators=(",", ":")))  # the line Lambda sends to the log group
+        return
+    for key, value in audit.items():
+        metrics.add_metadata(key=key, value=value)
+
+
+def _audit_fields(message: str, status: HTTPStatus, run_id: str) -> dict[str, Any]:
+    """What the runbook's query finds a spawn by: its tenant and dispatch key, run, answer and latency."""
+    return {
         "message": message,
         **app.spawning,
         "run_id": run_id,
@@ -589,11 +600,6 @@ def _audit(message: str, status: HTTPStatus, run_id: str) -> None:
         "correlation_id": app.request_id,
         "latency_ms": round((time.perf_counter() - app.started) * 1000, 1),
     }
-    if app.in_batch:
-        print(json.dumps(audit, separators=(",", ":")))  # the line Lambda sends to the log group
-        return
-    for key, value in audit.items():
-        metrics.add_metadata(key=key, value=value)
 
 
 def _spawning(tenant_id: str, dispatch_key: str | None) -> None:

@@ -3,12 +3,17 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 from aws_lambda_powertools.event_handler import depends
+from aws_lambda_powertools.event_handler.api_gateway import APIGatewayHttpResolver
+from aws_lambda_powertools.metrics import MetricUnit
 from botocore.hooks import EventAliaser
 
+from poimen import api
+from poimen.observability import metrics, print_count
 from tests.conftest import count_runs
 from tests.unit.conftest import Invoke
 
@@ -19,6 +24,7 @@ def test_a_request_builds_no_dependency_tree(
     # Powertools' Depends() evaluates the route's type hints on every request (typing.get_type_hints, compile);
     # its middlewares are inspected once, on a process's first request.
     invoke(body={"workflow_ref": "wf/hot", "input": {}, "dispatch_key": "warm"})
+    invoke("GET", "/v1/runs", query="dispatch_key=warm")  # a POST of a valid spawn does not reach the resolver
 
     def forbidden(*_: Any, **__: Any) -> Any:
         raise AssertionError("a route resolved Depends() on a request")
@@ -52,3 +58,112 @@ def test_the_write_watch_is_hooked_to_the_client_once(invoke: Invoke, monkeypatc
 
     assert [answer.status for answer in answers] == [201, 201, 201]
     assert "response-received.dynamodb.PutItem" not in registered
+
+
+def test_a_valid_spawn_is_admitted_without_powertools_resolver(
+    invoke: Invoke, dynamodb: Any, table_name: str, granted: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the resolver's routing and validation made to fail (they cost more than the rest of our work)
+    def forbidden(*_: Any, **__: Any) -> Any:
+        raise AssertionError("a valid POST /v1/runs went through Powertools' resolver")
+
+    monkeypatch.setattr(APIGatewayHttpResolver, "resolve", forbidden)
+
+    # When a spawn is sent, then sent again
+    spawn = {"workflow_ref": "wf/hot", "input": {"n": 1}, "dispatch_key": "direct-1"}
+    first, again = invoke(body=spawn), invoke(body=spawn)
+
+    # Then both were answered, and the run is stored once
+    assert (first.status, again.status) == (201, 200)
+    assert again.body["run_id"] == first.body["run_id"]
+    assert [run["dispatch_key"]["S"] for run in count_runs(dynamodb, table_name, granted)].count("direct-1") == 1
+
+
+def _through_resolver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every POST /v1/runs left to Powertools' resolver, as one its models refuse is."""
+    monkeypatch.setattr(api, "_validated_spawn", lambda *_: None)
+
+
+@pytest.mark.parametrize(
+    ("spawn", "headers", "served"),
+    [
+        ({"workflow_ref": "wf/hot", "input": {"n": 1}, "dispatch_key": "same"}, {}, True),  # a replay, 200
+        ({"workflow_ref": "wf/other", "input": {}, "dispatch_key": "same"}, {}, True),  # dispatch-key-reused, 422
+        ({"workflow_ref": "wf/hot", "input": {}}, {"idempotency-key": '"unterminated'}, True),  # 400
+        ({"workflow_ref": "wf/other", "input": {}}, {"idempotency-key": "same"}, True),  # the header's key, 422
+        ({"workflow_ref": "wf/hot", "input": {}}, {}, True),  # keyless: a new run each, 201
+        ({"workflow_ref": "wf/hot", "input": {}, "dispatch_key": "b"}, {"idempotency-key": "c"}, True),  # 400
+        ({"workflow_ref": "wf/hot", "input": {}}, {}, False),  # tenant-not-served, 403
+    ],
+    ids=["replay", "key-reused", "key-invalid", "header-key", "key-mismatch", "keyless", "not-served"],
+)
+def test_the_single_route_answers_as_powertools_resolver_does(
+    invoke: Invoke,
+    granted: str,
+    monkeypatch: pytest.MonkeyPatch,
+    spawn: dict[str, Any],
+    headers: dict[str, str],
+    served: bool,
+) -> None:
+    # Given a run admitted under the key "same"
+    assert invoke(body={"workflow_ref": "wf/hot", "input": {"n": 1}, "dispatch_key": "same"}).status == 201
+
+    # When the request is answered before the resolver, then by it
+    direct = invoke(body=spawn, headers=headers, tenant=granted if served else "not-served")
+    _through_resolver(monkeypatch)
+    resolved = invoke(body=spawn, headers=headers, tenant=granted if served else "not-served")
+
+    # Then both answers are the same: status, headers and body (a new run's own id and time aside)
+    assert direct.status == resolved.status
+    if direct.status == 201:
+        assert direct.headers.keys() == resolved.headers.keys()
+        assert direct.body.keys() == resolved.body.keys()
+        assert direct.body["run_id"] != resolved.body["run_id"]
+    else:
+        assert (direct.headers, direct.text) == (resolved.headers, resolved.text)
+
+
+AUDIT = {
+    "message": "run admitted",
+    "tenant_id": "t-1",
+    "dispatch_key": None,
+    "run_id": "r-1",
+    "status": 201,
+    "correlation_id": "c-1",
+    "latency_ms": 1.5,
+}
+
+
+def _printed_by_metrics(name: str, metadata: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> str:
+    """What Powertools' Metrics prints for a Count of 1 and `metadata`, flushed as `log_metrics` flushes it."""
+    metrics.add_metric(name=name, unit=MetricUnit.Count, value=1)
+    for key, value in metadata.items():
+        metrics.add_metadata(key=key, value=value)
+    metrics.flush_metrics()
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["RunsAdmitted", "RunsReplayed"])
+def test_an_admissions_emf_line_is_the_one_powertools_metrics_prints(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given the line an admission prints directly, then the one Powertools prints for the same metric and metadata
+    capsys.readouterr()
+    print_count(name, AUDIT)
+    ours = json.loads(capsys.readouterr().out)
+    theirs = json.loads(_printed_by_metrics(name, AUDIT, capsys))
+
+    # Then they are the same line, key for key in the same order, but for the moment each was printed
+    assert abs(ours["_aws"]["Timestamp"] - theirs["_aws"]["Timestamp"]) < 60_000
+    ours["_aws"]["Timestamp"] = theirs["_aws"]["Timestamp"]
+    assert list(ours.items()) == list(theirs.items())
+
+
+def test_no_emf_line_is_printed_when_metrics_are_disabled(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
+    capsys.readouterr()
+    print_count("RunsAdmitted", AUDIT)
+    assert capsys.readouterr().out == "" == _printed_by_metrics("RunsAdmitted", AUDIT, capsys)
+    metrics.clear_metrics()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 
 # Submodules, not `aws_lambda_powertools.event_handler`'s re-exports: what this module uses is named
 # where it is defined. (Python still runs that package's __init__, which imports every resolver.)
-from aws_lambda_powertools.event_handler.api_gateway import APIGatewayHttpResolver, Response
+from aws_lambda_powertools.event_handler.api_gateway import APIGatewayHttpResolver, Response, ResponseBuilder
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.exceptions import (
     RequestUnsupportedContentType,
@@ -22,6 +22,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import (
 )
 from aws_lambda_powertools.event_handler.openapi.params import Header, Path, Query
 from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEventV2
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel, Field, TypeAdapter
 from pydantic import ValidationError as ModelValidationError
@@ -57,7 +58,7 @@ from poimen.errors import (
     TenantNotGranted,
     TenantNotServed,
 )
-from poimen.observability import logger, metrics
+from poimen.observability import logger, metrics, print_count
 from poimen.store import Store
 from poimen.wire import (
     IDEMPOTENCY_KEY_HEADER,
@@ -86,6 +87,7 @@ _REASON_PHRASES = {413: "Content Too Large", 422: "Unprocessable Content"}
 # stays a few kilobytes (Lambda answers at most 6 MB, and the relay dead-letters the answer with the record).
 MAX_PROBLEM_ERRORS = 20
 MAX_PROBLEM_TEXT_CHARS = 200
+_TRACEPARENT = re.compile(TRACEPARENT_PATTERN)
 
 
 def _title(status: HTTPStatus) -> str:
@@ -104,7 +106,10 @@ class AdmissionResolver(APIGatewayHttpResolver):
 
     The screen's parse, numbers exact (`poimen.contract.parse_json`), is the one Powertools validates.
     A POST /v1/runs sent as SPAWNS_MEDIA_TYPE, the batch form, is screened to its own limits and answered by
-    `_spawn_batch`: the same route, authorization and rule, its envelope checked here.
+    `_spawn_batch`: the same route, authorization and rule, its envelope checked here. A POST /v1/runs of one
+    spawn that its models validate is answered by `_create_run_validated`, before the resolver too (the
+    resolver's routing and validation cost more than the rest of our work); one they refuse goes on to the
+    resolver, whose validation answers it as the route's models and OpenAPI document say.
     """
 
     def __init__(self) -> None:
@@ -132,6 +137,8 @@ class AdmissionResolver(APIGatewayHttpResolver):
             finally:
                 self._body = {}
         try:
+            if _is_create_run(event) and (spawn := _validated_spawn(event, self._body)) is not None:
+                return _create_run_validated(event, *spawn)
             return super().resolve(event, context)
         finally:
             self._body = {}
@@ -387,15 +394,22 @@ def create_run(
     tenant_id: TenantHeader,
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> Response[str]:
+    # What the resolver routes here is what `_validated_spawn` leaves to it (AdmissionResolver.resolve).
+    return _admit_spawn(body, tenant_id, idempotency_key, _caller(), _traceparent())
+
+
+def _admit_spawn(
+    body: RunRequest, tenant_id: str, idempotency_key: str | None, principal: str | None, traceparent: str | None
+) -> Response[str]:
+    """POST /v1/runs of one spawn, validated: `body` admitted for `tenant_id` under the key however it came."""
     # The key however it came: a header key and a body key are one key, so one run (same run_id).
     key = dispatch_key_of(idempotency_key, body.dispatch_key)
     # Every line of this request from here on names the spawn, so that the runbook's query finds its outcome,
     # whatever it is, by tenant and dispatch key (docs/operations.md#finding-an-admission). The Logger's keys are
     # cleared at each invocation (functions/admission/app.py: clear_state).
-    app.spawning = {"tenant_id": tenant_id, "dispatch_key": key}
-    logger.append_keys(**app.spawning)
+    _spawning(tenant_id, key)
     request = body if key == body.dispatch_key else body.model_copy(update={"dispatch_key": key})
-    admitted = admission_service().admit_run(_caller(), tenant_id, request, traceparent=_traceparent())
+    admitted = admission_service().admit_run(principal, tenant_id, request, traceparent=traceparent)
     # Written: from here on only the answer admission built before the write, and its metric and log line.
     run = admitted.run
     if admitted.replayed:
@@ -530,8 +544,11 @@ def warm() -> None:
 
 def _traceparent() -> str | None:
     """The request's W3C traceparent if well-formed, stored with the run for its event; else none."""
-    value = app.current_event.headers.get("traceparent")
-    return value if value is not None and re.fullmatch(TRACEPARENT_PATTERN, value) else None
+    return _well_formed_traceparent(app.current_event.headers.get("traceparent"))
+
+
+def _well_formed_traceparent(value: str | None) -> str | None:
+    return value if value is not None and _TRACEPARENT.fullmatch(value) else None
 
 
 def _caller() -> str | None:
@@ -539,19 +556,42 @@ def _caller() -> str | None:
     return app.current_event.request_context.authorizer.iam.user_arn or None
 
 
+def correlation_id(event: Mapping[str, Any]) -> str | None:
+    """API Gateway's id of the request, `requestContext.requestId` (correlation_paths.API_GATEWAY_HTTP)."""
+    context = event.get("requestContext")
+    return context.get("requestId") if isinstance(context, Mapping) else None
+
+
+def _principal(event: Mapping[str, Any]) -> str | None:
+    """`_caller()` of an event the resolver has not routed."""
+    authorizer = (event.get("requestContext") or {}).get("authorizer") or {}
+    return (authorizer.get("iam") or {}).get("userArn") or None
+
+
 def _record(admitted: Admitted, status: HTTPStatus) -> None:
     """The admission's one log line: the EMF line of its metric, the audit fields in it as metadata (not
     dimensions, each of which would make a metric of its own). docs/operations.md#finding-an-admission
-    queries them."""
-    run = admitted.run
-    metrics.add_metric(name="RunsReplayed" if admitted.replayed else "RunsAdmitted", unit=MetricUnit.Count, value=1)
-    _audit("run replayed" if admitted.replayed else "run admitted", status, run.run_id)
+    queries them. Printed directly (poimen.observability.print_count): the request has added no metric."""
+    message = "run replayed" if admitted.replayed else "run admitted"
+    print_count(
+        "RunsReplayed" if admitted.replayed else "RunsAdmitted", _audit_fields(message, status, admitted.run.run_id)
+    )
 
 
 def _audit(message: str, status: HTTPStatus, run_id: str) -> None:
     """The audit fields of the spawn in hand, as metadata of the EMF line of the metric just added; a batch's
     spawn, as a line of its own with the same fields (the batch's one EMF line carries its metrics summed)."""
-    audit = {
+    audit = _audit_fields(message, status, run_id)
+    if app.in_batch:
+        print(json.dumps(audit, separators=(",", ":")))  # the line Lambda sends to the log group
+        return
+    for key, value in audit.items():
+        metrics.add_metadata(key=key, value=value)
+
+
+def _audit_fields(message: str, status: HTTPStatus, run_id: str) -> dict[str, Any]:
+    """What the runbook's query finds a spawn by: its tenant and dispatch key, run, answer and latency."""
+    return {
         "message": message,
         **app.spawning,
         "run_id": run_id,
@@ -560,11 +600,6 @@ def _audit(message: str, status: HTTPStatus, run_id: str) -> None:
         "correlation_id": app.request_id,
         "latency_ms": round((time.perf_counter() - app.started) * 1000, 1),
     }
-    if app.in_batch:
-        print(json.dumps(audit, separators=(",", ":")))  # the line Lambda sends to the log group
-        return
-    for key, value in audit.items():
-        metrics.add_metadata(key=key, value=value)
 
 
 def _spawning(tenant_id: str, dispatch_key: str | None) -> None:
@@ -871,8 +906,7 @@ def _spawn_batch(event: Mapping[str, Any], body: dict[str, Any], remaining_ms: C
             raise InvalidIdempotencyKey(
                 f"A batch takes no {IDEMPOTENCY_KEY_HEADER} header: each spawn's key is its own dispatch_key."
             )
-        authorizer = (event.get("requestContext") or {}).get("authorizer") or {}
-        principal = (authorizer.get("iam") or {}).get("userArn") or None
+        principal = _principal(event)
         service = admission_service()
         service.authorize(principal, tenant_id)
         app.in_batch = True
@@ -918,6 +952,46 @@ def _spawn_batch(event: Mapping[str, Any], body: dict[str, Any], remaining_ms: C
         "body": results,
         "isBase64Encoded": False,
     }
+
+
+def _validated_spawn(event: Mapping[str, Any], body: dict[str, Any]) -> tuple[RunRequest, str, str | None] | None:
+    """A screened POST /v1/runs of one spawn validated by the models `create_run` declares: its body, tenant and
+    Idempotency-Key header, each as Powertools' validation would give it the route. None when the models refuse it
+    (Powertools' validation then answers it, its errors the document's), or when the event is one the resolver
+    reads otherwise: a stage other than $default (the resolver's path drops the stage's name), a header name not
+    lower-cased (its headers are case-insensitive), or multiValueHeaders (none in payload 2.0)."""
+    headers = event.get("headers") or {}
+    if (
+        (event.get("requestContext") or {}).get("stage") != "$default"
+        or "multiValueHeaders" in event
+        or any(name != name.lower() for name in headers)
+    ):
+        return None
+    idempotency_key = headers.get(IDEMPOTENCY_KEY_HEADER.lower())
+    if not isinstance(idempotency_key, str | None):
+        return None
+    try:
+        tenant_id = _tenant_id().validate_python(headers.get(TENANT_HEADER.lower()))
+        return RunRequest.model_validate(body), tenant_id, idempotency_key
+    except ModelValidationError:
+        return None
+
+
+def _create_run_validated(
+    event: Mapping[str, Any], body: RunRequest, tenant_id: str, idempotency_key: str | None
+) -> dict[str, Any]:
+    """POST /v1/runs of one spawn validated by `_validated_spawn`, answered as the resolver answers `create_run`:
+    the route's own answer, or its error's exception handler's."""
+    headers = event.get("headers") or {}
+    try:
+        answer = _admit_spawn(
+            body, tenant_id, idempotency_key, _principal(event), _well_formed_traceparent(headers.get("traceparent"))
+        )
+    except Exception as error:
+        answer = _answer_to(error)
+    # The resolver's builder, without a route: none sets CORS, compression or cache control.
+    builder: ResponseBuilder[APIGatewayProxyEventV2] = ResponseBuilder(answer)
+    return builder.build(APIGatewayProxyEventV2(cast("dict[str, Any]", event)))
 
 
 def _answer_to(error: Exception) -> Response[str]:

@@ -109,7 +109,11 @@ class Durations:
 # bundle under the RIE (median warm REPORT Duration), the relay and outbox handlers in-process at the template's
 # batch sizes (the relay waiting on a local `poimen dev` API, 16 calls in flight). The log bytes, 2026-12-03: one
 # warm admission's one EMF line, as CloudWatch Logs counts it (tests/integration/test_rie.py, a 14-character
-# tenant and a 6-character dispatch key; 1,101 before, with its JSON line and START/END/REPORT). Local
+# tenant and a 6-character dispatch key; 1,101 before, with its JSON line and START/END/REPORT). The batch route's,
+# 2026-12-03 (load average 3-7), medians of three `benchmarks.relay_bench` runs: its ms a spawn, POSTs of 100
+# spawns one at a time to `poimen dev` (the request's time over its spawns, as Lambda bills the invocation), the
+# relay's batch path ms a record at RelayBatchSize; a spawn's audit line and the batch's EMF line as the handler
+# writes them (tests/unit/test_admission_log.py, the ids above, the template's namespace). Local
 # stand-ins (moto, a local broker, a local API) are not DynamoDB, MSK or API Gateway, and the machine is not
 # Lambda's: substitute CloudWatch's Duration of a deployed stack; the model is linear in each.
 MEASURED = Durations(
@@ -117,8 +121,8 @@ MEASURED = Durations(
     relay_ms_a_record=11.26,
     outbox_ms_a_record=0.175,
     admission_log_bytes=427,
-    batch_admission_ms_a_spawn=3.36,
-    batch_relay_ms_a_record=4.62,
+    batch_admission_ms_a_spawn=4.59,
+    batch_relay_ms_a_record=5.19,
     spawn_log_bytes=219,
     batch_emf_log_bytes=279,
 )

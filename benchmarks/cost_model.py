@@ -10,18 +10,21 @@ them, so no figure drifts from the template. After a new `make bench`, pass its 
 As a tool, `python -m benchmarks.cost_model --tenants 300 --aliases 1 --cells 2 --admissions 50000000 --mode
 provisioned` prints the monthly bill of that deployment by line, fixed and variable: the event pollers from the
 poller groups `make deploy` would assign (poimen_tools.deploy_check, cell after cell on one cluster; each group
-billed whole EPUs), the brokers' share, and the admissions' lines scaled from a million.
+billed whole EPUs), the brokers' share, and the admissions' lines scaled from a million. `--spawns-a-post 100`
+prints a million spawns relayed on the batch route, a POST /v1/runs of 100 spawns each (1: the per-record path).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from poimen.wire import MAX_BATCH_SPAWNS
 from poimen_tools.deploy_check import GroupLoad, assign_poller_groups, max_tenants
 from poimen_tools.local.template import Template
 from poimen_tools.topics import ensure_topics
@@ -93,16 +96,36 @@ class Durations:
     relay_ms_a_record: float
     outbox_ms_a_record: float
     admission_log_bytes: int  # what CloudWatch Logs ingests of one admission (rie.FunctionBundle.ingested_log_bytes)
+    # The batch route (POST /v1/runs, SPAWNS_MEDIA_TYPE) and the relay's batch path: the admission's duration over a
+    # full batch's spawns, the relay's over its records, and what CloudWatch Logs ingests of a spawn's audit line
+    # and of the batch's one EMF line, counted as admission_log_bytes is.
+    batch_admission_ms_a_spawn: float
+    batch_relay_ms_a_record: float
+    spawn_log_bytes: int
+    batch_emf_log_bytes: int
 
 
 # `make bench` on the shared 2-core machine (load average 1-3), 2026-12-01: the admission function of the built
 # bundle under the RIE (median warm REPORT Duration), the relay and outbox handlers in-process at the template's
 # batch sizes (the relay waiting on a local `poimen dev` API, 16 calls in flight). The log bytes, 2026-12-03: one
 # warm admission's one EMF line, as CloudWatch Logs counts it (tests/integration/test_rie.py, a 14-character
-# tenant and a 6-character dispatch key; 1,101 before, with its JSON line and START/END/REPORT). Local
+# tenant and a 6-character dispatch key; 1,101 before, with its JSON line and START/END/REPORT). The batch route's,
+# 2026-12-03 (load average 3-7), medians of three `benchmarks.relay_bench` runs: its ms a spawn, POSTs of 100
+# spawns one at a time to `poimen dev` (the request's time over its spawns, as Lambda bills the invocation), the
+# relay's batch path ms a record at RelayBatchSize; a spawn's audit line and the batch's EMF line as the handler
+# writes them (tests/unit/test_admission_log.py, the ids above, the template's namespace). Local
 # stand-ins (moto, a local broker, a local API) are not DynamoDB, MSK or API Gateway, and the machine is not
 # Lambda's: substitute CloudWatch's Duration of a deployed stack; the model is linear in each.
-MEASURED = Durations(admission_ms=11.5, relay_ms_a_record=11.26, outbox_ms_a_record=0.175, admission_log_bytes=427)
+MEASURED = Durations(
+    admission_ms=11.5,
+    relay_ms_a_record=11.26,
+    outbox_ms_a_record=0.175,
+    admission_log_bytes=427,
+    batch_admission_ms_a_spawn=4.59,
+    batch_relay_ms_a_record=5.19,
+    spawn_log_bytes=219,
+    batch_emf_log_bytes=279,
+)
 
 
 @dataclass(frozen=True)
@@ -138,7 +161,20 @@ ID_SIZES = [
 
 def admission_log_bytes(measured: Durations, ids: Ids) -> int:
     """What CloudWatch Logs ingests of an admission spawned with `ids`: the measured line, the difference in ids."""
-    return measured.admission_log_bytes + ids.line_bytes - MEASURED_IDS.line_bytes
+    return admission_log_bytes_of(measured.admission_log_bytes, ids)
+
+
+def admission_log_bytes_of(measured_bytes: int, ids: Ids) -> int:
+    """A line measured at `measured_bytes` with MEASURED_IDS, written with `ids` instead."""
+    return measured_bytes + ids.line_bytes - MEASURED_IDS.line_bytes
+
+
+def batch_log_bytes(measured: Durations, ids: Ids, spawns: int) -> int:
+    """What CloudWatch Logs ingests of a batch of `spawns` spawned with `ids`: each spawn's audit line (message,
+    tenant_id, dispatch_key, run_id, status, correlation_id, latency_ms), the measured line and the difference in
+    ids, and the batch's one EMF line (its tenant, not its keys)."""
+    tenant = len(json.dumps(ids.tenant_id)) - len(json.dumps(MEASURED_IDS.tenant_id))
+    return spawns * admission_log_bytes_of(measured.spawn_log_bytes, ids) + measured.batch_emf_log_bytes + tenant
 
 
 # X-Ray under Lambda's tracing (LAMBDA_XRAY). Active: Lambda records the first request each second and 5 % of the
@@ -444,6 +480,84 @@ def per_million_lines(settings: Settings, measured: Durations, load: Load = REFE
     ]
 
 
+# The load a million relayed spawns are priced at on the batch route: one tenant's dispatch topic at RelayBatchSize
+# records a second fills the relay's batches (its batching window is a second), each POSTed as full batches.
+FULL_BATCH_LOAD = Load(100 * SECONDS_A_MONTH, 1)
+# HTTP APIs are metered in 512 KB increments (API_GATEWAY_PRICING): a POST of a batch within 512 KB is one request.
+METERED_REQUEST_BYTES = 512 * 1024
+
+
+def relayed_lines(
+    settings: Settings, measured: Durations, spawns_a_post: int = MAX_BATCH_SPAWNS, load: Load = FULL_BATCH_LOAD
+) -> list[Line]:
+    """A million spawns relayed from Kafka on the batch route, `spawns_a_post` spawns a POST /v1/runs (the relay's
+    batch path), each admitted and published as its event, at `load`: an HTTP API request and an admission
+    invocation a POST, the admission's measured ms a spawn, a PutItem a spawn, the relay's invocations and its
+    measured ms a record on the batch path, the outbox as per_million_lines prices it, and the logs: a spawn's
+    audit line each and the batch's one EMF line. `spawns_a_post` 1 is the per-record path: per_million_lines."""
+    if spawns_a_post == 1:
+        return per_million_lines(settings, measured, load)
+    if not 1 < spawns_a_post <= MAX_BATCH_SPAWNS:
+        raise ValueError(f"{spawns_a_post} spawns a POST: a batch holds 1 to {MAX_BATCH_SPAWNS}")
+    posts = MILLION / spawns_a_post
+    single = per_million_lines(settings, measured, load)
+    relay_records = records_a_batch(
+        settings.relay_batch_size, load.a_second / load.tenants, settings.relay_batching_window_seconds
+    )
+    relay_invocations = MILLION / relay_records
+    admission_ms = measured.batch_admission_ms_a_spawn * spawns_a_post
+    log_bytes = batch_log_bytes(measured, MEASURED_IDS, spawns_a_post)
+    outbox = [line for line in single if line.item.startswith("outbox")]
+    return [
+        Line(
+            f"HTTP API requests: a POST of {spawns_a_post} spawns (within 512 KB: one metered request)",
+            posts,
+            "requests",
+            "http_api_request",
+        ),
+        Line("admission: invocations (a POST each)", posts, "requests", "lambda_request"),
+        Line(
+            f"admission: {measured.batch_admission_ms_a_spawn:g} ms a spawn, {math.ceil(admission_ms)} ms a POST at "
+            f"{settings.memory_mb['AdmissionFunction']} MB",
+            posts * _gb_seconds(settings, "AdmissionFunction", admission_ms),
+            "GB-seconds",
+            "lambda_gb_second_arm",
+        ),
+        Line(
+            "DynamoDB: a conditional PutItem a spawn (an item under 1 KB)", MILLION, "write units", "write_request_unit"
+        ),
+        Line(
+            f"inbox relay: invocations (batches of {relay_records:,.1f} of {settings.relay_batch_size})",
+            relay_invocations,
+            "requests",
+            "lambda_request",
+        ),
+        Line(
+            f"inbox relay: {measured.batch_relay_ms_a_record:g} ms a record (batch path) at "
+            f"{settings.memory_mb['InboxRelayFunction']} MB",
+            relay_invocations
+            * _gb_seconds(settings, "InboxRelayFunction", measured.batch_relay_ms_a_record * relay_records),
+            "GB-seconds",
+            "lambda_gb_second_arm",
+        ),
+        *[line for line in outbox if line.price != "trace"],
+        Line(
+            f"admission's logs: {spawns_a_post} audit lines of {measured.spawn_log_bytes} bytes and an EMF line of "
+            f"{measured.batch_emf_log_bytes} a POST",
+            posts * log_bytes / 1e9,
+            "GB",
+            "log_gb",
+        ),
+        Line(
+            f"X-Ray: admissions traced (AdmissionTracing {settings.tracing['AdmissionFunction']})",
+            posts * traced_share(settings.tracing["AdmissionFunction"], load.a_second / spawns_a_post),
+            "traces",
+            "trace",
+        ),
+        *[line for line in single if line.price == "trace" and not line.item.startswith("X-Ray: admissions")],
+    ]
+
+
 def failure_lines() -> list[Line]:
     """What failures add: none of it is paid while everything is admitted."""
     return [
@@ -546,6 +660,23 @@ def _loads_table(settings: Settings, measured: Durations) -> list[str]:
     return rows
 
 
+def _relayed_comparison(settings: Settings, measured: Durations) -> list[str]:
+    """A million relayed spawns by spawns a POST, the per-record path (1) beside the batch route's."""
+    rows = ["| spawns a POST /v1/runs | HTTP API requests | admission invocations | a million relayed spawns, USD |"]
+    rows.append("| ---: | ---: | ---: | ---: |")
+    for spawns in RELAYED_SPAWNS_A_POST:
+        lines = relayed_lines(settings, measured, spawns)
+        requests = sum(line.quantity for line in lines if line.price == "http_api_request")
+        invocations = next(line.quantity for line in lines if line.item.startswith("admission: invocations"))
+        rows.append(f"| {spawns} | {requests:,.0f} | {invocations:,.0f} | {sum(line.usd for line in lines):,.2f} |")
+    return rows
+
+
+# The spawns a POST the comparison prices: the per-record path, and batches of 10, 25 (a batch of 100 records over
+# four partitions) and the most a batch holds.
+RELAYED_SPAWNS_A_POST = (1, 10, 25, MAX_BATCH_SPAWNS)
+
+
 def render(template: Template, measured: Durations = MEASURED) -> str:
     """The markdown tables of docs/operations.md#what-a-tenant-costs."""
     settings = Settings.of(template)
@@ -558,7 +689,10 @@ def render(template: Template, measured: Durations = MEASURED) -> str:
         f"{settings.outbox_batch_size}; {settings.partitions} partitions a topic (`poimen topics ensure`), "
         f"replication factor {REPLICATION_FACTOR}. Durations measured: admission {measured.admission_ms:g} ms, "
         f"relay {measured.relay_ms_a_record:g} ms a record, outbox {measured.outbox_ms_a_record:g} ms a record, "
-        f"{measured.admission_log_bytes:,} log bytes an admission.",
+        f"{measured.admission_log_bytes:,} log bytes an admission; the batch route "
+        f"{measured.batch_admission_ms_a_spawn:g}"
+        f" ms a spawn, the relay's batch path {measured.batch_relay_ms_a_record:g} ms a record, "
+        f"{measured.spawn_log_bytes} log bytes a spawn and {measured.batch_emf_log_bytes} a batch.",
         "",
         f"**Fixed, a tenant a month**, its mappings in [poller groups](#poller-groups) (the default), a tenant's "
         f"share of a full group ({full.tenants} tenants, no peer cluster alias; each alias adds one mapping and one "
@@ -591,6 +725,14 @@ def render(template: Template, measured: Durations = MEASURED) -> str:
         f"admission holds while the two take at most {ids_budget(measured, GOAL_LOG_BYTES)} bytes together:",
         "",
         *_ids_table(measured),
+        "",
+        f"**A million relayed spawns on the batch route**: each record of a dispatch topic POSTed by the relay in a "
+        f"batch of {MAX_BATCH_SPAWNS} spawns (the relay's batch path: a call a partition's chunk of its batch), at "
+        f"{FULL_BATCH_LOAD.a_second:,.0f} records a second on one tenant's topic, which fills the relay's batches:",
+        "",
+        *_table(relayed_lines(settings, measured), "a million relayed spawns"),
+        "",
+        *_relayed_comparison(settings, measured),
         "",
         "**Only on failure**, a million of each:",
         "",
@@ -630,7 +772,18 @@ def _nonsense(options: argparse.Namespace) -> str | None:
             return f"--{option} {getattr(options, option)}: give 1 or more"
     if options.cells > options.tenants:
         return f"{options.cells} cells for {options.tenants} tenants: a cell serves at least one tenant (fewer cells)"
-    for option in ("admissions", "admission_ms", "relay_ms", "outbox_ms", "log_bytes"):
+    spawns = options.spawns_a_post
+    if spawns is not None and not 1 <= spawns <= MAX_BATCH_SPAWNS:
+        return f"--spawns-a-post {spawns}: a POST /v1/runs carries 1 to {MAX_BATCH_SPAWNS} spawns"
+    for option in (
+        "admissions",
+        "admission_ms",
+        "relay_ms",
+        "outbox_ms",
+        "log_bytes",
+        "batch_admission_ms",
+        "batch_relay_ms",
+    ):
         if getattr(options, option) < 0:
             return f"--{option.replace('_', '-')} {getattr(options, option):g}: give 0 or more"
     if options.ungrouped and options.mode != MODES[0]:
@@ -651,14 +804,39 @@ def main(arguments: list[str] | None = None) -> None:
     parser.add_argument("--relay-ms", type=float, default=MEASURED.relay_ms_a_record, help="ms a relayed record")
     parser.add_argument("--outbox-ms", type=float, default=MEASURED.outbox_ms_a_record, help="ms a published record")
     parser.add_argument("--log-bytes", type=int, default=MEASURED.admission_log_bytes, help="log bytes an admission")
+    parser.add_argument(
+        "--spawns-a-post",
+        type=int,
+        help=f"print a million relayed spawns, this many a POST /v1/runs (1: the per-record path; {MAX_BATCH_SPAWNS}: "
+        "the batch route's most), instead of a bill",
+    )
+    parser.add_argument(
+        "--batch-admission-ms", type=float, default=MEASURED.batch_admission_ms_a_spawn, help="ms a spawn of a batch"
+    )
+    parser.add_argument(
+        "--batch-relay-ms", type=float, default=MEASURED.batch_relay_ms_a_record, help="ms a record, batch path"
+    )
     options = parser.parse_args(arguments)
     nonsense = _nonsense(options)
     if nonsense is not None:
         parser.exit(2, f"{parser.prog}: {nonsense}\n")
-    measured = Durations(options.admission_ms, options.relay_ms, options.outbox_ms, options.log_bytes)
+    measured = dataclasses.replace(
+        MEASURED,
+        admission_ms=options.admission_ms,
+        relay_ms_a_record=options.relay_ms,
+        outbox_ms_a_record=options.outbox_ms,
+        admission_log_bytes=options.log_bytes,
+        batch_admission_ms_a_spawn=options.batch_admission_ms,
+        batch_relay_ms_a_record=options.batch_relay_ms,
+    )
     template = Template(REPO / "template.yaml")
     if options.tables:
         print(render(template, measured))
+        return
+    if options.spawns_a_post is not None:
+        lines = relayed_lines(Settings.of(template), measured, options.spawns_a_post)
+        print(f"A million relayed spawns, {options.spawns_a_post} a POST /v1/runs:\n")
+        print("\n".join(_table(lines, "a million relayed spawns")))
         return
     deployment = Deployment(options.tenants, options.aliases, options.cells, not options.ungrouped, options.mode)
     try:

@@ -1,6 +1,8 @@
 """Relay benchmark: 1,000 dispatch records relayed to the local API, on the batch path (a call a partition's
 chunk of up to 100, the default) and on the per-record path (RELAY_BATCH_SPAWNS=1, one call a record), vs a
-plain keep-alive HTTP client posting one record a request.
+plain keep-alive HTTP client posting one record a request; then POST /v1/runs itself, one request at a time, in
+the batch form (100 spawns) and the single form, per spawn; and what a million relayed spawns cost on each path
+(benchmarks.cost_model, with this run's figures).
 
 Run: `make bench` (or `.venv/bin/python -m benchmarks.relay_bench`). Every side posts the same bodies
 (fresh dispatch keys each), the per-record ones at the same concurrency, to one `poimen dev` stack in this
@@ -10,6 +12,7 @@ process; the figures that matter are the ratios, measured side by side in one ru
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -31,9 +34,10 @@ os.environ.update(
 import boto3
 import urllib3
 
+from benchmarks.cost_model import MEASURED, Settings, relayed_lines
 from benchmarks.quiet import silenced
 from poimen.relay import relay_service
-from poimen.wire import MAX_BATCH_SPAWNS
+from poimen.wire import MAX_BATCH_SPAWNS, SPAWNS_MEDIA_TYPE
 from poimen_tools.local.dev import DevOptions, dev_stack
 from poimen_tools.local.devserver import LocalLambdaContext
 from poimen_tools.local.msk import KafkaRecord, msk_event
@@ -98,6 +102,24 @@ def floor_rate(url: str, bodies: list[bytes], concurrency: int) -> float:
     return len(bodies) / elapsed
 
 
+def route_ms_a_spawn(url: str, bodies: list[bytes], spawns_a_post: int) -> float:
+    """ms a spawn of POST /v1/runs sent one request at a time, signed as the relay signs: the single form
+    (`spawns_a_post` 1) or the batch form of that many spawns, every spawn answered 201."""
+    pool = urllib3.PoolManager(maxsize=1, retries=False)
+    posts = [bodies[n : n + spawns_a_post] for n in range(0, len(bodies), spawns_a_post)]
+    media_type = "application/json" if spawns_a_post == 1 else SPAWNS_MEDIA_TYPE
+    headers = {"Content-Type": media_type, "X-Poimen-Tenant": TENANT}
+    start = time.perf_counter()
+    for post in posts:
+        body = post[0] if spawns_a_post == 1 else b'{"spawns":[' + b",".join(post) + b"]}"
+        signed = signed_headers("POST", f"{url}/v1/runs", headers, body, DEV_ACCESS_KEY, DEV_SECRET_KEY, "us-east-1")
+        answer = pool.request("POST", f"{url}/v1/runs", body=body, headers=signed)
+        statuses = [answer.status] if spawns_a_post == 1 else [item["status"] for item in answer.json()["results"]]
+        if set(statuses) != {201}:
+            raise RuntimeError(f"POST /v1/runs ({media_type}) answered {sorted(set(statuses))}")
+    return (time.perf_counter() - start) * 1000 / len(bodies)
+
+
 def _check_every_record_became_a_run(
     dynamodb_endpoint: str, sqs_endpoint: str, table_name: str, dlq_url: str, expected: int
 ) -> None:
@@ -131,6 +153,7 @@ def main() -> None:
     batch_size = int(template.document["Parameters"]["RelayBatchSize"]["Default"])
     parser.add_argument("--batch-size", type=int, default=batch_size, help="records a timed batch (RelayBatchSize)")
     parser.add_argument("--batches", type=int, default=10, help="batches of --batch-size timed one by one")
+    parser.add_argument("--route-spawns", type=int, default=500, help="spawns POSTed a form, one request at a time")
     args = parser.parse_args()
 
     with (
@@ -169,12 +192,20 @@ def main() -> None:
                 relay_seconds(handler, _bodies(f"batch-{spawns}-{number}", args.batch_size)) * 1000
                 for number in range(args.batches)
             ]
+        route: dict[int, list[float]] = {MAX_BATCH_SPAWNS: [], 1: []}
+        for round_ in range(args.rounds):
+            for spawns in route:
+                bodies = _bodies(f"route-{spawns}-{round_}", args.route_spawns)
+                route[spawns].append(route_ms_a_spawn(stack.server.url, bodies, spawns))
         _check_every_record_became_a_run(
             stack.endpoints.dynamodb,
             stack.endpoints.sqs,
             stack.table_name,
             stack.dlq_url,
-            300 + 3 * args.records * args.rounds + 2 * args.batch_size * args.batches,
+            300
+            + 3 * args.records * args.rounds
+            + 2 * args.batch_size * args.batches
+            + 2 * args.route_spawns * args.rounds,
         )
         stack.server.shutdown()
         thread.join()
@@ -194,13 +225,34 @@ def main() -> None:
         print(f"{name:52} {rate:10.0f} {1000 / rate:12.2f}")
     print(f"\nRatio batch path / per-record path {relayed / one_by_one:.2f}  [>= 5]")
     print(f"Ratio relay / floor {one_by_one / plain:.2f}  (per-record path)  [>= 0.8]")
+    relay_ms: dict[int, float] = {}
     for spawns, label in ((MAX_BATCH_SPAWNS, "batch path"), (1, "per-record path")):
         per_batch = statistics.median(batch_ms[spawns])
+        relay_ms[spawns] = per_batch / args.batch_size
         print(
             f"\nPer record, {label} (docs/operations.md#what-a-tenant-costs): {args.batches} invocations of "
             f"{args.batch_size} records (RelayBatchSize: {batch_size}), median {per_batch:.0f} ms an invocation, "
-            f"{per_batch / args.batch_size:.2f} ms a record, {args.concurrency} calls in flight at most"
+            f"{relay_ms[spawns]:.2f} ms a record, {args.concurrency} calls in flight at most"
         )
+    batch_route, single_route = statistics.median(route[MAX_BATCH_SPAWNS]), statistics.median(route[1])
+    print(
+        f"\nPOST /v1/runs, one request at a time, {args.route_spawns} spawns a form x {args.rounds} rounds, medians:"
+        f" batch form ({MAX_BATCH_SPAWNS} spawns) {batch_route:.2f} ms a spawn, single form {single_route:.2f} ms a"
+        f" spawn; batch / single per spawn {batch_route / single_route:.2f}  [<= 1]"
+    )
+    measured = dataclasses.replace(
+        MEASURED,
+        relay_ms_a_record=round(relay_ms[1], 2),
+        batch_relay_ms_a_record=round(relay_ms[MAX_BATCH_SPAWNS], 2),
+        batch_admission_ms_a_spawn=round(batch_route, 2),
+    )
+    settings = Settings.of(template)
+    costs = {spawns: sum(line.usd for line in relayed_lines(settings, measured, spawns)) for spawns in route}
+    print(
+        f"\nA million relayed spawns (benchmarks.cost_model, this run's relay ms a record and batch ms a spawn, the"
+        f" single admission's {MEASURED.admission_ms:g} ms as measured under the RIE): batch path"
+        f" ${costs[MAX_BATCH_SPAWNS]:.2f}  [<= 1.00], per-record path ${costs[1]:.2f}"
+    )
 
 
 if __name__ == "__main__":

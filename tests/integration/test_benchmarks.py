@@ -29,8 +29,14 @@ from tests.conftest import REPO
         ),
         (
             "benchmarks.relay_bench",
-            ["--records", "20", "--rounds", "1", "--batch-size", "10", "--batches", "2"],
-            ["Ratio relay / floor", "ms a record"],
+            ["--records", "20", "--rounds", "1", "--batch-size", "10", "--batches", "2", "--route-spawns", "20"],
+            [
+                "Ratio batch path / per-record path",
+                "Ratio relay / floor",
+                "ms a record",
+                "batch / single per spawn",
+                "A million relayed spawns",
+            ],
         ),
         ("benchmarks.outbox_bench", ["--batches", "2", "--rounds", "1"], ["Ratio outbox / floor", "ms a record"]),
     ],

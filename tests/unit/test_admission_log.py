@@ -17,18 +17,20 @@ import pytest
 from botocore.client import BaseClient
 from botocore.exceptions import ClientError
 
-from benchmarks.cost_model import ID_SIZES, MEASURED, MEASURED_IDS, Ids, admission_log_bytes
+from benchmarks.cost_model import ID_SIZES, MEASURED, MEASURED_IDS, Ids, admission_log_bytes, batch_log_bytes
 from poimen.api import admission_service
 from poimen.ids import keyed_run_id
 from poimen.observability import logger
 from poimen.store import Store
-from poimen.wire import SPAWNS_MEDIA_TYPE
+from poimen.wire import MAX_BATCH_SPAWNS, SPAWNS_MEDIA_TYPE
 from poimen_tools.local.rie import LOG_EVENT_OVERHEAD_BYTES
+from poimen_tools.local.template import Template
 from tests.conftest import REPO
 from tests.unit.conftest import PRINCIPAL, Invoke
 from tests.unit.dynamodb_faults import connect_refused, lost_before_dynamodb, script_attempts
 
 OPERATIONS = REPO / "docs" / "operations.md"
+TEMPLATE_VARIABLES = Template(REPO / "template.yaml").document["Globals"]["Function"]["Environment"]["Variables"]
 QUERY_MARKER = "<!-- logs-insights:"
 # Logs Insights' own words in the query, and the fields every log event has (@timestamp, ...).
 INSIGHTS_WORDS = {"fields", "filter", "sort", "limit", "and", "or", "not", "desc", "asc"}
@@ -284,6 +286,37 @@ def test_the_cost_models_log_bytes_follow_the_ids_as_the_handler_writes_them(
     for ids in [ids for ids in ID_SIZES if ids != MEASURED_IDS]:
         written = _line_bytes(invoke, store, monkeypatch, printed, ids)
         assert written - measured == admission_log_bytes(MEASURED, ids) - MEASURED.admission_log_bytes, ids.label
+
+
+def test_the_cost_models_batch_log_bytes_are_each_spawns_audit_line_and_the_batchs_emf_line(
+    invoke: Invoke, store: Store, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given the model's ids, served and granted, and a full batch of keys as long as its key
+    monkeypatch.setenv("TENANTS", MEASURED_IDS.tenant_id)
+    admission_service.cache_clear()
+    store.grant(PRINCIPAL, MEASURED_IDS.tenant_id)
+    keys = [f"{MEASURED_IDS.dispatch_key[:-3]}{n:03d}" for n in range(MAX_BATCH_SPAWNS)]
+    capsys.readouterr()
+
+    # When they are admitted in one batch
+    spawns = [{"workflow_ref": "wf/audit", "input": {}, "dispatch_key": key} for key in keys]
+    answer = invoke(body={"spawns": spawns}, headers={"content-type": SPAWNS_MEDIA_TYPE}, tenant=MEASURED_IDS.tenant_id)
+    assert answer.status == 200
+
+    # Then what CloudWatch Logs would ingest of the invocation (each line's bytes and 26, latency_ms written as
+    # 0.0, the EMF line in the template's namespace) is what the model prices for a batch of that many spawns: a
+    # line a spawn and the batch's EMF line
+    events = [event for event in capsys.readouterr().out.splitlines() if event.startswith("{")]
+    assert len(events) == MAX_BATCH_SPAWNS + 1
+    namespace = TEMPLATE_VARIABLES["POWERTOOLS_METRICS_NAMESPACE"]
+    written = [
+        re.sub(r'"latency_ms":[0-9.]+', '"latency_ms":0.0', event).replace(
+            f'"Namespace":"{os.environ["POWERTOOLS_METRICS_NAMESPACE"]}"', f'"Namespace":"{namespace}"'
+        )
+        for event in events
+    ]
+    ingested = sum(len(event.encode()) + LOG_EVENT_OVERHEAD_BYTES for event in written)
+    assert ingested == batch_log_bytes(MEASURED, MEASURED_IDS, MAX_BATCH_SPAWNS)
 
 
 def test_the_layer_leaves_a_processs_logging_alone_and_the_admission_function_keeps_libraries_at_warning() -> None:

@@ -4,11 +4,13 @@ that a memory size, a poller count, a batch size or a price changed in one place
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 
 import pytest
 
 from benchmarks.cost_model import (
+    FULL_BATCH_LOAD,
     MEASURED,
     PRICES,
     Deployment,
@@ -21,8 +23,10 @@ from benchmarks.cost_model import (
     main,
     per_million_lines,
     poller_groups,
+    relayed_lines,
     render,
 )
+from poimen.wire import MAX_BATCH_SPAWNS
 from poimen_tools.deploy_check import MAPPINGS_A_POLLER_GROUP, max_tenants
 from poimen_tools.local.template import Template
 from tests.conftest import REPO
@@ -137,8 +141,8 @@ def test_a_larger_admission_function_costs_more_in_the_model() -> None:
 
 def test_lambda_bills_whole_milliseconds() -> None:
     settings = Settings.of(_template())
-    just_over = Durations(10.01, 1.0, 1.0, 1000)
-    eleven = Durations(11.0, 1.0, 1.0, 1000)
+    just_over = dataclasses.replace(MEASURED, admission_ms=10.01)
+    eleven = dataclasses.replace(MEASURED, admission_ms=11.0)
 
     def admission(measured: Durations) -> float:
         return next(line.usd for line in per_million_lines(settings, measured) if "ms at" in line.item)
@@ -244,3 +248,74 @@ def test_the_tool_refuses_nonsense_in_one_line_exit_2(
     assert (exited.value.code, out) == (2, "")
     (line,) = err.splitlines()
     assert said in line, line
+
+
+def _usd(lines: list[Line]) -> float:
+    return sum(line.usd for line in lines)
+
+
+def test_a_million_spawns_relayed_in_batches_of_100_cost_at_most_a_dollar_and_under_the_per_record_path() -> None:
+    settings = Settings.of(_template())
+
+    # Given a million relayed spawns on the batch route, and on the per-record path at the same load
+    batch = relayed_lines(settings, MEASURED, MAX_BATCH_SPAWNS)
+    per_record = relayed_lines(settings, MEASURED, 1)
+
+    # Then the batch route meets issue 36's goal, and the per-record figure is the single route's lines
+    assert _usd(batch) <= 1.00
+    assert _usd(per_record) > 2 * _usd(batch)
+    assert per_record == per_million_lines(settings, MEASURED, FULL_BATCH_LOAD)
+
+    # And a POST (an HTTP API request, an admission invocation) carries 100 spawns, each its own PutItem
+    def quantity(lines: list[Line], price: str, starts: str = "") -> float:
+        return sum(line.quantity for line in lines if line.price == price and line.item.startswith(starts))
+
+    assert quantity(batch, "http_api_request") == 1_000_000 / MAX_BATCH_SPAWNS
+    assert quantity(batch, "lambda_request", "admission") == 1_000_000 / MAX_BATCH_SPAWNS
+    assert quantity(batch, "write_request_unit") == 1_000_000
+    assert quantity(per_record, "http_api_request") == 1_000_000
+
+
+def test_a_batchs_logs_are_a_line_a_spawn_and_one_emf_line_a_post() -> None:
+    settings = Settings.of(_template())
+
+    (logs,) = [line for line in relayed_lines(settings, MEASURED, MAX_BATCH_SPAWNS) if line.price == "log_gb"]
+
+    posts = 1_000_000 / MAX_BATCH_SPAWNS
+    spawn_lines = 1_000_000 * MEASURED.spawn_log_bytes
+    assert logs.quantity * 1e9 == pytest.approx(spawn_lines + posts * MEASURED.batch_emf_log_bytes)
+
+
+def test_the_batch_routes_compute_is_its_ms_a_spawn_times_the_spawns_a_post_billed_whole_milliseconds() -> None:
+    settings = Settings.of(_template())
+
+    def admission(ms_a_spawn: float, spawns: int) -> float:
+        measured = dataclasses.replace(MEASURED, batch_admission_ms_a_spawn=ms_a_spawn)
+        lines = relayed_lines(settings, measured, spawns)
+        return next(line.quantity for line in lines if line.price == "lambda_gb_second_arm")
+
+    memory_gb = settings.memory_mb["AdmissionFunction"] / 1024
+    assert admission(3.0, 100) == pytest.approx(10_000 * memory_gb * 0.300)
+    assert admission(3.001, 100) == admission(3.01, 100)  # 300.1 and 301 ms: 301 billed either way
+    assert admission(3.0, 10) == pytest.approx(100_000 * memory_gb * 0.030)
+
+
+def test_the_tool_prints_a_million_relayed_spawns_by_spawns_a_post(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--spawns-a-post", "100", "--batch-admission-ms", "2"])
+
+    printed = capsys.readouterr().out
+    assert "A million relayed spawns, 100 a POST /v1/runs" in printed
+    assert "admission: 2 ms a spawn, 200 ms a POST" in printed
+    total = _usd(relayed_lines(Settings.of(_template()), dataclasses.replace(MEASURED, batch_admission_ms_a_spawn=2)))
+    assert f"**{total:,.2f}**" in printed
+
+
+@pytest.mark.parametrize("spawns", ["0", str(MAX_BATCH_SPAWNS + 1)])
+def test_the_tool_refuses_a_post_of_spawns_no_batch_holds(spawns: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--spawns-a-post", spawns])
+
+    assert exit_.value.code == 2
+    assert (
+        f"--spawns-a-post {spawns}: a POST /v1/runs carries 1 to {MAX_BATCH_SPAWNS} spawns" in capsys.readouterr().err
+    )

@@ -346,3 +346,25 @@ def test_the_layer_leaves_a_processs_logging_alone_and_the_admission_function_ke
     # Then the layer left it at DEBUG; the admission function (JSON log format, whose runtime sets the root
     # logger to INFO) keeps libraries' records at WARNING
     assert levels == [str(logging.DEBUG), str(logging.WARNING)]
+
+
+def test_a_batch_that_publishes_no_metric_leaves_no_metadata_to_the_next_requests_line(
+    invoke: Invoke, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a batch whose every spawn is refused 400: no metric, so Powertools prints no line for it, and keeps
+    # what was added to its metric set (metadata) for the next line it prints
+    spawns = [{"workflow_ref": 5, "input": {}}]
+    answer = invoke(body={"spawns": spawns}, headers={"content-type": SPAWNS_MEDIA_TYPE})
+    assert (answer.status, answer.body["results"][0]["status"]) == (200, 400)
+    capsys.readouterr()
+
+    # When the next request finds the store unavailable (a metric, so an EMF line)
+    script_attempts(monkeypatch, put_run=[connect_refused, connect_refused])
+    refused = invoke(body={"workflow_ref": "wf/audit", "input": {}, "dispatch_key": "k-503"})
+
+    # Then its line carries its own metric and nothing of the batch before it (its tenant, its count of spawns)
+    assert refused.status == 503
+    (line,) = _emf_lines(capsys.readouterr().out)
+    assert line["StoreUnavailable"] == [1.0]
+    assert "tenant_id" not in line
+    assert "spawns" not in line

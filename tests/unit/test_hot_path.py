@@ -159,6 +159,38 @@ def test_an_admissions_emf_line_is_the_one_powertools_metrics_prints(
     assert list(ours.items()) == list(theirs.items())
 
 
+@pytest.mark.parametrize("setup", ["no-service", "a-dimension", "default-dimensions"])
+def test_an_admissions_emf_line_is_powertools_own_when_metrics_are_set_up_otherwise(
+    setup: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given Metrics set up otherwise than the admission function sets them up: no POWERTOOLS_SERVICE_NAME (no
+    # service dimension), a dimension added, default dimensions set
+    def set_up() -> None:
+        if setup == "a-dimension":
+            metrics.add_dimension(name="tenant", value="t-1")
+        elif setup == "default-dimensions":
+            metrics.set_default_dimensions(stage="dev")
+
+    if setup == "no-service":
+        monkeypatch.setattr(metrics, "service", None)
+    capsys.readouterr()
+
+    # When an admission's line is printed, and the invocation's metrics flushed as log_metrics flushes them
+    set_up()
+    print_count("RunsAdmitted", AUDIT)
+    metrics.flush_metrics()
+    ours = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    metrics.clear_default_dimensions()
+    set_up()
+    theirs = [json.loads(line) for line in _printed_by_metrics("RunsAdmitted", AUDIT, capsys).splitlines()]
+    metrics.clear_default_dimensions()
+
+    # Then it is the one line Powertools prints, but for the moment each was printed
+    assert len(ours) == len(theirs) == 1
+    ours[0]["_aws"]["Timestamp"] = theirs[0]["_aws"]["Timestamp"]
+    assert list(ours[0].items()) == list(theirs[0].items())
+
+
 def test_no_emf_line_is_printed_when_metrics_are_disabled(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -936,8 +936,11 @@ def _spawn_batch(event: Mapping[str, Any], body: dict[str, Any], remaining_ms: C
             metrics.add_metric(name="RunsAdmitted", unit=MetricUnit.Count, value=counts["RunsAdmitted"])
         if counts["RunsReplayed"]:
             metrics.add_metric(name="RunsReplayed", unit=MetricUnit.Count, value=counts["RunsReplayed"])
-        metrics.add_metadata(key="tenant_id", value=tenant_id)
-        metrics.add_metadata(key="spawns", value=len(batch.spawns))
+        if metrics.metric_set:
+            # Only on a line that is printed: without a metric log_metrics prints none and keeps the metadata, which
+            # the next invocation's line (another tenant's, another request's) would then carry.
+            metrics.add_metadata(key="tenant_id", value=tenant_id)
+            metrics.add_metadata(key="spawns", value=len(batch.spawns))
     except Exception as error:
         answer = _answer_to(error)
         return {

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.metrics.functions import is_metrics_disabled
 
 logger = Logger()
@@ -27,13 +28,21 @@ warnings.filterwarnings("ignore", message="No application metrics to publish", c
 def print_count(name: str, metadata: Mapping[str, Any]) -> None:
     """A Count of 1 named `name`, with `metadata`, printed now as the one EMF line `metrics` would print for it
     (Powertools' `serialize_metric_set`, its keys in its order, then `print(json.dumps(...))`), without its
-    validation and debug records on every call: an admission's line (poimen.api). Only for a function that sets
-    no dimensions but `service` and a metric set empty until then; nothing when metrics are disabled, as in
-    Powertools. tests/unit/test_hot_path.py holds the line to Powertools' own.
+    validation and debug records on every call: an admission's line (poimen.api). For a function that sets no
+    dimensions but `service` and a metric set empty until then; otherwise the metric and metadata are added to
+    `metrics`, for log_metrics to print. Nothing when metrics are disabled, as in Powertools.
+    tests/unit/test_hot_path.py holds the line to Powertools' own.
 
     https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/CloudWatch_Embedded_Metric_Format_Specification.html
     """
     if is_metrics_disabled():
+        return
+    if not metrics.service or metrics.dimension_set or metrics.default_dimensions or metrics.metric_set:
+        # Not the set-up this line reproduces (no service dimension, other dimensions, metrics added already):
+        # Powertools' own, printed by log_metrics at the invocation's end.
+        metrics.add_metric(name=name, unit=MetricUnit.Count, value=1)
+        for key, value in metadata.items():
+            metrics.add_metadata(key=key, value=value)
         return
     directive = {
         "Namespace": metrics.namespace,

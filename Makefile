@@ -305,7 +305,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-bench: $(STAMP) $(SAM) rie kafka-jars
+bench: $(STAMP) $(SAM) rie kafka-jars dynalite
 	$(BIN)/python -m benchmarks.cold_start
 	$(BIN)/python -m benchmarks.admission_bench
 	$(BIN)/python -m benchmarks.relay_bench

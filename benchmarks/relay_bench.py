@@ -2,23 +2,32 @@
 chunk of up to 100, the default) and on the per-record path (RELAY_BATCH_SPAWNS=1, one call a record), vs a
 plain keep-alive HTTP client posting one record a request; then POST /v1/runs itself, one request at a time, in
 the batch form (100 spawns) and the single form, per spawn; and what a million relayed spawns cost on each path
-(benchmarks.cost_model, with this run's figures).
+(benchmarks.cost_model, with this run's figures). All of it against each store engine in turn, in one run:
+moto (the embedded server `poimen dev` starts) and dynalite (npm, LevelDB: `make dynalite`), which costs the
+machine about a third of moto's CPU a PutItem, so the table shows what the relay and admission make of a lighter
+store beside what moto allows.
 
-Run: `make bench` (or `.venv/bin/python -m benchmarks.relay_bench`). Every side posts the same bodies
-(fresh dispatch keys each), the per-record ones at the same concurrency, to one `poimen dev` stack in this
-process; the figures that matter are the ratios, measured side by side in one run.
+Run: `make bench` (or `.venv/bin/python -m benchmarks.relay_bench [--store moto,dynalite]`; the default is
+both when dynalite is installed, else moto). Every side posts the same bodies (fresh dispatch keys each), the
+per-record ones at the same concurrency, to one `poimen dev` stack in this process a store; the figures that
+matter are the ratios, measured side by side in one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
+import socket
 import statistics
+import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 os.environ.update(
     {
@@ -45,6 +54,8 @@ from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY, signed_head
 from poimen_tools.local.template import Template, default_template_path
 
 TENANT = "bench"
+DYNALITE = Path(__file__).resolve().parent.parent / ".cache" / "dynalite" / "node_modules" / ".bin" / "dynalite"
+STORES = ("moto", "dynalite")
 
 
 def _bodies(prefix: str, count: int) -> list[bytes]:
@@ -143,22 +154,71 @@ def _check_every_record_became_a_run(
         raise RuntimeError(f"{runs} runs for {expected} distinct dispatch keys")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--records", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the median is reported")
-    parser.add_argument("--concurrency", type=int, default=16, help="relay pool size = floor client threads")
-    parser.add_argument("--environments", type=int, default=4, help="API execution environments")
-    template = Template(default_template_path())
-    batch_size = int(template.document["Parameters"]["RelayBatchSize"]["Default"])
-    parser.add_argument("--batch-size", type=int, default=batch_size, help="records a timed batch (RelayBatchSize)")
-    parser.add_argument("--batches", type=int, default=10, help="batches of --batch-size timed one by one")
-    parser.add_argument("--route-spawns", type=int, default=500, help="spawns POSTed a form, one request at a time")
-    args = parser.parse_args()
+@contextlib.contextmanager
+def dynalite() -> Iterator[str]:
+    """A dynalite server on a free loopback port (tables ACTIVE at once), its endpoint; stopped on the way out."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [str(DYNALITE), "--port", str(port), "--createTableMs", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not _accepts(port):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"dynalite did not listen on port {port} (exit status {process.poll()})")
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
 
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@contextlib.contextmanager
+def store_endpoint(store: str) -> Iterator[str | None]:
+    """The DynamoDB endpoint `poimen dev` is given for `store`: None for moto (its embedded server)."""
+    if store == "moto":
+        yield None
+        return
+    with dynalite() as endpoint:
+        yield endpoint
+
+
+@dataclasses.dataclass(frozen=True)
+class Figures:
+    """One store's medians: records/s of each relay path and the floor, ms a record in invocations of the
+    template's batch size, ms a spawn of each form of POST /v1/runs."""
+
+    relay: float
+    single: float
+    floor: float
+    batch_ms: dict[int, float]
+    route_ms: dict[int, float]
+
+
+def measure(store: str, args: argparse.Namespace, template: Template) -> Figures:
+    """Everything relay_bench times, against one `poimen dev` stack on `store`."""
     with (
+        store_endpoint(store) as endpoint,
         silenced(),
-        dev_stack(DevOptions(port=0, concurrency=args.environments, kafka=False, tenants=(TENANT,))) as stack,
+        dev_stack(
+            DevOptions(
+                port=0,
+                concurrency=args.environments,
+                kafka=False,
+                tenants=(TENANT,),
+                dynamodb_endpoint=endpoint,
+                table_name=f"poimen-admission-bench-{store}",
+            )
+        ) as stack,
     ):
         thread = threading.Thread(target=stack.server.serve_forever, daemon=True)
         thread.start()
@@ -209,50 +269,93 @@ def main() -> None:
         )
         stack.server.shutdown()
         thread.join()
+    return Figures(
+        relay=statistics.median(relay),
+        single=statistics.median(single),
+        floor=statistics.median(floor),
+        batch_ms={spawns: statistics.median(times) for spawns, times in batch_ms.items()},
+        route_ms={spawns: statistics.median(times) for spawns, times in route.items()},
+    )
 
-    relayed, one_by_one, plain = statistics.median(relay), statistics.median(single), statistics.median(floor)
+
+def _stores(text: str) -> tuple[str, ...]:
+    stores = tuple(store.strip() for store in text.split(",") if store.strip())
+    unknown = sorted(set(stores) - set(STORES))
+    if not stores or unknown:
+        raise argparse.ArgumentTypeError(f"stores are a comma-separated list of {', '.join(STORES)}, not {text!r}")
+    if "dynalite" in stores and not DYNALITE.is_file():
+        raise argparse.ArgumentTypeError(f"dynalite is not installed ({DYNALITE}): run `make dynalite`")
+    return stores
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--records", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the median is reported")
+    parser.add_argument("--concurrency", type=int, default=16, help="relay pool size = floor client threads")
+    parser.add_argument("--environments", type=int, default=4, help="API execution environments")
+    template = Template(default_template_path())
+    batch_size = int(template.document["Parameters"]["RelayBatchSize"]["Default"])
+    parser.add_argument("--batch-size", type=int, default=batch_size, help="records a timed batch (RelayBatchSize)")
+    parser.add_argument("--batches", type=int, default=10, help="batches of --batch-size timed one by one")
+    parser.add_argument("--route-spawns", type=int, default=500, help="spawns POSTed a form, one request at a time")
+    parser.add_argument(
+        "--store",
+        type=_stores,
+        default=STORES if DYNALITE.is_file() else ("moto",),
+        help="DynamoDB engines, measured one after another in this run (default: moto,dynalite if installed)",
+    )
+    args = parser.parse_args()
+
+    figures = {store: measure(store, args, template) for store in args.store}
+
     print(
         f"\nRelay benchmark: {args.records} records x {args.rounds} rounds over 4 partitions, concurrency "
-        f"{args.concurrency}, {args.environments} API environments, medians\n"
+        f"{args.concurrency}, {args.environments} API environments, medians, on each store\n"
     )
-    print(f"{'variant':52} {'records/s':>10} {'ms a record':>12}")
-    print("-" * 76)
-    for name, rate in (
-        (f"inbox relay, batch path (<= {MAX_BATCH_SPAWNS} spawns a POST)", relayed),
-        ("inbox relay, per-record path (a POST a record)", one_by_one),
-        ("plain keep-alive HTTP client, a POST a record (floor)", plain),
+    header = "".join(f" {store + ' records/s':>19} {'ms a record':>12}" for store in figures)
+    print(f"{'variant':54}{header}")
+    print("-" * (54 + 33 * len(figures)))
+    for name, rates in (
+        (f"inbox relay, batch path (<= {MAX_BATCH_SPAWNS} spawns a POST)", [f.relay for f in figures.values()]),
+        ("inbox relay, per-record path (a POST a record)", [f.single for f in figures.values()]),
+        ("plain keep-alive HTTP client, a POST a record (floor)", [f.floor for f in figures.values()]),
     ):
-        print(f"{name:52} {rate:10.0f} {1000 / rate:12.2f}")
-    print(f"\nRatio batch path / per-record path {relayed / one_by_one:.2f}  [>= 5]")
-    print(f"Ratio relay / floor {one_by_one / plain:.2f}  (per-record path)  [>= 0.8]")
-    relay_ms: dict[int, float] = {}
-    for spawns, label in ((MAX_BATCH_SPAWNS, "batch path"), (1, "per-record path")):
-        per_batch = statistics.median(batch_ms[spawns])
-        relay_ms[spawns] = per_batch / args.batch_size
+        print(f"{name:54}" + "".join(f" {rate:19.0f} {1000 / rate:12.2f}" for rate in rates))
+    print()
+    for store, f in figures.items():
         print(
-            f"\nPer record, {label} (docs/operations.md#what-a-tenant-costs): {args.batches} invocations of "
-            f"{args.batch_size} records (RelayBatchSize: {batch_size}), median {per_batch:.0f} ms an invocation, "
-            f"{relay_ms[spawns]:.2f} ms a record, {args.concurrency} calls in flight at most"
+            f"{store}: Ratio batch path / per-record path {f.relay / f.single:.2f}  [>= 5]; "
+            f"Ratio relay / floor {f.single / f.floor:.2f}  (per-record path)  [>= 0.8]"
         )
-    batch_route, single_route = statistics.median(route[MAX_BATCH_SPAWNS]), statistics.median(route[1])
-    print(
-        f"\nPOST /v1/runs, one request at a time, {args.route_spawns} spawns a form x {args.rounds} rounds, medians:"
-        f" batch form ({MAX_BATCH_SPAWNS} spawns) {batch_route:.2f} ms a spawn, single form {single_route:.2f} ms a"
-        f" spawn; batch / single per spawn {batch_route / single_route:.2f}  [<= 1]"
-    )
-    measured = dataclasses.replace(
-        MEASURED,
-        relay_ms_a_record=round(relay_ms[1], 2),
-        batch_relay_ms_a_record=round(relay_ms[MAX_BATCH_SPAWNS], 2),
-        batch_admission_ms_a_spawn=round(batch_route, 2),
-    )
     settings = Settings.of(template)
-    costs = {spawns: sum(line.usd for line in relayed_lines(settings, measured, spawns)) for spawns in route}
-    print(
-        f"\nA million relayed spawns (benchmarks.cost_model, this run's relay ms a record and batch ms a spawn, the"
-        f" single admission's {MEASURED.admission_ms:g} ms as measured under the RIE): batch path"
-        f" ${costs[MAX_BATCH_SPAWNS]:.2f}  [<= 1.00], per-record path ${costs[1]:.2f}"
-    )
+    for store, f in figures.items():
+        print()
+        relay_ms = {spawns: per_batch / args.batch_size for spawns, per_batch in f.batch_ms.items()}
+        for spawns, label in ((MAX_BATCH_SPAWNS, "batch path"), (1, "per-record path")):
+            print(
+                f"{store}: per record, {label} (docs/operations.md#what-a-tenant-costs): {args.batches} invocations"
+                f" of {args.batch_size} records (RelayBatchSize: {batch_size}), median {f.batch_ms[spawns]:.0f} ms an"
+                f" invocation, {relay_ms[spawns]:.2f} ms a record, {args.concurrency} calls in flight at most"
+            )
+        batch_route, single_route = f.route_ms[MAX_BATCH_SPAWNS], f.route_ms[1]
+        print(
+            f"{store}: POST /v1/runs, one request at a time, {args.route_spawns} spawns a form x {args.rounds} rounds,"
+            f" medians: batch form ({MAX_BATCH_SPAWNS} spawns) {batch_route:.2f} ms a spawn, single form"
+            f" {single_route:.2f} ms a spawn; batch / single per spawn {batch_route / single_route:.2f}  [<= 1]"
+        )
+        measured = dataclasses.replace(
+            MEASURED,
+            relay_ms_a_record=round(relay_ms[1], 2),
+            batch_relay_ms_a_record=round(relay_ms[MAX_BATCH_SPAWNS], 2),
+            batch_admission_ms_a_spawn=round(batch_route, 2),
+        )
+        costs = {spawns: sum(line.usd for line in relayed_lines(settings, measured, spawns)) for spawns in f.route_ms}
+        print(
+            f"{store}: A million relayed spawns (benchmarks.cost_model, this run's relay ms a record and batch ms a"
+            f" spawn, the single admission's {MEASURED.admission_ms:g} ms as measured under the RIE): batch path"
+            f" ${costs[MAX_BATCH_SPAWNS]:.2f}  [<= 1.00], per-record path ${costs[1]:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -29,9 +29,17 @@ from tests.conftest import REPO
         ),
         (
             "benchmarks.relay_bench",
-            ["--records", "20", "--rounds", "1", "--batch-size", "10", "--batches", "2", "--route-spawns", "20"],
             [
-                "Ratio batch path / per-record path",
+                *("--records", "20", "--rounds", "1", "--batch-size", "10", "--batches", "2", "--route-spawns", "20"),
+                *("--store", "moto,dynalite"),
+            ],
+            # Both paths on each store engine, side by side in the one run.
+            [
+                "moto records/s",
+                "dynalite records/s",
+                "moto: Ratio batch path / per-record path",
+                "dynalite: Ratio batch path / per-record path",
+                "dynalite: A million relayed spawns",
                 "Ratio relay / floor",
                 "ms a record",
                 "batch / single per spawn",

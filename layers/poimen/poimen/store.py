@@ -18,12 +18,11 @@ without retention have no `expires_at` and are kept forever; without retention t
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator
 from datetime import datetime
+from types import TracebackType
 from typing import Any, TypeVar, cast
 
 from botocore.exceptions import (
@@ -256,7 +255,7 @@ class Store:
         size = item_size(item)
         if size > MAX_ITEM_BYTES:
             raise RunTooLarge(size, MAX_ITEM_BYTES)
-        with _translated_errors():  # building the client resolves the credentials
+        with _translated_errors:  # building the client resolves the credentials
             client = self._watched(self.client)
         self._attempts.unanswered = False
         try:
@@ -390,7 +389,7 @@ class Store:
 
     def get_run(self, tenant_id: str, run_id: str) -> RunRecord | None:
         """The run, read strongly consistently; None if absent, fenced or expired (not yet deleted)."""
-        with _translated_errors():
+        with _translated_errors:
             found = self.client.get_item(
                 TableName=self.table_name, Key={HASH_KEY: {"S": run_pk(tenant_id, run_id)}}, ConsistentRead=True
             )
@@ -407,7 +406,7 @@ class Store:
         return "N" in stamp and float(stamp["N"]) < _now_seconds()
 
     def granted_tenants(self, principal: str) -> frozenset[str]:
-        with _translated_errors():
+        with _translated_errors:
             try:
                 record = self.grants.get(grant_pk(principal), consistent_read=True)
             except DoesNotExist:
@@ -415,45 +414,51 @@ class Store:
         return frozenset(record.tenants or ())
 
     def grant(self, principal: str, tenant_id: str) -> None:
-        with _translated_errors():
+        with _translated_errors:
             self.grants(grant_pk(principal)).update(actions=[GrantRecord.tenants.add({tenant_id})])
 
     def revoke(self, principal: str, tenant_id: str) -> None:
-        with _translated_errors():
+        with _translated_errors:
             self.grants(grant_pk(principal)).update(actions=[GrantRecord.tenants.delete({tenant_id})])
 
     def all_grants(self) -> dict[str, frozenset[str]]:
         """Every principal with its tenants. A scan: for operators, never on a request path."""
-        with _translated_errors():
+        with _translated_errors:
             records = self.grants.scan(self.grants.pk.startswith(GRANT_PREFIX), consistent_read=True)
             return {
                 record.pk.removeprefix(GRANT_PREFIX): frozenset(record.tenants) for record in records if record.tenants
             }
 
 
-@contextlib.contextmanager
-def _translated_errors() -> Iterator[None]:
-    """Transient failures of a read or a grant change as StoreUnavailable, from pynamodb or botocore."""
-    try:
-        yield
-    except ClientError as error:
-        translated = _unavailable_or_original(error)
-        if translated is error:
-            raise
-        raise translated from error
-    except (ConnectionError, HTTPClientError) as error:
-        raise StoreUnavailable(f"DynamoDB unreachable: {error}") from error
-    except _NO_CREDENTIALS as error:
-        raise StoreUnavailable(f"no credentials for DynamoDB: {error}") from error
-    except PynamoDBException as error:
-        cause = error.cause
-        if isinstance(cause, ClientError):
-            raise _unavailable_or_original(cause) from error
-        if isinstance(cause, ConnectionError | HTTPClientError):
-            raise StoreUnavailable(f"DynamoDB unreachable: {cause}") from error
-        if isinstance(cause, _NO_CREDENTIALS):
-            raise StoreUnavailable(f"no credentials for DynamoDB: {cause}") from error
-        raise
+class _TranslatedErrors:
+    """Transient failures of a read or a grant change as StoreUnavailable, from pynamodb or botocore. A class
+    rather than a `contextlib.contextmanager` generator, which costs more to enter: every write enters it."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if isinstance(error, ClientError):
+            translated = _unavailable_or_original(error)
+            if translated is not error:
+                raise translated from error
+        elif isinstance(error, ConnectionError | HTTPClientError):
+            raise StoreUnavailable(f"DynamoDB unreachable: {error}") from error
+        elif isinstance(error, _NO_CREDENTIALS):
+            raise StoreUnavailable(f"no credentials for DynamoDB: {error}") from error
+        elif isinstance(error, PynamoDBException):
+            cause = error.cause
+            if isinstance(cause, ClientError):
+                raise _unavailable_or_original(cause) from error
+            if isinstance(cause, ConnectionError | HTTPClientError):
+                raise StoreUnavailable(f"DynamoDB unreachable: {cause}") from error
+            if isinstance(cause, _NO_CREDENTIALS):
+                raise StoreUnavailable(f"no credentials for DynamoDB: {cause}") from error
+
+
+_translated_errors = _TranslatedErrors()  # stateless: one for every thread
 
 
 def item_size(item: dict[str, dict[str, str]]) -> int:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 import time
-import uuid
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
@@ -30,7 +29,7 @@ from poimen.errors import (
     TenantNotGranted,
     TenantNotServed,
 )
-from poimen.ids import keyed_run_id, request_fingerprint, unkeyed_run_id
+from poimen.ids import keyed_run_id, new_attempt_id, request_fingerprint, unkeyed_run_id
 from poimen.store import NewRun, RunRecord, Store
 from poimen.wire import rfc3339
 
@@ -107,7 +106,7 @@ class Admission:
         key = request.dispatch_key
         run_id = keyed_run_id(tenant_id, key) if key is not None else unkeyed_run_id()
         fingerprint = request_fingerprint(request.workflow_ref, request.input, request.goal_id)
-        attempt_id = uuid.uuid4().hex
+        attempt_id = new_attempt_id()
         created_at = _now()
         input_json = json_text(request.input)
         # The answer is built from these values before the write (so that no run is stored that could not be

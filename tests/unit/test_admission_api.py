@@ -12,7 +12,7 @@ import pytest
 from poimen.admission import Admission
 from poimen.contract import RunRequest
 from poimen.ids import keyed_run_id
-from poimen.store import RunRecord, Store, run_pk
+from poimen.store import NewRun, RunRecord, Store, run_pk
 from tests.conftest import count_runs
 from tests.unit.conftest import PRINCIPAL, Invoke
 
@@ -73,7 +73,7 @@ def test_a_retried_put_that_finds_its_own_write_is_still_a_new_run(
     invoke: Invoke, monkeypatch: pytest.MonkeyPatch, dynamodb: Any, table_name: str, tenant: str, body: Any
 ) -> None:
     # Given a PutItem whose answer is lost after DynamoDB stored the item, and that botocore resends
-    def lost_answer_then_retry(self: Store, record: RunRecord) -> RunRecord | None:
+    def lost_answer_then_retry(self: Store, record: NewRun) -> RunRecord | None:
         original_put(self, record)
         return original_put(self, record)
 

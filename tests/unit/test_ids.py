@@ -2,12 +2,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import uuid
 
 import pytest
 
 from poimen.contract import parse_json
-from poimen.ids import keyed_run_id, request_fingerprint, unkeyed_run_id
+from poimen.ids import _uuid_text, keyed_run_id, new_attempt_id, request_fingerprint, unkeyed_run_id
 
 
 def test_keyed_run_id_is_a_stable_uuidv8_per_tenant_and_key() -> None:
@@ -88,3 +89,11 @@ def test_fingerprints_of_inputs_without_fractions_are_those_computed_before() ->
 def test_fingerprint_refuses_what_json_cannot_hold() -> None:
     with pytest.raises(ValueError, match="not a JSON number"):
         request_fingerprint("wf", {"n": float("inf")}, None)
+
+
+def test_ids_are_written_as_the_uuid_module_writes_them() -> None:
+    for raw in [bytes(16), b"\xff" * 16, *(os.urandom(16) for _ in range(200))]:
+        assert _uuid_text(raw) == str(uuid.UUID(bytes=raw))
+    for attempt in (new_attempt_id() for _ in range(200)):
+        parsed = uuid.UUID(hex=attempt)
+        assert (parsed.version, parsed.variant, parsed.hex) == (4, uuid.RFC_4122, attempt)

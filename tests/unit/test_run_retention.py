@@ -41,7 +41,7 @@ from poimen.retention import (
     run_retention,
     run_retention_days,
 )
-from poimen.store import EXPIRES_AT, FENCE, ITEM_TYPE, Store, run_pk
+from poimen.store import EXPIRES_AT, FENCE, ITEM_TYPE, NewRun, Store, run_pk
 from poimen_tools import arguments, retention_change
 from poimen_tools.cli import _dev_options, build_parser
 from poimen_tools.local import dev
@@ -147,16 +147,18 @@ def test_with_retention_a_run_expires_its_retention_after_it_was_created(
 def test_with_retention_a_fence_expires_too(retention: int, dynamodb: Any, table_name: str, tenant: str) -> None:
     # Given a keyless run's record whose write's outcome was unknown
     store = Store(Settings.from_env())
-    record = store.runs(
-        run_pk(tenant, "r-1"),
+    record = NewRun(
         run_id="r-1",
         tenant_id=tenant,
         workflow_ref="wf",
         input_json="{}",
+        goal_id=None,
+        dispatch_key=None,
         fingerprint="f",
         attempt_id="a",
         status="admitted",
         created_at="2026-12-01T09:00:00.000Z",
+        traceparent=None,
     )
     # When its key is fenced
     assert store.fence_run(record) is None
@@ -232,17 +234,18 @@ def test_the_keyed_resolution_read_treats_an_expired_run_as_absent(
 ) -> None:
     # Given an expired keyed run not yet deleted
     store = Store(Settings.from_env())
-    admission_store_run = store.runs(
-        run_pk(tenant, "r-1"),
+    admission_store_run = NewRun(
         run_id="r-1",
         tenant_id=tenant,
         workflow_ref="wf",
         input_json="{}",
+        goal_id=None,
         dispatch_key="k",
         fingerprint="f",
         attempt_id="a",
         status="admitted",
         created_at="2026-12-01T09:00:00.000Z",
+        traceparent=None,
     )
     assert store.put_run_if_absent(admission_store_run) is None
     _expire(dynamodb, table_name, tenant, "r-1")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import time
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -13,7 +16,8 @@ from poimen.admission import Admission
 from poimen.config import Settings
 from poimen.contract import RunRequest
 from poimen.errors import DispatchKeyReused, OutcomeUnknown, RunNotStorable, RunTooLarge, StoreUnavailable
-from poimen.store import FENCE, HASH_KEY, ITEM_TYPE, MAX_ITEM_BYTES, GrantRecord, RunRecord, Store, item_size
+from poimen.retention import expires_at
+from poimen.store import FENCE, HASH_KEY, ITEM_TYPE, MAX_ITEM_BYTES, GrantRecord, NewRun, RunRecord, Store, item_size
 from poimen_tools.local.template import Template
 
 
@@ -100,12 +104,20 @@ def test_table_in_template_matches_the_model(template: Template) -> None:
     assert props["StreamSpecification"] == {"StreamViewType": "NEW_IMAGE"}
 
 
-def _record(store: Store, run_input: str = "{}", attempt_id: str = "a") -> RunRecord:
-    record: RunRecord = store.runs(
-        "RUN#t#1", run_id="1", tenant_id="t", workflow_ref="w", input_json=run_input, fingerprint="f"
+def _record(store: Store, run_input: str = "{}", attempt_id: str = "a") -> NewRun:
+    return NewRun(
+        run_id="1",
+        tenant_id="t",
+        workflow_ref="w",
+        input_json=run_input,
+        goal_id=None,
+        dispatch_key=None,
+        fingerprint="f",
+        attempt_id=attempt_id,
+        status="admitted",
+        created_at="now",
+        traceparent=None,
     )
-    record.status, record.created_at, record.attempt_id = "admitted", "now", attempt_id
-    return record
 
 
 def _without_the_item_on_conflict(store: Store) -> None:
@@ -163,7 +175,7 @@ def test_a_fence_is_no_run_and_keeps_a_late_write_out(store: Store, dynamodb: An
     with pytest.raises(dynamodb.exceptions.ConditionalCheckFailedException):
         dynamodb.put_item(
             TableName=store.table_name,
-            Item=record.serialize(),
+            Item=record.item(),
             ConditionExpression="attribute_not_exists(#pk)",
             ExpressionAttributeNames={"#pk": HASH_KEY},
         )
@@ -211,11 +223,11 @@ def test_item_size_counts_utf8_bytes_of_names_and_string_values() -> None:
 
 def test_an_item_over_the_limit_is_refused_without_a_call(store: Store) -> None:
     calls = _count_calls(store)
-    envelope = item_size(_record(store).serialize()) - 2  # without the 2 bytes of "{}"
+    envelope = item_size(_record(store).item()) - 2  # without the 2 bytes of "{}"
     at_limit = _record(store, '"' + "x" * (MAX_ITEM_BYTES - envelope - 2) + '"')
     over = _record(store, '"' + "x" * (MAX_ITEM_BYTES - envelope - 1) + '"')
 
-    assert item_size(at_limit.serialize()) == MAX_ITEM_BYTES
+    assert item_size(at_limit.item()) == MAX_ITEM_BYTES
     assert store.put_run_if_absent(at_limit) is None
     with pytest.raises(RunTooLarge) as refused:
         store.put_run_if_absent(over)
@@ -231,3 +243,88 @@ def test_a_validation_exception_on_the_write_is_not_storable(dynamodb: Any) -> N
 
     with pytest.raises(RunNotStorable, match="injected"):
         store.put_run_if_absent(_record(store))
+
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.mark.parametrize("retention_days", [None, 3], ids=["kept", "retained"])
+@pytest.mark.parametrize(
+    ("request_fields", "traceparent"),
+    [
+        ({"workflow_ref": "wf", "input": {}}, None),
+        ({"workflow_ref": "wf/ünï", "input": {"n": 1.50, "s": "中🔑"}, "dispatch_key": "k"}, TRACEPARENT),
+        ({"workflow_ref": "wf", "input": {"a": [1, None, True]}, "goal_id": "g-1", "dispatch_key": "k"}, None),
+    ],
+    ids=["keyless", "keyed-traced", "keyed-goal"],
+)
+def test_admissions_write_is_the_run_records_item_and_condition(
+    dynamodb: Any, request_fields: dict[str, Any], traceparent: str | None, retention_days: int | None
+) -> None:
+    # Given a store (with or without run retention) whose PutItem requests are recorded as sent
+    store = Store(dataclasses.replace(Settings.from_env(), run_retention_days=retention_days))
+    store.grant("arn:aws:iam::1:user/a", "t1")
+    admission = Admission(store, grants_cache_seconds=60, tenants={"t1"})
+    sent: list[dict[str, Any]] = []
+    store.client.meta.events.register("provide-client-params.dynamodb.PutItem", lambda params, **_: sent.append(params))
+    bodies: list[bytes] = []
+    store.client.meta.events.register("before-send.dynamodb.PutItem", lambda request, **_: bodies.append(request.body))
+    # When a spawn is admitted
+    admission.admit_run(
+        "arn:aws:iam::1:user/a", "t1", RunRequest.model_validate(request_fields), traceparent=traceparent
+    )
+    # Then its item is the one the pynamodb record of the same run serialises, in the same order, with the same
+    # TTL attribute and condition, and so the same request bytes
+    (params,) = sent
+    item = params["Item"]
+    stored = {name: value["S"] for name, value in item.items() if "S" in value}
+    record = store.runs(
+        stored["pk"],
+        run_id=stored["run_id"],
+        tenant_id=stored["tenant_id"],
+        workflow_ref=stored["workflow_ref"],
+        input_json=stored["input"],
+        goal_id=stored.get("goal_id"),
+        dispatch_key=stored.get("dispatch_key"),
+        fingerprint=stored["fingerprint"],
+        attempt_id=stored["attempt_id"],
+        status="admitted",
+        created_at=stored["created_at"],
+        traceparent=traceparent,
+    )
+    expected_item = record.serialize()
+    expected_condition: dict[str, Any] = {
+        "ConditionExpression": "attribute_not_exists(#pk)",
+        "ExpressionAttributeNames": {"#pk": "pk"},
+    }
+    if retention_days is not None:
+        created_ms = datetime.fromisoformat(record.created_at).timestamp() * 1000
+        expected_item["expires_at"] = {"N": str(expires_at(created_ms, retention_days))}
+        now = params["ExpressionAttributeValues"][":now"]["N"]
+        assert abs(int(now) - time.time()) < 60
+        expected_condition = {
+            "ConditionExpression": "attribute_not_exists(#pk) OR #expires_at < :now",
+            "ExpressionAttributeNames": {"#pk": "pk", "#expires_at": "expires_at"},
+            "ExpressionAttributeValues": {":now": {"N": now}},
+        }
+    expected = {
+        "TableName": store.table_name,
+        "Item": expected_item,
+        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        **expected_condition,
+    }
+    assert list(params.items()) == list(expected.items())
+    assert list(item) == list(expected_item)
+    (body,) = bodies
+    assert body == json.dumps(expected).encode()
+    assert item_size(item) == item_size(expected_item)
+
+
+def test_a_new_run_has_the_run_records_attributes_and_their_nullability() -> None:
+    attributes = RunRecord.get_attributes()
+    fields = {field.name: str(field.type) for field in dataclasses.fields(NewRun)}
+
+    assert set(fields) | {HASH_KEY} == set(attributes)
+    assert {name for name, kind in fields.items() if "None" in kind} == {
+        name for name, attribute in attributes.items() if attribute.null
+    }

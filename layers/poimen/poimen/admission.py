@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import re
 import time
-import uuid
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from poimen.contract import RunRequest, json_text, parse_json, run_json
 from poimen.errors import (
@@ -31,8 +29,8 @@ from poimen.errors import (
     TenantNotGranted,
     TenantNotServed,
 )
-from poimen.ids import keyed_run_id, request_fingerprint, unkeyed_run_id
-from poimen.store import RunRecord, Store, run_pk
+from poimen.ids import keyed_run_id, new_attempt_id, request_fingerprint, unkeyed_run_id
+from poimen.store import NewRun, RunRecord, Store
 from poimen.wire import rfc3339
 
 ALL_TENANTS = "*"
@@ -108,29 +106,34 @@ class Admission:
         key = request.dispatch_key
         run_id = keyed_run_id(tenant_id, key) if key is not None else unkeyed_run_id()
         fingerprint = request_fingerprint(request.workflow_ref, request.input, request.goal_id)
-        attempt_id = uuid.uuid4().hex
+        attempt_id = new_attempt_id()
         created_at = _now()
-        # What the stored run and its answer share; the answer is built from these values, before the write (so
-        # that no run is stored that could not be answered), not read back from the record: pynamodb's
-        # attribute reads cost more than the rest of the answer.
-        shown: dict[str, Any] = {
-            "run_id": run_id,
-            "tenant_id": tenant_id,
-            "workflow_ref": request.workflow_ref,
-            "input_json": json_text(request.input),
-            "goal_id": request.goal_id,
-            "dispatch_key": key,
-            "created_at": created_at,
-        }
-        record = self._store.runs(
-            run_pk(tenant_id, run_id),
+        input_json = json_text(request.input)
+        # The answer is built from these values before the write (so that no run is stored that could not be
+        # answered), not read back from a record.
+        record = NewRun(
+            run_id=run_id,
+            tenant_id=tenant_id,
+            workflow_ref=request.workflow_ref,
+            input_json=input_json,
+            goal_id=request.goal_id,
+            dispatch_key=key,
             fingerprint=fingerprint,
             attempt_id=attempt_id,
             status="admitted",
+            created_at=created_at,
             traceparent=traceparent,
-            **shown,
         )
-        answer = RunView(run_id, tenant_id, key, created_at, run_json(**shown))
+        body = run_json(
+            run_id=run_id,
+            tenant_id=tenant_id,
+            workflow_ref=request.workflow_ref,
+            input_json=input_json,
+            goal_id=request.goal_id,
+            dispatch_key=key,
+            created_at=created_at,
+        )
+        answer = RunView(run_id, tenant_id, key, created_at, body)
         try:
             existing = self._store.put_run_if_absent(record)
         except OutcomeUnknown as unknown:
@@ -145,7 +148,7 @@ class Admission:
             raise DispatchKeyReused(existing.run_id)
         return Admitted(_as_run(existing), replayed=True)
 
-    def _resolve(self, record: RunRecord, unknown: OutcomeUnknown) -> RunRecord:
+    def _resolve(self, record: NewRun, unknown: OutcomeUnknown) -> RunRecord:
         """The stored run after `record`'s write of unknown outcome; else StoreUnavailable once nothing can
         have been written, or `unknown` again while a write may still land or the store cannot tell."""
         if record.dispatch_key is None:

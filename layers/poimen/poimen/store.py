@@ -1,4 +1,4 @@
-"""The admission table: pynamodb models for runs and grants, and the one conditional write.
+"""The admission table: pynamodb models for runs and grants, and the one conditional write (of a `NewRun`).
 
 One table, one string hash key `pk`:
 - a run is the item `RUN#<tenant>#<run_id>`, so keys spread per run (no hot tenant partition) and a
@@ -18,12 +18,11 @@ without retention have no `expires_at` and are kept forever; without retention t
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator
 from datetime import datetime
+from types import TracebackType
 from typing import Any, TypeVar, cast
 
 from botocore.exceptions import (
@@ -120,6 +119,49 @@ def run_pk(tenant_id: str, run_id: str) -> str:
     return f"RUN#{tenant_id}#{run_id}"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class NewRun:
+    """A run admission is about to write: `RunRecord`'s attributes, by the same names, without a pynamodb
+    model. Building that record and its `serialize()` cost admission more instructions than the rest of its
+    own work on the item; `item()` is the same item, attribute for attribute and in the same order (so the
+    request's bytes are the same too: tests/unit/test_store.py holds the two equal)."""
+
+    run_id: str
+    tenant_id: str
+    workflow_ref: str
+    input_json: str
+    goal_id: str | None
+    dispatch_key: str | None
+    fingerprint: str
+    attempt_id: str
+    status: str
+    created_at: str
+    traceparent: str | None
+
+    @property
+    def pk(self) -> str:
+        return run_pk(self.tenant_id, self.run_id)
+
+    def item(self) -> dict[str, dict[str, str]]:
+        """The run's DynamoDB item as `RunRecord.serialize()` makes it: its attributes in the model's order
+        (sorted by their Python names: `input_json` is stored as `input`), each absent one (None) left out."""
+        item = {"attempt_id": {"S": self.attempt_id}, "created_at": {"S": self.created_at}}
+        if self.dispatch_key is not None:
+            item["dispatch_key"] = {"S": self.dispatch_key}
+        item["fingerprint"] = {"S": self.fingerprint}
+        if self.goal_id is not None:
+            item["goal_id"] = {"S": self.goal_id}
+        item["input"] = {"S": self.input_json}
+        item[HASH_KEY] = {"S": run_pk(self.tenant_id, self.run_id)}
+        item["run_id"] = {"S": self.run_id}
+        item["status"] = {"S": self.status}
+        item["tenant_id"] = {"S": self.tenant_id}
+        if self.traceparent is not None:
+            item["traceparent"] = {"S": self.traceparent}
+        item["workflow_ref"] = {"S": self.workflow_ref}
+        return item
+
+
 GRANT_PREFIX = "GRANT#"
 
 
@@ -186,12 +228,12 @@ class Store:
         """A DynamoDB client making one attempt per call: what resolves a write of unknown outcome."""
         return self._once._get_connection().connection.client
 
-    def put_run_if_absent(self, record: RunRecord) -> RunRecord | None:
+    def put_run_if_absent(self, record: NewRun) -> RunRecord | None:
         """Write `record` unless its item exists; return None if written, else the stored run.
 
         One PutItem, one round trip: pynamodb's save() drops the item that
         ReturnValuesOnConditionCheckFailure=ALL_OLD puts into the ConditionalCheckFailed error, so
-        the call goes through the same botocore client with the model's own serialisation. DynamoDB
+        the call goes through the same botocore client, with the item the model would serialise. DynamoDB
         always returns that item; a stand-in that does not (dynalite, older emulators) costs one
         strongly consistent GetItem more.
 
@@ -206,14 +248,14 @@ class Store:
         Refused before the call: an item over MAX_ITEM_BYTES (RunTooLarge). DynamoDB's
         ValidationException is RunNotStorable: the request, not the service, is at fault.
         """
-        item: dict[str, dict[str, str]] = record.serialize()
+        item = record.item()
         if self.run_retention_days is not None:
             created_ms = datetime.fromisoformat(record.created_at).timestamp() * 1000
             item[EXPIRES_AT] = {"N": str(expires_at(created_ms, self.run_retention_days))}
         size = item_size(item)
         if size > MAX_ITEM_BYTES:
             raise RunTooLarge(size, MAX_ITEM_BYTES)
-        with _translated_errors():  # building the client resolves the credentials
+        with _translated_errors:  # building the client resolves the credentials
             client = self._watched(self.client)
         self._attempts.unanswered = False
         try:
@@ -279,7 +321,7 @@ class Store:
         if sent_unanswered or (response_dict is not None and response_dict.get("status_code", 0) >= 500):
             self._attempts.unanswered = True
 
-    def _read_back(self, record: RunRecord) -> RunRecord:
+    def _read_back(self, record: NewRun) -> RunRecord:
         """The run that failed `record`'s condition, read strongly consistently."""
         try:
             existing = self.get_run(record.tenant_id, record.run_id)
@@ -289,7 +331,7 @@ class Store:
             raise _unknown(record, "its item existed, then was no run when read back")
         return existing
 
-    def fence_run(self, record: RunRecord) -> RunRecord | None:
+    def fence_run(self, record: NewRun) -> RunRecord | None:
         """After a keyless `record`'s write of unknown outcome: its run if the write committed, else None
         once a fence holds its key, so that the write (delayed, or retried inside DynamoDB) can never land.
 
@@ -322,12 +364,12 @@ class Store:
             raise _unknown(record, f"fencing it failed: {type(error).__name__}: {error}") from error
         return None
 
-    def read_run_once(self, record: RunRecord) -> RunRecord | None:
+    def read_run_once(self, record: NewRun) -> RunRecord | None:
         """After a keyed `record`'s write of unknown outcome: the stored run, or None (not there now), read
         strongly consistently in one attempt. OutcomeUnknown if the store cannot be read."""
         return self._run_or_none(self._item_once(record))
 
-    def _run_or_fenced(self, record: RunRecord, stored: dict[str, Any] | None) -> RunRecord | None:
+    def _run_or_fenced(self, record: NewRun, stored: dict[str, Any] | None) -> RunRecord | None:
         if stored is None:  # a stand-in without ALL_OLD: read what failed the condition
             stored = self._item_once(record)
             if stored is None:
@@ -335,7 +377,7 @@ class Store:
         # Never an expired run: keyless run ids are never reused, so nothing older is at this key.
         return None if _is_fence(stored) else self.runs.from_raw_data(stored)
 
-    def _item_once(self, record: RunRecord) -> dict[str, Any] | None:
+    def _item_once(self, record: NewRun) -> dict[str, Any] | None:
         try:
             found = self.resolution_client.get_item(
                 TableName=self.table_name, Key={HASH_KEY: {"S": record.pk}}, ConsistentRead=True
@@ -347,7 +389,7 @@ class Store:
 
     def get_run(self, tenant_id: str, run_id: str) -> RunRecord | None:
         """The run, read strongly consistently; None if absent, fenced or expired (not yet deleted)."""
-        with _translated_errors():
+        with _translated_errors:
             found = self.client.get_item(
                 TableName=self.table_name, Key={HASH_KEY: {"S": run_pk(tenant_id, run_id)}}, ConsistentRead=True
             )
@@ -364,7 +406,7 @@ class Store:
         return "N" in stamp and float(stamp["N"]) < _now_seconds()
 
     def granted_tenants(self, principal: str) -> frozenset[str]:
-        with _translated_errors():
+        with _translated_errors:
             try:
                 record = self.grants.get(grant_pk(principal), consistent_read=True)
             except DoesNotExist:
@@ -372,45 +414,51 @@ class Store:
         return frozenset(record.tenants or ())
 
     def grant(self, principal: str, tenant_id: str) -> None:
-        with _translated_errors():
+        with _translated_errors:
             self.grants(grant_pk(principal)).update(actions=[GrantRecord.tenants.add({tenant_id})])
 
     def revoke(self, principal: str, tenant_id: str) -> None:
-        with _translated_errors():
+        with _translated_errors:
             self.grants(grant_pk(principal)).update(actions=[GrantRecord.tenants.delete({tenant_id})])
 
     def all_grants(self) -> dict[str, frozenset[str]]:
         """Every principal with its tenants. A scan: for operators, never on a request path."""
-        with _translated_errors():
+        with _translated_errors:
             records = self.grants.scan(self.grants.pk.startswith(GRANT_PREFIX), consistent_read=True)
             return {
                 record.pk.removeprefix(GRANT_PREFIX): frozenset(record.tenants) for record in records if record.tenants
             }
 
 
-@contextlib.contextmanager
-def _translated_errors() -> Iterator[None]:
-    """Transient failures of a read or a grant change as StoreUnavailable, from pynamodb or botocore."""
-    try:
-        yield
-    except ClientError as error:
-        translated = _unavailable_or_original(error)
-        if translated is error:
-            raise
-        raise translated from error
-    except (ConnectionError, HTTPClientError) as error:
-        raise StoreUnavailable(f"DynamoDB unreachable: {error}") from error
-    except _NO_CREDENTIALS as error:
-        raise StoreUnavailable(f"no credentials for DynamoDB: {error}") from error
-    except PynamoDBException as error:
-        cause = error.cause
-        if isinstance(cause, ClientError):
-            raise _unavailable_or_original(cause) from error
-        if isinstance(cause, ConnectionError | HTTPClientError):
-            raise StoreUnavailable(f"DynamoDB unreachable: {cause}") from error
-        if isinstance(cause, _NO_CREDENTIALS):
-            raise StoreUnavailable(f"no credentials for DynamoDB: {cause}") from error
-        raise
+class _TranslatedErrors:
+    """Transient failures of a read or a grant change as StoreUnavailable, from pynamodb or botocore. A class
+    rather than a `contextlib.contextmanager` generator, which costs more to enter: every write enters it."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if isinstance(error, ClientError):
+            translated = _unavailable_or_original(error)
+            if translated is not error:
+                raise translated from error
+        elif isinstance(error, ConnectionError | HTTPClientError):
+            raise StoreUnavailable(f"DynamoDB unreachable: {error}") from error
+        elif isinstance(error, _NO_CREDENTIALS):
+            raise StoreUnavailable(f"no credentials for DynamoDB: {error}") from error
+        elif isinstance(error, PynamoDBException):
+            cause = error.cause
+            if isinstance(cause, ClientError):
+                raise _unavailable_or_original(cause) from error
+            if isinstance(cause, ConnectionError | HTTPClientError):
+                raise StoreUnavailable(f"DynamoDB unreachable: {cause}") from error
+            if isinstance(cause, _NO_CREDENTIALS):
+                raise StoreUnavailable(f"no credentials for DynamoDB: {cause}") from error
+
+
+_translated_errors = _TranslatedErrors()  # stateless: one for every thread
 
 
 def item_size(item: dict[str, dict[str, str]]) -> int:
@@ -439,7 +487,7 @@ def _unanswered(error: ClientError) -> bool:
     return status >= 500 or error.response.get("Error", {}).get("Code") in _UNKNOWN_OUTCOME_CODES
 
 
-def _unknown(record: RunRecord, reason: str) -> OutcomeUnknown:
+def _unknown(record: NewRun, reason: str) -> OutcomeUnknown:
     return OutcomeUnknown(record.run_id, reason, keyed=record.dispatch_key is not None)
 
 

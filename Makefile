@@ -294,8 +294,9 @@ test:
 	$(MAKE) --jobs=4 --output-sync=target $(TEST_PREREQUISITES)
 	$(PYTEST) --cov --cov-report=term
 
-# The inner loop: lint and types of the Python tree and the unit tests (no broker, no bundle; a few minutes).
-check: $(STAMP) asyncapi-parser history-check
+# The inner loop: lint and types of the Python tree and the unit tests (no broker, no bundle; a few minutes). The
+# SAM CLI's venv: the template tests transform template.yaml as CloudFormation gets it (tests/unit/transforms.py).
+check: $(STAMP) $(SAM) asyncapi-parser history-check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

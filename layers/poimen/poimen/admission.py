@@ -18,6 +18,7 @@ import re
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from poimen.contract import RunRequest, json_text, parse_json, run_json
 from poimen.errors import (
@@ -109,8 +110,8 @@ class Admission:
         attempt_id = new_attempt_id()
         created_at = _now()
         input_json = json_text(request.input)
-        # The answer is built from these values before the write (so that no run is stored that could not be
-        # answered), not read back from a record.
+        # The answer is built from the record before the write (so that no run is stored that could not be
+        # answered), by the same `_as_run` as a stored run's, not read back.
         record = NewRun(
             run_id=run_id,
             tenant_id=tenant_id,
@@ -124,16 +125,7 @@ class Admission:
             created_at=created_at,
             traceparent=traceparent,
         )
-        body = run_json(
-            run_id=run_id,
-            tenant_id=tenant_id,
-            workflow_ref=request.workflow_ref,
-            input_json=input_json,
-            goal_id=request.goal_id,
-            dispatch_key=key,
-            created_at=created_at,
-        )
-        answer = RunView(run_id, tenant_id, key, created_at, body)
+        answer = _as_run(record)
         try:
             existing = self._store.put_run_if_absent(record)
         except OutcomeUnknown as unknown:
@@ -211,7 +203,26 @@ def _now() -> str:
     return rfc3339()
 
 
-def _as_run(record: RunRecord) -> RunView:
+class _Run(Protocol):
+    """What a run's answer is made of: a stored `RunRecord`, or the `NewRun` about to be written."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def workflow_ref(self) -> str: ...
+    @property
+    def input_json(self) -> str: ...
+    @property
+    def goal_id(self) -> str | None: ...
+    @property
+    def dispatch_key(self) -> str | None: ...
+    @property
+    def created_at(self) -> str: ...
+
+
+def _as_run(record: _Run) -> RunView:
     body = run_json(
         run_id=record.run_id,
         tenant_id=record.tenant_id,

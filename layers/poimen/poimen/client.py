@@ -636,13 +636,7 @@ def _run(answer: _Answer) -> Run:
     try:
         return Run.model_validate(parse_json(answer.data.decode("utf-8")))
     except (ValueError, ValidationError) as error:
-        raise UnexpectedAnswer(
-            f"HTTP {answer.status} carried no run: is the base URL the admission API?",
-            status=answer.status,
-            body=_json_or_text(answer.data),
-            attempts=answer.attempts,
-            outcome_unknown=True,  # a success of something: it may have admitted the run
-        ) from error
+        raise _carried_no(answer, "run") from error
 
 
 def _batches(bodies: list[tuple[int, bytes]]) -> list[list[tuple[int, bytes]]]:
@@ -672,14 +666,20 @@ def _batch_results(answer: _Answer, count: int) -> list[dict[str, Any]]:
         if not all(isinstance(result, dict) and isinstance(result.get("status"), int) for result in results):
             raise ValueError("a result without its status")
     except (ValueError, TypeError, KeyError) as error:
-        raise UnexpectedAnswer(
-            f"HTTP {answer.status} carried no results of {count} spawns: is the base URL the admission API?",
-            status=answer.status,
-            body=_json_or_text(answer.data),
-            attempts=answer.attempts,
-            outcome_unknown=True,  # a success of something: it may have admitted the runs
-        ) from error
+        raise _carried_no(answer, f"results of {count} spawns") from error
     return list(results)
+
+
+def _carried_no(answer: _Answer, what: str) -> UnexpectedAnswer:
+    """A success answer without the `what` it must carry: a success of something, so it may have admitted what
+    was sent (its outcome is unknown)."""
+    return UnexpectedAnswer(
+        f"HTTP {answer.status} carried no {what}: is the base URL the admission API?",
+        status=answer.status,
+        body=_json_or_text(answer.data),
+        attempts=answer.attempts,
+        outcome_unknown=True,
+    )
 
 
 def _named(error: AdmissionError, key: str) -> AdmissionError:

@@ -20,6 +20,7 @@ from poimen.client import (
     InvalidRequest,
     Spawned,
     SpawnRequest,
+    Unavailable,
 )
 from poimen.contract import JSONNumber
 from poimen.ids import keyed_run_id
@@ -27,7 +28,7 @@ from poimen.store import Store
 from poimen.wire import MAX_BATCH_SPAWNS, SPAWNS_MEDIA_TYPE
 from poimen_tools import runs
 from tests.conftest import count_runs
-from tests.unit.dynamodb_faults import only_for, script_attempts, throttled
+from tests.unit.dynamodb_faults import Fault, lost_before_dynamodb, only_for, script_attempts, throttled
 from tests.unit.relay_harness import RELAY_KEY, RELAY_ROLE, InProcessApi
 
 
@@ -175,3 +176,31 @@ def _runs_arguments(*words: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="poimen")
     runs.add_parser(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(["runs", *words])
+
+
+def test_a_spawn_answered_outcome_unknown_then_store_unavailable_is_outcome_unknown_as_spawn_says(
+    api: InProcessApi, monkeypatch: pytest.MonkeyPatch, tenant: str
+) -> None:
+    # Given two attempts a spawn, and a store whose first call for a key loses its write (503 outcome-unknown: the
+    # run may be there) and whose next call for it is throttled (503 store-unavailable: that call wrote nothing)
+    credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
+    client = AdmissionClient(
+        "https://api.example",
+        region="us-east-1",
+        credentials=credentials,
+        http=api,
+        sleep=lambda _: None,
+        max_attempts=2,
+    )
+    lost_then_throttled: list[Fault] = [lost_before_dynamodb, lost_before_dynamodb, throttled, throttled]
+    # When a key is spawned alone, and another in a batch, each meeting those answers
+    script_attempts(monkeypatch, put_run=only_for('"u-one"', lost_then_throttled))
+    with pytest.raises(Unavailable) as single:
+        client.spawn(tenant, "wf/a", {}, dispatch_key="u-one")
+    script_attempts(monkeypatch, put_run=only_for('"u-many"', lost_then_throttled))
+    (many,) = client.spawn_many(tenant, [SpawnRequest("wf/a", {}, dispatch_key="u-many")])
+    # Then both failed, and both say their outcome is unknown: the first call may have admitted the run, which a
+    # later answer that wrote nothing does not undo (a generated key's spawn run again would admit a second one)
+    assert single.value.outcome_unknown
+    assert isinstance(many, Unavailable)
+    assert many.outcome_unknown

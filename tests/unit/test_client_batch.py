@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3
 from botocore.credentials import Credentials
 
 from poimen.client import (
@@ -204,3 +205,47 @@ def test_a_spawn_answered_outcome_unknown_then_store_unavailable_is_outcome_unkn
     assert single.value.outcome_unknown
     assert isinstance(many, Unavailable)
     assert many.outcome_unknown
+
+
+class _InterruptedOnCall(InProcessApi):
+    """The API, but the user presses Ctrl-C while the `nth` call's answer is on its way: the call was admitted."""
+
+    def __init__(self, api: InProcessApi, nth: int) -> None:
+        super().__init__(api._handler)
+        self._nth = nth
+
+    def urlopen(self, method: str, url: str, redirect: bool = True, **kw: Any) -> urllib3.BaseHTTPResponse:  # type: ignore[override]
+        answer = super().urlopen(method, url, redirect, **kw)
+        if len(self.received) == self._nth:
+            raise KeyboardInterrupt
+        return answer
+
+
+def test_poimen_runs_spawn_many_interrupted_names_every_spawn_it_may_have_admitted(
+    api: InProcessApi, dynamodb: Any, table_name: str, tenant: str, tmp_path: Path
+) -> None:
+    # Given a file of 250 keyless spawns, and Ctrl-C pressed while the second call's answer is on its way
+    spawns = tmp_path / "spawns.jsonl"
+    spawns.write_text("".join(f'{{"workflow_ref": "wf/a", "input": {{"n": {n}}}}}\n' for n in range(250)))
+    interrupted = _InterruptedOnCall(api, nth=2)
+    credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
+    client = AdmissionClient(
+        "https://api.example", region="us-east-1", credentials=credentials, http=interrupted, sleep=lambda _: None
+    )
+    # When poimen runs spawn-many sends it
+    out = io.StringIO()
+    with pytest.raises(KeyboardInterrupt):
+        runs.run(_runs_arguments("spawn-many", "--tenant", tenant, str(spawns)), client=client, stdout=out)
+    # Then two calls were made, and 200 runs admitted under keys generated for them
+    assert len(interrupted.bodies) == 2
+    admitted = {item["dispatch_key"]["S"] for item in count_runs(dynamodb, table_name, tenant)}
+    assert len(admitted) == 200
+    # And what it printed names every one of them, by its key: a run (the first call's), or a spawn whose outcome is
+    # unknown (the second's), so that none is sent again under a new key; the lines of the spawns never sent are not
+    # printed
+    printed = [json.loads(line) for line in out.getvalue().splitlines()]
+    named = {line["run"]["dispatch_key"] if "run" in line else line["dispatch_key"] for line in printed}
+    assert admitted <= named
+    assert [line["line"] for line in printed] == list(range(1, 201))
+    assert all(line["status"] == 201 for line in printed[:100])
+    assert all(line["status"] is None and line["outcome_unknown"] for line in printed[100:])

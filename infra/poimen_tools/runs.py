@@ -28,7 +28,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from botocore.credentials import Credentials
 
@@ -184,7 +184,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     many.add_argument(
         "file",
-        type=argparse.FileType("r", encoding="utf-8"),
+        # Bytes, decoded a line at a time: a line that is not UTF-8 is a line that is no spawn, not a crash.
+        type=argparse.FileType("rb"),
         metavar="FILE",
         help='JSON lines, each {"workflow_ref", "input", "goal_id"?, "dispatch_key"?}; blank lines are skipped',
     )
@@ -244,15 +245,15 @@ def _act(api: AdmissionClient, args: argparse.Namespace) -> str:
     return json_text(found.model_dump())
 
 
-def _spawns(lines: TextIO) -> list[tuple[int, SpawnRequest]]:
+def _spawns(lines: BinaryIO) -> list[tuple[int, SpawnRequest]]:
     """The file's spawns with their line numbers; _Failure (nothing sent) at the first line that is none."""
     spawns = []
     with lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
+        for number, raw in enumerate(lines, 1):
+            if not raw.strip():
                 continue
             try:
-                fields = parse_json(line)
+                fields = parse_json(raw.decode("utf-8"))
                 if not isinstance(fields, dict) or set(fields) - {"workflow_ref", "input", "goal_id", "dispatch_key"}:
                     raise ValueError("not an object of workflow_ref, input, goal_id and dispatch_key")
                 if not isinstance(fields.get("input"), dict):

@@ -249,3 +249,19 @@ def test_poimen_runs_spawn_many_interrupted_names_every_spawn_it_may_have_admitt
     assert [line["line"] for line in printed] == list(range(1, 201))
     assert all(line["status"] == 201 for line in printed[:100])
     assert all(line["status"] is None and line["outcome_unknown"] for line in printed[100:])
+
+
+def test_poimen_runs_spawn_many_refuses_a_file_that_is_not_utf8_as_a_line_that_is_no_spawn(
+    client: AdmissionClient, api: InProcessApi, tenant: str, tmp_path: Path
+) -> None:
+    # Given a file whose second line holds a byte that is not UTF-8
+    spawns = tmp_path / "spawns.jsonl"
+    spawns.write_bytes(b'{"workflow_ref": "wf/a", "input": {}}\n{"workflow_ref": "wf/\xff", "input": {}}\n')
+    # When poimen runs spawn-many is given it
+    err = io.StringIO()
+    code = runs.run(_runs_arguments("spawn-many", "--tenant", tenant, str(spawns)), client=client, stderr=err)
+    # Then it is a usage error naming the line, as any line that is no spawn, and nothing was sent
+    assert code == runs.EXIT_USAGE
+    assert "line 2 is no spawn" in err.getvalue()
+    assert "nothing was sent" in err.getvalue()
+    assert api.received == []

@@ -28,7 +28,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TextIO
+from typing import Any, BinaryIO, TextIO
 
 from botocore.credentials import Credentials
 
@@ -49,8 +49,10 @@ from poimen.client import (
     Spawned,
     SpawnRequest,
     Unavailable,
+    generated_dispatch_key,
 )
 from poimen.contract import json_text, parse_json
+from poimen.wire import MAX_BATCH_SPAWNS
 from poimen_tools.arguments import base_url, json_object, positive_seconds, region, tenant, text
 from poimen_tools.credentials import is_loopback, local_credentials
 from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY
@@ -69,8 +71,10 @@ EPILOG = """\
 output: spawn prints {"replayed": true|false, "run": {...}}; get and find print the run; numbers in input
 exactly as the API keeps them. spawn-many prints a line a spawn, in the order of its file: {"line": N,
 "status": 201|200, "replayed": ..., "run": {...}}, or {"line": N, "status": S|null, "dispatch_key": K,
-"outcome_unknown": true|false, "error": "..."}; its exit code is the worst of its spawns' (3, then 2), and a
-file with a line that is no spawn is refused before anything is sent (2).
+"outcome_unknown": true|false, "error": "..."}, printed as each call ends; its exit code is the worst of its
+spawns' (3, then 2), and a file with a line that is no spawn is refused before anything is sent (2).
+Interrupted (Ctrl-C), it has printed every spawn it may have admitted: those answered, and those whose call was
+under way as outcome unknown, with the dispatch_key to send them again with; the lines not printed were not sent.
 
 exit codes: 0 done; 1 no such run (get, find); 2 usage: bad arguments, a cell map that is not one or a
 tenant it lists in no cell or in several (nothing sent), or a request the API refused (400, 413, 415; 422
@@ -180,7 +184,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     many.add_argument(
         "file",
-        type=argparse.FileType("r", encoding="utf-8"),
+        # Bytes, decoded a line at a time: a line that is not UTF-8 is a line that is no spawn, not a crash.
+        type=argparse.FileType("rb"),
         metavar="FILE",
         help='JSON lines, each {"workflow_ref", "input", "goal_id"?, "dispatch_key"?}; blank lines are skipped',
     )
@@ -240,15 +245,15 @@ def _act(api: AdmissionClient, args: argparse.Namespace) -> str:
     return json_text(found.model_dump())
 
 
-def _spawns(lines: TextIO) -> list[tuple[int, SpawnRequest]]:
+def _spawns(lines: BinaryIO) -> list[tuple[int, SpawnRequest]]:
     """The file's spawns with their line numbers; _Failure (nothing sent) at the first line that is none."""
     spawns = []
     with lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
+        for number, raw in enumerate(lines, 1):
+            if not raw.strip():
                 continue
             try:
-                fields = parse_json(line)
+                fields = parse_json(raw.decode("utf-8"))
                 if not isinstance(fields, dict) or set(fields) - {"workflow_ref", "input", "goal_id", "dispatch_key"}:
                     raise ValueError("not an object of workflow_ref, input, goal_id and dispatch_key")
                 if not isinstance(fields.get("input"), dict):
@@ -265,23 +270,52 @@ def _spawns(lines: TextIO) -> list[tuple[int, SpawnRequest]]:
 
 
 def _spawn_many(api: AdmissionClient, tenant: str, spawns: list[tuple[int, SpawnRequest]], out: TextIO) -> int:
-    """Each spawn's result on a line of its own, in order; the worst exit code of them."""
+    """Each spawn's result on a line of its own, in order, printed as its call ends; the worst exit code of them.
+
+    A line without a dispatch_key gets its generated key here, and the spawns go MAX_BATCH_SPAWNS at a time, so that
+    an interruption (Ctrl-C) leaves every spawn it may have admitted named: those answered are printed, and those
+    whose call was under way are printed with their keys as outcome unknown; those not printed were not sent."""
     code = EXIT_OK
-    for (number, _), result in zip(spawns, api.spawn_many(tenant, [spawn for _, spawn in spawns]), strict=True):
-        if isinstance(result, Spawned):
-            status = 200 if result.replayed else 201
-            line = {"line": number, "status": status, "replayed": result.replayed, "run": result.run.model_dump()}
-        else:
-            line = {
-                "line": number,
-                "status": result.status,
-                "dispatch_key": result.dispatch_key,
-                "outcome_unknown": result.outcome_unknown,
-                "error": " ".join(str(result).split()),
-            }
-            refused = isinstance(result, InvalidRequest | DispatchKeyReused)
-            code = max(code, EXIT_USAGE if refused else EXIT_UNAVAILABLE)
-        out.write(json_text(line) + "\n")
+    for start in range(0, len(spawns), MAX_BATCH_SPAWNS):
+        group = spawns[start : start + MAX_BATCH_SPAWNS]
+        keyed = [
+            spawn if spawn.dispatch_key is not None else replace(spawn, dispatch_key=generated_dispatch_key())
+            for _, spawn in group
+        ]
+        try:
+            results = api.spawn_many(tenant, keyed)
+        except KeyboardInterrupt:
+            for (number, _), spawn in zip(group, keyed, strict=True):
+                unknown: dict[str, Any] = {
+                    "line": number,
+                    "status": None,
+                    "dispatch_key": spawn.dispatch_key,
+                    "outcome_unknown": True,
+                    "error": "interrupted while its call was under way: it may have been admitted under this "
+                    "dispatch_key; send it again only with that key",
+                }
+                out.write(json_text(unknown) + "\n")
+            out.flush()
+            raise
+        for (number, spawn), result in zip(group, results, strict=True):
+            line: dict[str, Any]
+            if isinstance(result, Spawned):
+                # A key generated here is the spawn's own: a 200 is its own lost answer's run, not a replay.
+                replayed = result.replayed and spawn.dispatch_key is not None
+                status = 200 if replayed else 201
+                line = {"line": number, "status": status, "replayed": replayed, "run": result.run.model_dump()}
+            else:
+                line = {
+                    "line": number,
+                    "status": result.status,
+                    "dispatch_key": result.dispatch_key,
+                    "outcome_unknown": result.outcome_unknown,
+                    "error": " ".join(str(result).split()),
+                }
+                refused = isinstance(result, InvalidRequest | DispatchKeyReused)
+                code = max(code, EXIT_USAGE if refused else EXIT_UNAVAILABLE)
+            out.write(json_text(line) + "\n")
+        out.flush()
     return code
 
 

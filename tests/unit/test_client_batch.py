@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3
 from botocore.credentials import Credentials
 
 from poimen.client import (
@@ -20,6 +21,7 @@ from poimen.client import (
     InvalidRequest,
     Spawned,
     SpawnRequest,
+    Unavailable,
 )
 from poimen.contract import JSONNumber
 from poimen.ids import keyed_run_id
@@ -27,7 +29,7 @@ from poimen.store import Store
 from poimen.wire import MAX_BATCH_SPAWNS, SPAWNS_MEDIA_TYPE
 from poimen_tools import runs
 from tests.conftest import count_runs
-from tests.unit.dynamodb_faults import only_for, script_attempts, throttled
+from tests.unit.dynamodb_faults import Fault, lost_before_dynamodb, only_for, script_attempts, throttled
 from tests.unit.relay_harness import RELAY_KEY, RELAY_ROLE, InProcessApi
 
 
@@ -175,3 +177,91 @@ def _runs_arguments(*words: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="poimen")
     runs.add_parser(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(["runs", *words])
+
+
+def test_a_spawn_answered_outcome_unknown_then_store_unavailable_is_outcome_unknown_as_spawn_says(
+    api: InProcessApi, monkeypatch: pytest.MonkeyPatch, tenant: str
+) -> None:
+    # Given two attempts a spawn, and a store whose first call for a key loses its write (503 outcome-unknown: the
+    # run may be there) and whose next call for it is throttled (503 store-unavailable: that call wrote nothing)
+    credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
+    client = AdmissionClient(
+        "https://api.example",
+        region="us-east-1",
+        credentials=credentials,
+        http=api,
+        sleep=lambda _: None,
+        max_attempts=2,
+    )
+    lost_then_throttled: list[Fault] = [lost_before_dynamodb, lost_before_dynamodb, throttled, throttled]
+    # When a key is spawned alone, and another in a batch, each meeting those answers
+    script_attempts(monkeypatch, put_run=only_for('"u-one"', lost_then_throttled))
+    with pytest.raises(Unavailable) as single:
+        client.spawn(tenant, "wf/a", {}, dispatch_key="u-one")
+    script_attempts(monkeypatch, put_run=only_for('"u-many"', lost_then_throttled))
+    (many,) = client.spawn_many(tenant, [SpawnRequest("wf/a", {}, dispatch_key="u-many")])
+    # Then both failed, and both say their outcome is unknown: the first call may have admitted the run, which a
+    # later answer that wrote nothing does not undo (a generated key's spawn run again would admit a second one)
+    assert single.value.outcome_unknown
+    assert isinstance(many, Unavailable)
+    assert many.outcome_unknown
+
+
+class _InterruptedOnCall(InProcessApi):
+    """The API, but the user presses Ctrl-C while the `nth` call's answer is on its way: the call was admitted."""
+
+    def __init__(self, api: InProcessApi, nth: int) -> None:
+        super().__init__(api._handler)
+        self._nth = nth
+
+    def urlopen(self, method: str, url: str, redirect: bool = True, **kw: Any) -> urllib3.BaseHTTPResponse:  # type: ignore[override]
+        answer = super().urlopen(method, url, redirect, **kw)
+        if len(self.received) == self._nth:
+            raise KeyboardInterrupt
+        return answer
+
+
+def test_poimen_runs_spawn_many_interrupted_names_every_spawn_it_may_have_admitted(
+    api: InProcessApi, dynamodb: Any, table_name: str, tenant: str, tmp_path: Path
+) -> None:
+    # Given a file of 250 keyless spawns, and Ctrl-C pressed while the second call's answer is on its way
+    spawns = tmp_path / "spawns.jsonl"
+    spawns.write_text("".join(f'{{"workflow_ref": "wf/a", "input": {{"n": {n}}}}}\n' for n in range(250)))
+    interrupted = _InterruptedOnCall(api, nth=2)
+    credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
+    client = AdmissionClient(
+        "https://api.example", region="us-east-1", credentials=credentials, http=interrupted, sleep=lambda _: None
+    )
+    # When poimen runs spawn-many sends it
+    out = io.StringIO()
+    with pytest.raises(KeyboardInterrupt):
+        runs.run(_runs_arguments("spawn-many", "--tenant", tenant, str(spawns)), client=client, stdout=out)
+    # Then two calls were made, and 200 runs admitted under keys generated for them
+    assert len(interrupted.bodies) == 2
+    admitted = {item["dispatch_key"]["S"] for item in count_runs(dynamodb, table_name, tenant)}
+    assert len(admitted) == 200
+    # And what it printed names every one of them, by its key: a run (the first call's), or a spawn whose outcome is
+    # unknown (the second's), so that none is sent again under a new key; the lines of the spawns never sent are not
+    # printed
+    printed = [json.loads(line) for line in out.getvalue().splitlines()]
+    named = {line["run"]["dispatch_key"] if "run" in line else line["dispatch_key"] for line in printed}
+    assert admitted <= named
+    assert [line["line"] for line in printed] == list(range(1, 201))
+    assert all(line["status"] == 201 for line in printed[:100])
+    assert all(line["status"] is None and line["outcome_unknown"] for line in printed[100:])
+
+
+def test_poimen_runs_spawn_many_refuses_a_file_that_is_not_utf8_as_a_line_that_is_no_spawn(
+    client: AdmissionClient, api: InProcessApi, tenant: str, tmp_path: Path
+) -> None:
+    # Given a file whose second line holds a byte that is not UTF-8
+    spawns = tmp_path / "spawns.jsonl"
+    spawns.write_bytes(b'{"workflow_ref": "wf/a", "input": {}}\n{"workflow_ref": "wf/\xff", "input": {}}\n')
+    # When poimen runs spawn-many is given it
+    err = io.StringIO()
+    code = runs.run(_runs_arguments("spawn-many", "--tenant", tenant, str(spawns)), client=client, stderr=err)
+    # Then it is a usage error naming the line, as any line that is no spawn, and nothing was sent
+    assert code == runs.EXIT_USAGE
+    assert "line 2 is no spawn" in err.getvalue()
+    assert "nothing was sent" in err.getvalue()
+    assert api.received == []

@@ -4,13 +4,17 @@ per-record path ends it (admitted, or dead-lettered with the same reason), every
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+import urllib3
 
 from poimen.admission import Admission
+from poimen.config import ON_DEMAND_POLLERS
 from poimen.ids import keyed_run_id
+from poimen.relay import AdmissionApiRefused
 from poimen.store import Store
 from poimen.wire import MAX_BATCH_BODY_BYTES, MAX_JSON_DEPTH, SPAWNS_MEDIA_TYPE
 from poimen_tools.local.msk import KafkaRecord
@@ -193,3 +197,41 @@ def test_a_value_over_the_body_limit_though_small_compacted_is_rejected_on_eithe
     assert _fates(relay) == [(0, "rejected", 413, "urn:poimen:problem:payload-too-large")]
     assert (outcome.relayed, outcome.dead_lettered) == (1, 1)
     assert [item["dispatch_key"]["S"] for item in count_runs(dynamodb, table_name, relay.tenant)] == ["fine"]
+
+
+class _BatchAnsweredWith:
+    """An API (a proxy, another version) answering every batch 200 spawn-results with this body."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    def request(self, *_: Any, **__: Any) -> Any:
+        headers = {"Content-Type": "application/vnd.poimen.spawn-results+json"}
+        return urllib3.HTTPResponse(body=self._body, status=200, headers=headers, preload_content=True)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"results": [null]}',
+        b'{"results": [["status", 201]]}',
+        b'{"results": [{"run": {"run_id": "r"}}]}',
+        b'{"results": [{"status": 503, "retry_after": "soon", "problem": {}}]}',
+    ],
+    ids=["null", "a-list", "no-status", "retry-after-no-number"],
+)
+def test_results_that_are_not_results_fail_the_batch_as_a_refusal_of_the_relay_which_on_demand_gives_up(
+    harness: RelayHarness, body: bytes
+) -> None:
+    # Given an API answering the batch with results of the right count that are not results
+    record = harness.record({**SPAWN, "dispatch_key": "odd-1"}, 0, timestamp_ms=int(time.time() * 1000) - 7_200_000)
+    provisioned = harness.with_settings()
+    provisioned.relay._http = _BatchAnsweredWith(body)  # type: ignore[assignment]
+    # When it is relayed under provisioned pollers, the batch fails as for any answer blaming the relay, to be retried
+    with pytest.raises(AdmissionApiRefused):
+        provisioned.run([record], seconds=10)
+    # And under on-demand pollers, 2 h past a 1 h age limit, the batch is given up: the record is dead-lettered
+    on_demand = harness.with_settings(event_pollers=ON_DEMAND_POLLERS, max_record_age_seconds=3600)
+    on_demand.relay._http = _BatchAnsweredWith(body)  # type: ignore[assignment]
+    on_demand.run([record], seconds=10)
+    assert [letter["reason"]["kind"] for _, letter in on_demand.dead_letters()] == ["retries-exhausted"]

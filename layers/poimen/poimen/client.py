@@ -455,6 +455,9 @@ class AdmissionClient:
     ) -> None:
         """One batch call of `chunk` (index, body), its spawns answered 408/429/5xx sent again in the next."""
         pending = chunk
+        # Per spawn, as `_call`'s `reached` for one: whether a call so far may have admitted it (an earlier call's
+        # outcome unknown is not undone by a later answer that wrote nothing).
+        reached = dict.fromkeys((index for index, _ in chunk), False)
         for attempt in range(1, self._max_attempts + 1):
             body = b'{"spawns":[' + b",".join(spawn for _, spawn in pending) + b"]}"
             try:
@@ -462,7 +465,9 @@ class AdmissionClient:
                 found = _batch_results(answer, len(pending))
             except AdmissionError as error:
                 for index, _ in pending:
-                    results[index] = _for_key(error, keys[index])
+                    failed = _for_key(error, keys[index])
+                    failed.outcome_unknown = failed.outcome_unknown or reached[index]
+                    results[index] = failed
                 return
             again: list[tuple[int, bytes]] = []
             retry_after = 0.0
@@ -470,7 +475,9 @@ class AdmissionClient:
                 status = result["status"]
                 data = json_text(result.get("run", result.get("problem"))).encode("utf-8")
                 headers = {} if result.get("retry_after") is None else {"Retry-After": str(result["retry_after"])}
-                item = _Answer(status, headers, data, answer.attempts + attempt - 1, answer.endpoint)
+                before = reached[index] or answer.reached_before
+                item = _Answer(status, headers, data, answer.attempts + attempt - 1, answer.endpoint, before)
+                reached[index] = before or (status in RETRYABLE_STATUSES and not _nothing_written(item))
                 if status in (200, 201):
                     run = _run(item)
                     replayed = status == 200 and not generated[index]
@@ -483,7 +490,12 @@ class AdmissionClient:
                         _refusal(item)
                         if status not in RETRYABLE_STATUSES
                         else _unavailable(
-                            f"unavailable after {attempt} calls", item.attempts, (item.endpoint,), None, item
+                            f"unavailable after {attempt} calls",
+                            item.attempts,
+                            (item.endpoint,),
+                            None,
+                            item,
+                            reached[index],
                         )
                     )
                     results[index] = _named(failed, keys[index])

@@ -441,7 +441,8 @@ class Relay:
                     batch.settle(record)
                 return
             results = answer.get("results") if status == 200 and isinstance(answer, dict) else None
-            if not isinstance(results, list) or len(results) != len(pending):
+            if not isinstance(results, list) or len(results) != len(pending) or not all(map(_is_result, results)):
+                # Not this API's answer (a proxy's, another version's): the relay is misdirected, as for a 404.
                 raise AdmissionApiRefused(f"the admission API answered a batch with {status}: {str(answer)[:500]}")
             again: list[tuple[KafkaEventRecord, Spawn]] = []
             retry_after = 0.0
@@ -667,6 +668,19 @@ def _outcome_unknown(data: bytes) -> bool:
 
 def _is_outcome_unknown(answer: Any) -> bool:
     return isinstance(answer, dict) and answer.get("type") == OUTCOME_UNKNOWN
+
+
+def _is_result(result: Any) -> bool:
+    """Whether a batch's result is one (poimen.contract.SpawnResults' item): an object with an integer status and,
+    if any, a Retry-After of whole seconds."""
+    if not isinstance(result, dict):
+        return False
+    status, retry_after = result.get("status"), result.get("retry_after")
+    return _is_integer(status) and (retry_after is None or (_is_integer(retry_after) and retry_after >= 0))
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _partitions(records: Iterable[KafkaEventRecord]) -> list[list[KafkaEventRecord]]:

@@ -265,3 +265,28 @@ def test_poimen_runs_spawn_many_refuses_a_file_that_is_not_utf8_as_a_line_that_i
     assert "line 2 is no spawn" in err.getvalue()
     assert "nothing was sent" in err.getvalue()
     assert api.received == []
+
+
+def test_a_result_that_says_admitted_without_its_run_is_that_spawns_unknown_outcome_alone(
+    client: AdmissionClient, api: InProcessApi, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an API whose batch answer says the second spawn was admitted but carries no run
+    answer = api.urlopen
+
+    def garbled(method: str, url: str, redirect: bool = True, **kw: Any) -> urllib3.BaseHTTPResponse:
+        response = answer(method, url, redirect, **kw)
+        document = json.loads(response.data)
+        del document["results"][1]["run"]
+        body = json.dumps(document).encode()
+        return urllib3.HTTPResponse(body=body, status=response.status, headers=response.headers, preload_content=True)
+
+    monkeypatch.setattr(api, "urlopen", garbled)
+    spawns = [SpawnRequest("wf/a", {"n": n}, dispatch_key=f"g-{n}") for n in range(3)]
+    # When they are spawned
+    first, second, third = client.spawn_many(tenant, spawns)
+    # Then the others are answered as admitted, and the second alone is an unexpected answer, its outcome unknown
+    assert isinstance(first, Spawned)
+    assert isinstance(third, Spawned)
+    assert not isinstance(second, Spawned)
+    assert second.outcome_unknown
+    assert second.dispatch_key == "g-1"

@@ -479,7 +479,11 @@ class AdmissionClient:
                 item = _Answer(status, headers, data, answer.attempts + attempt - 1, answer.endpoint, before)
                 reached[index] = before or (status in RETRYABLE_STATUSES and not _nothing_written(item))
                 if status in (200, 201):
-                    run = _run(item)
+                    try:
+                        run = _run(item)
+                    except UnexpectedAnswer as garbled:  # that spawn's answer alone: the others' stand
+                        results[index] = _named(garbled, keys[index])
+                        continue
                     replayed = status == 200 and not generated[index]
                     results[index] = Spawned(run, replayed=replayed, attempts=item.attempts, endpoint=item.endpoint)
                 elif status in RETRYABLE_STATUSES and attempt < self._max_attempts:

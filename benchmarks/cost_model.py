@@ -103,6 +103,9 @@ class Durations:
     batch_relay_ms_a_record: float
     spawn_log_bytes: int
     batch_emf_log_bytes: int
+    # What CloudWatch Logs ingests of the relay's line for each record it admits ("dispatch relayed" or "dispatch
+    # replayed", INFO: the relay's LoggingConfig filters no level), on either path, counted as admission_log_bytes is.
+    relay_log_bytes: int
 
 
 # `make bench` on the shared 2-core machine (load average 1-3), 2026-12-01: the admission function of the built
@@ -125,6 +128,9 @@ MEASURED = Durations(
     batch_relay_ms_a_record=5.19,
     spawn_log_bytes=219,
     batch_emf_log_bytes=279,
+    # 2026-12-06: the relay's line for a record of MEASURED_IDS a million records into its partition, with the
+    # Lambda context keys of the prod stack's relay (tests/unit/test_cost_model.py; no X-Ray trace id).
+    relay_log_bytes=647,
 )
 
 
@@ -459,6 +465,7 @@ def per_million_lines(settings: Settings, measured: Durations, load: Load = REFE
             "GB",
             "log_gb",
         ),
+        _relay_logs(measured),
         Line(
             f"X-Ray: admissions traced (AdmissionTracing {settings.tracing['AdmissionFunction']})",
             traces("AdmissionFunction", MILLION),
@@ -548,6 +555,7 @@ def relayed_lines(
             "GB",
             "log_gb",
         ),
+        _relay_logs(measured),
         Line(
             f"X-Ray: admissions traced (AdmissionTracing {settings.tracing['AdmissionFunction']})",
             posts * traced_share(settings.tracing["AdmissionFunction"], load.a_second / spawns_a_post),
@@ -556,6 +564,16 @@ def relayed_lines(
         ),
         *[line for line in single if line.price == "trace" and not line.item.startswith("X-Ray: admissions")],
     ]
+
+
+def _relay_logs(measured: Durations) -> Line:
+    """The relay's line for each record it admits, a million of them, whichever path relays them."""
+    return Line(
+        f"inbox relay's logs: a line of {measured.relay_log_bytes} bytes a record admitted",
+        MILLION * measured.relay_log_bytes / 1e9,
+        "GB",
+        "log_gb",
+    )
 
 
 def failure_lines() -> list[Line]:
@@ -692,7 +710,8 @@ def render(template: Template, measured: Durations = MEASURED) -> str:
         f"{measured.admission_log_bytes:,} log bytes an admission; the batch route "
         f"{measured.batch_admission_ms_a_spawn:g}"
         f" ms a spawn, the relay's batch path {measured.batch_relay_ms_a_record:g} ms a record, "
-        f"{measured.spawn_log_bytes} log bytes a spawn and {measured.batch_emf_log_bytes} a batch.",
+        f"{measured.spawn_log_bytes} log bytes a spawn and {measured.batch_emf_log_bytes} a batch; the relay's line "
+        f"for each record it admits {measured.relay_log_bytes} bytes.",
         "",
         f"**Fixed, a tenant a month**, its mappings in [poller groups](#poller-groups) (the default), a tenant's "
         f"share of a full group ({full.tenants} tenants, no peer cluster alias; each alias adds one mapping and one "

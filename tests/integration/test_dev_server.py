@@ -77,6 +77,28 @@ def test_errors_are_problem_json_over_http(dev: DevServer, http: requests.Sessio
     assert count_runs(dev.dynamodb(), dev.table_name, tenant) == []
 
 
+def test_a_batch_whose_event_is_over_lambdas_6_mb_is_api_gateways_500_over_http(
+    dev: DevServer, http: requests.Session, tenant: str
+) -> None:
+    # Given a batch body of 7 MB over real HTTP: within API Gateway's 10 MB, its event over Lambda's 6 MB
+    spawn = {"workflow_ref": "wf", "input": {}, "dispatch_key": "k-7mb"}
+    body = json.dumps({"spawns": [spawn], "pad": "x" * (7 * 1024 * 1024)}).encode()
+    answer = http.post(
+        f"{dev.url}/v1/runs",
+        data=body,
+        headers={"X-Poimen-Tenant": tenant, "Content-Type": "application/vnd.poimen.spawns+json"},
+        timeout=60,
+    )
+
+    # Then API Gateway's own 500, as on AWS (Lambda refuses the invocation), not the function's 413 problem
+    assert (answer.status_code, answer.headers["Content-Type"], answer.json()) == (
+        500,
+        "application/json",
+        {"message": "Internal Server Error"},
+    )
+    assert count_runs(dev.dynamodb(), dev.table_name, tenant) == []
+
+
 def test_lookups_and_openapi_document(dev: DevServer, http: requests.Session, tenant: str) -> None:
     created = _post(http, dev, tenant, SPAWN).json()
 

@@ -13,6 +13,7 @@ from typing import Any, cast
 import pytest
 
 from poimen_tools.local.devserver import (
+    MAX_INVOCATION_PAYLOAD_BYTES,
     MAX_PAYLOAD_BYTES,
     MAX_REQUEST_LINE_AND_HEADER_VALUES,
     LocalApiServer,
@@ -178,14 +179,61 @@ def test_a_client_expecting_100_continue_hears_413_instead() -> None:
     assert b"100 Continue" not in answer.raw
 
 
-def test_a_payload_of_exactly_10_mb_reaches_the_function() -> None:
+def test_a_payload_of_exactly_10_mb_passes_api_gateway_and_its_event_is_refused_by_lambda() -> None:
     body = b"x" * MAX_PAYLOAD_BYTES
     request = b"POST /v1/runs HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n" % len(body) + body
 
     answer = _exchange(request)
 
-    assert answer.status == 200
+    # Within API Gateway's quota: read and authorized; but its event is over Lambda's 6 MB invocation payload
     assert [len(seen) for _, _, seen in answer.authenticated] == [MAX_PAYLOAD_BYTES]
+    assert (answer.status, json.loads(answer.body), answer.events) == (500, {"message": "Internal Server Error"}, [])
+
+
+def _post(body: bytes) -> bytes:
+    return b"POST /v1/runs HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # 6 MiB of JSON text: the event (the body a JSON string in it, and the request's context) is over 6 MiB
+        b'{"spawns":["' + b"x" * (MAX_INVOCATION_PAYLOAD_BYTES - 14) + b'"]}',
+        # 4.6 MiB that is not UTF-8: base64 in the event, 6.1 MiB
+        b"\xff" * (46 * 1024 * 1024 // 10),
+        # 3.2 MiB of quotes: each escaped in the event, 6.4 MiB
+        b'"' * (32 * 1024 * 1024 // 10),
+    ],
+    ids=["text", "base64", "escapes"],
+)
+def test_a_request_whose_event_is_over_lambdas_6_mb_gets_api_gateways_500_and_never_reaches_the_function(
+    body: bytes,
+) -> None:
+    # Given a body within API Gateway's 10 MB whose event is over Lambda's invocation payload (API Gateway: "If the
+    # Lambda API rejects the invocation request, API Gateway returns a 500 error code",
+    # https://docs.aws.amazon.com/lambda/latest/dg/services-apigateway-errors.html)
+    answer = _exchange(_post(body))
+
+    # Then API Gateway's own 500, as an invocation that failed; the function never ran (no 413 problem of its own)
+    assert (answer.status, json.loads(answer.body), answer.events) == (500, {"message": "Internal Server Error"}, [])
+
+
+def test_a_request_whose_event_is_within_6_mb_reaches_the_function() -> None:
+    answer = _exchange(_post(b'{"spawns":["' + b"x" * (MAX_INVOCATION_PAYLOAD_BYTES - 4096) + b'"]}'))
+
+    assert (answer.status, len(answer.events)) == (200, 1)
+
+
+def test_a_function_answer_over_lambdas_6_mb_response_payload_is_api_gateways_500() -> None:
+    big = {
+        "statusCode": 200,
+        "headers": {"Content-Type": "application/json"},
+        "body": "x" * MAX_INVOCATION_PAYLOAD_BYTES,
+    }
+
+    answer = _exchange(b"GET /v1/runs HTTP/1.1\r\nHost: h\r\n\r\n", big)
+
+    assert (answer.status, json.loads(answer.body)) == (500, {"message": "Internal Server Error"})
 
 
 def _with_header_values_of(total: int) -> bytes:
@@ -310,13 +358,14 @@ def test_a_chunked_body_over_10_mb_gets_413_and_never_reaches_the_function() -> 
     assert b"Connection: close" in answer.raw
 
 
-def test_a_chunked_body_of_exactly_10_mb_reaches_the_function() -> None:
+def test_a_chunked_body_of_exactly_10_mb_passes_api_gateways_quota() -> None:
     chunk = b"x" * (1024 * 1024)
 
     answer = _exchange(_chunked(*[chunk] * 10))
 
-    assert answer.status == 200
+    # Read whole and authorized; its event, over Lambda's 6 MB, is refused as any such event is
     assert [len(seen) for _, _, seen in answer.authenticated] == [MAX_PAYLOAD_BYTES]
+    assert (answer.status, answer.events) == (500, [])
 
 
 @pytest.mark.parametrize(

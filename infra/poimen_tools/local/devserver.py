@@ -39,6 +39,11 @@ from poimen_tools.local.sigv4 import Unauthorized, query_pairs, wire_bytes
 # Gateway": https://docs.aws.amazon.com/apigateway/latest/developerguide/http-api-quotas.html).
 MAX_PAYLOAD_BYTES = 10 * 1024 * 1024  # "Payload size: 10 MB"
 MAX_REQUEST_LINE_AND_HEADER_VALUES = 10240  # "Total combined size of request line and header values: 10240 bytes"
+# Lambda's synchronous invocation payload, request and response, 6 MB ("Lambda quotas",
+# https://docs.aws.amazon.com/lambda/latest/dg/gettingstarted-limits.html): Invoke refuses a larger event
+# ("Request must be smaller than 6291456 bytes", RequestEntityTooLargeException), the whole event as JSON, the body
+# inside it escaped or base64-encoded.
+MAX_INVOCATION_PAYLOAD_BYTES = 6 * 1024 * 1024
 
 LambdaHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
 # (method, target, headers, body) -> the caller's principal ARN, or raise Unauthorized.
@@ -158,6 +163,29 @@ def http_api_event(
     if body:
         event["body"] = text_body if text_body is not None else base64.b64encode(body).decode("ascii")
     return event
+
+
+class InvocationPayloadTooLarge(Exception):
+    """An event, or a function's answer, over Lambda's MAX_INVOCATION_PAYLOAD_BYTES: Lambda refuses the invocation
+    (or fails it), and API Gateway answers 500 ("Handling Lambda errors with an API Gateway API",
+    https://docs.aws.amazon.com/lambda/latest/dg/services-apigateway-errors.html)."""
+
+    def __init__(self, which: str, size: int) -> None:
+        super().__init__(
+            f"the invocation's {which} payload is {size} bytes; Lambda takes at most {MAX_INVOCATION_PAYLOAD_BYTES}"
+        )
+
+
+def invocation_payload_bytes(payload: Mapping[str, Any]) -> int:
+    """The bytes of `payload` as Lambda's Invoke carries it: compact JSON, UTF-8 (a lower bound of any encoding's,
+    so that nothing AWS takes is refused here)."""
+    return len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass"))
+
+
+def _within_lambdas_payload(which: str, payload: Mapping[str, Any]) -> None:
+    size = invocation_payload_bytes(payload)
+    if size > MAX_INVOCATION_PAYLOAD_BYTES:
+        raise InvocationPayloadTooLarge(which, size)
 
 
 def header_text(value: str) -> str:
@@ -639,8 +667,11 @@ class _RequestHandler(BaseHTTPRequestHandler):
             path_parameters=parameters,
         )
         try:
-            status, headers, payload = http_response(self.server.environments.invoke(event))
-        except Exception:  # the invocation failed: API Gateway answers 500
+            _within_lambdas_payload("request", event)
+            result = self.server.environments.invoke(event)
+            _within_lambdas_payload("response", result)
+            status, headers, payload = http_response(result)
+        except Exception:  # the invocation failed, or Lambda refused it: API Gateway answers 500
             self.log_error("handler raised:\n%s", traceback.format_exc())
             status, headers = 500, [("Content-Type", "application/json")]
             payload = _gateway_message("Internal Server Error")

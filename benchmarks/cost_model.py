@@ -26,6 +26,7 @@ from pathlib import Path
 
 from poimen.wire import MAX_BATCH_SPAWNS
 from poimen_tools.deploy_check import GroupLoad, assign_poller_groups, max_tenants
+from poimen_tools.local.rie import LOG_EVENT_OVERHEAD_BYTES
 from poimen_tools.local.template import Template
 from poimen_tools.topics import ensure_topics
 
@@ -103,9 +104,28 @@ class Durations:
     batch_relay_ms_a_record: float
     spawn_log_bytes: int
     batch_emf_log_bytes: int
-    # What CloudWatch Logs ingests of the relay's line for each record it admits ("dispatch relayed" or "dispatch
-    # replayed", INFO: the relay's LoggingConfig filters no level), on either path, counted as admission_log_bytes is.
-    relay_log_bytes: int
+    # What CloudWatch Logs ingests of the relay's own lines an invocation at INFO, its one EMF line (a record's
+    # "dispatch relayed" line is DEBUG), counted as admission_log_bytes is; Lambda's START, END and REPORT lines
+    # are billed beside it (PLATFORM_LOG_BYTES: the relay's log group is in the text format, no level filtered).
+    relay_emf_log_bytes: int
+
+
+# Lambda's own lines of an invocation of a function logging in the text format (the relays'): "three minimal log
+# statements generated per invocation (START, END and REPORT)"
+# (https://docs.aws.amazon.com/lambda/latest/operatorguide/log-structure.html), in the format
+# https://docs.aws.amazon.com/lambda/latest/dg/ruby-logging.html shows: a request id, a published version (the alias
+# `live`'s), a warm invocation's figures. Each is a log event: its UTF-8 bytes and LOG_EVENT_OVERHEAD_BYTES.
+_REQUEST_ID = "8f5e2b4c-3a1d-4e6f-9b7a-0c2d4e6f8a1b"
+PLATFORM_LINES = (
+    f"START RequestId: {_REQUEST_ID} Version: 12\n",
+    f"END RequestId: {_REQUEST_ID}\n",
+    f"REPORT RequestId: {_REQUEST_ID}\tDuration: 519.43 ms\tBilled Duration: 520 ms\tMemory Size: 512 MB\t"
+    "Max Memory Used: 98 MB\t\n",
+)
+# With active tracing the REPORT event goes on with the trace's line.
+XRAY_REPORT_BYTES = len("XRAY TraceId: 1-5e34a614-10bd4cf1f1fb44f07bc535a1\tSegmentId: 07f5bd3e2d1f6f85\tSampled: true")
+PLATFORM_LOG_BYTES = sum(len(line.encode()) + LOG_EVENT_OVERHEAD_BYTES for line in PLATFORM_LINES)
+RELAY_EMF_LOG_BYTES = 555
 
 
 # `make bench` on the shared 2-core machine (load average 1-3), 2026-12-01: the admission function of the built
@@ -128,9 +148,9 @@ MEASURED = Durations(
     batch_relay_ms_a_record=5.19,
     spawn_log_bytes=219,
     batch_emf_log_bytes=279,
-    # 2026-12-06: the relay's line for a record of MEASURED_IDS a million records into its partition, with the
-    # Lambda context keys of the prod stack's relay (tests/unit/test_cost_model.py; no X-Ray trace id).
-    relay_log_bytes=647,
+    # 2026-12-06: the relay's EMF line for an invocation of MEASURED_IDS' tenant, inbox lag measured
+    # (tests/unit/test_cost_model.py).
+    relay_emf_log_bytes=RELAY_EMF_LOG_BYTES,
 )
 
 
@@ -465,7 +485,7 @@ def per_million_lines(settings: Settings, measured: Durations, load: Load = REFE
             "GB",
             "log_gb",
         ),
-        _relay_logs(measured),
+        _relay_logs(settings, measured, relay_invocations),
         Line(
             f"X-Ray: admissions traced (AdmissionTracing {settings.tracing['AdmissionFunction']})",
             traces("AdmissionFunction", MILLION),
@@ -555,7 +575,7 @@ def relayed_lines(
             "GB",
             "log_gb",
         ),
-        _relay_logs(measured),
+        _relay_logs(settings, measured, relay_invocations),
         Line(
             f"X-Ray: admissions traced (AdmissionTracing {settings.tracing['AdmissionFunction']})",
             posts * traced_share(settings.tracing["AdmissionFunction"], load.a_second / spawns_a_post),
@@ -566,14 +586,12 @@ def relayed_lines(
     ]
 
 
-def _relay_logs(measured: Durations) -> Line:
-    """The relay's line for each record it admits, a million of them, whichever path relays them."""
-    return Line(
-        f"inbox relay's logs: a line of {measured.relay_log_bytes} bytes a record admitted",
-        MILLION * measured.relay_log_bytes / 1e9,
-        "GB",
-        "log_gb",
-    )
+def _relay_logs(settings: Settings, measured: Durations, invocations: float) -> Line:
+    """What the relay's log group ingests of `invocations`, whichever path relays their records: its EMF line and
+    Lambda's START, END and REPORT lines each (the REPORT line naming the trace under active tracing)."""
+    traced = XRAY_REPORT_BYTES if settings.tracing["InboxRelayFunction"] == "Active" else 0
+    each = measured.relay_emf_log_bytes + PLATFORM_LOG_BYTES + traced
+    return Line(f"inbox relay's logs: {each:,} bytes an invocation", invocations * each / 1e9, "GB", "log_gb")
 
 
 def failure_lines() -> list[Line]:
@@ -710,8 +728,9 @@ def render(template: Template, measured: Durations = MEASURED) -> str:
         f"{measured.admission_log_bytes:,} log bytes an admission; the batch route "
         f"{measured.batch_admission_ms_a_spawn:g}"
         f" ms a spawn, the relay's batch path {measured.batch_relay_ms_a_record:g} ms a record, "
-        f"{measured.spawn_log_bytes} log bytes a spawn and {measured.batch_emf_log_bytes} a batch; the relay's line "
-        f"for each record it admits {measured.relay_log_bytes} bytes.",
+        f"{measured.spawn_log_bytes} log bytes a spawn and {measured.batch_emf_log_bytes} a batch; the relay's EMF "
+        f"line {measured.relay_emf_log_bytes} bytes an invocation, beside Lambda's START, END and REPORT lines "
+        f"({PLATFORM_LOG_BYTES} bytes).",
         "",
         f"**Fixed, a tenant a month**, its mappings in [poller groups](#poller-groups) (the default), a tenant's "
         f"share of a full group ({full.tenants} tenants, no peer cluster alias; each alias adds one mapping and one "

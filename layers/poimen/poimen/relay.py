@@ -365,7 +365,10 @@ class Relay:
             batch.outcome.admitted(replayed=status == 200, lag_ms=lag_ms)
             if dispatch_key is None:
                 batch.outcome.count("keyless")
-            logger.info(
+            # DEBUG: at INFO a line a record would cost the relay's log group (text format, no level filtered) more
+            # than the batch route saves (benchmarks/cost_model.py); the invocation's EMF line counts them, each
+            # admission's audit line names its run, and a dead letter names its record's topic, partition and offset.
+            logger.debug(
                 "dispatch replayed" if status == 200 else "dispatch relayed",
                 tenant_id=tenant_id,
                 dispatch_key=dispatch_key,

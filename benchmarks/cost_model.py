@@ -108,6 +108,10 @@ class Durations:
     # "dispatch relayed" line is DEBUG), counted as admission_log_bytes is; Lambda's START, END and REPORT lines
     # are billed beside it (PLATFORM_LOG_BYTES: the relay's log group is in the text format, no level filtered).
     relay_emf_log_bytes: int
+    # The outbox's own lines an invocation at INFO, counted likewise: its "events published" line, and an EMF line a
+    # tenant of the batch (text format too: Lambda's lines beside them).
+    outbox_log_bytes: int
+    outbox_emf_log_bytes: int
 
 
 # Lambda's own lines of an invocation of a function logging in the text format (the relays'): "three minimal log
@@ -126,6 +130,8 @@ PLATFORM_LINES = (
 XRAY_REPORT_BYTES = len("XRAY TraceId: 1-5e34a614-10bd4cf1f1fb44f07bc535a1\tSegmentId: 07f5bd3e2d1f6f85\tSampled: true")
 PLATFORM_LOG_BYTES = sum(len(line.encode()) + LOG_EVENT_OVERHEAD_BYTES for line in PLATFORM_LINES)
 RELAY_EMF_LOG_BYTES = 555
+OUTBOX_LOG_BYTES = 522
+OUTBOX_EMF_LOG_BYTES = 355
 
 
 # `make bench` on the shared 2-core machine (load average 1-3), 2026-12-01: the admission function of the built
@@ -151,6 +157,9 @@ MEASURED = Durations(
     # 2026-12-06: the relay's EMF line for an invocation of MEASURED_IDS' tenant, inbox lag measured
     # (tests/unit/test_cost_model.py).
     relay_emf_log_bytes=RELAY_EMF_LOG_BYTES,
+    # 2026-12-06: the outbox's lines for a batch of one tenant of MEASURED_IDS' (tests/unit/test_cost_model.py).
+    outbox_log_bytes=OUTBOX_LOG_BYTES,
+    outbox_emf_log_bytes=OUTBOX_EMF_LOG_BYTES,
 )
 
 
@@ -486,6 +495,7 @@ def per_million_lines(settings: Settings, measured: Durations, load: Load = REFE
             "log_gb",
         ),
         _relay_logs(settings, measured, relay_invocations),
+        _outbox_logs(settings, measured, outbox_invocations, outbox_records, load.tenants),
         Line(
             f"X-Ray: admissions traced (AdmissionTracing {settings.tracing['AdmissionFunction']})",
             traces("AdmissionFunction", MILLION),
@@ -592,6 +602,21 @@ def _relay_logs(settings: Settings, measured: Durations, invocations: float) -> 
     traced = XRAY_REPORT_BYTES if settings.tracing["InboxRelayFunction"] == "Active" else 0
     each = measured.relay_emf_log_bytes + PLATFORM_LOG_BYTES + traced
     return Line(f"inbox relay's logs: {each:,} bytes an invocation", invocations * each / 1e9, "GB", "log_gb")
+
+
+def _outbox_logs(settings: Settings, measured: Durations, invocations: float, records: float, tenants: int) -> Line:
+    """What the outbox's log group ingests of `invocations` of `records` each: its "events published" line, an EMF
+    line for each tenant among the records (as many as `tenants` spread them over, expected), and Lambda's START,
+    END and REPORT lines (the REPORT line naming the trace under active tracing)."""
+    emf_lines = tenants * (1 - (1 - 1 / tenants) ** records)
+    traced = XRAY_REPORT_BYTES if settings.tracing["OutboxRelayFunction"] == "Active" else 0
+    each = PLATFORM_LOG_BYTES + traced + measured.outbox_log_bytes + emf_lines * measured.outbox_emf_log_bytes
+    return Line(
+        f"outbox's logs: {each:,.0f} bytes an invocation ({emf_lines:,.1f} EMF lines)",
+        invocations * each / 1e9,
+        "GB",
+        "log_gb",
+    )
 
 
 def failure_lines() -> list[Line]:
@@ -729,8 +754,9 @@ def render(template: Template, measured: Durations = MEASURED) -> str:
         f"{measured.batch_admission_ms_a_spawn:g}"
         f" ms a spawn, the relay's batch path {measured.batch_relay_ms_a_record:g} ms a record, "
         f"{measured.spawn_log_bytes} log bytes a spawn and {measured.batch_emf_log_bytes} a batch; the relay's EMF "
-        f"line {measured.relay_emf_log_bytes} bytes an invocation, beside Lambda's START, END and REPORT lines "
-        f"({PLATFORM_LOG_BYTES} bytes).",
+        f"line {measured.relay_emf_log_bytes} bytes an invocation, and the outbox's "
+        f"{measured.outbox_log_bytes} and {measured.outbox_emf_log_bytes} a tenant of its batch, each beside Lambda's "
+        f"START, END and REPORT lines ({PLATFORM_LOG_BYTES} bytes).",
         "",
         f"**Fixed, a tenant a month**, its mappings in [poller groups](#poller-groups) (the default), a tenant's "
         f"share of a full group ({full.tenants} tenants, no peer cluster alias; each alias adds one mapping and one "

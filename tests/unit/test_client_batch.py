@@ -157,19 +157,28 @@ def test_poimen_runs_spawn_many_refuses_a_file_with_a_line_that_is_no_spawn_befo
     assert api.received == []
 
 
-@pytest.mark.parametrize("input_json", ['[["a", 1]]', "[]", '"x"', "null", "1"])
-def test_poimen_runs_spawn_many_refuses_an_input_that_is_no_object_before_sending(
-    client: AdmissionClient, api: InProcessApi, tenant: str, tmp_path: Path, input_json: str
+@pytest.mark.parametrize(
+    "second_line",
+    [
+        # inputs that are no JSON object (a list of pairs would pass for one to dict())
+        *(b'{"workflow_ref": "wf/a", "input": %s}' % i for i in (b'[["a", 1]]', b"[]", b'"x"', b"null", b"1")),
+        b'{"workflow_ref": "wf/\xff", "input": {}}',  # a byte that is not UTF-8
+    ],
+    ids=["pairs", "list", "string", "null", "number", "not-utf8"],
+)
+def test_poimen_runs_spawn_many_refuses_a_line_that_is_no_spawn_before_sending(
+    client: AdmissionClient, api: InProcessApi, tenant: str, tmp_path: Path, second_line: bytes
 ) -> None:
-    # Given a file whose second line's input is not a JSON object (a list of pairs would pass for one to dict())
+    # Given a file whose second line is no spawn: its input is not a JSON object, or it is not UTF-8
     spawns = tmp_path / "spawns.jsonl"
-    spawns.write_text(f'{{"workflow_ref": "wf/a", "input": {{}}}}\n{{"workflow_ref": "wf/a", "input": {input_json}}}\n')
+    spawns.write_bytes(b'{"workflow_ref": "wf/a", "input": {}}\n' + second_line + b"\n")
     # When poimen runs spawn-many is given it
     err = io.StringIO()
     code = runs.run(_runs_arguments("spawn-many", "--tenant", tenant, str(spawns)), client=client, stderr=err)
-    # Then, as for `poimen runs spawn --input`, the line is no spawn and nothing was sent
+    # Then, as for `poimen runs spawn --input`, it is a usage error naming the line, and nothing was sent
     assert code == runs.EXIT_USAGE
     assert "line 2 is no spawn" in err.getvalue()
+    assert "nothing was sent" in err.getvalue()
     assert api.received == []
 
 
@@ -249,22 +258,6 @@ def test_poimen_runs_spawn_many_interrupted_names_every_spawn_it_may_have_admitt
     assert [line["line"] for line in printed] == list(range(1, 201))
     assert all(line["status"] == 201 for line in printed[:100])
     assert all(line["status"] is None and line["outcome_unknown"] for line in printed[100:])
-
-
-def test_poimen_runs_spawn_many_refuses_a_file_that_is_not_utf8_as_a_line_that_is_no_spawn(
-    client: AdmissionClient, api: InProcessApi, tenant: str, tmp_path: Path
-) -> None:
-    # Given a file whose second line holds a byte that is not UTF-8
-    spawns = tmp_path / "spawns.jsonl"
-    spawns.write_bytes(b'{"workflow_ref": "wf/a", "input": {}}\n{"workflow_ref": "wf/\xff", "input": {}}\n')
-    # When poimen runs spawn-many is given it
-    err = io.StringIO()
-    code = runs.run(_runs_arguments("spawn-many", "--tenant", tenant, str(spawns)), client=client, stderr=err)
-    # Then it is a usage error naming the line, as any line that is no spawn, and nothing was sent
-    assert code == runs.EXIT_USAGE
-    assert "line 2 is no spawn" in err.getvalue()
-    assert "nothing was sent" in err.getvalue()
-    assert api.received == []
 
 
 def test_a_result_that_says_admitted_without_its_run_is_that_spawns_unknown_outcome_alone(

@@ -54,6 +54,7 @@ from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY, signed_head
 from poimen_tools.local.template import Template, default_template_path
 
 TENANT = "bench"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 DYNALITE = Path(__file__).resolve().parent.parent / ".cache" / "dynalite" / "node_modules" / ".bin" / "dynalite"
 STORES = ("moto", "dynalite")
 
@@ -87,6 +88,53 @@ def relay_seconds(handler: object, bodies: list[bytes]) -> float:
 
 def relay_rate(handler: object, bodies: list[bytes]) -> float:
     return len(bodies) / relay_seconds(handler, bodies)
+
+
+# Where each path's CPU goes, by process: this one (the relay, `poimen dev`'s front, moto's embedded server),
+# the admission environments (its child processes: multiprocessing's resource tracker is one too, idle) and a
+# store of its own (dynalite, a child process too). Both paths are CPU-bound on a small machine, so these, not
+# the records/s alone, say what bounds the ratio and what it would be with the store's CPU off the machine.
+PROCESSES = ("relay and front", "admission environments", "store")
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user and system, /proc/<pid>/stat) used so far by this process, by its child processes other
+    than dynalite, and by dynalite; empty where there is no /proc."""
+    if not Path("/proc/self/stat").is_file():
+        return {}
+    seconds = dict.fromkeys(PROCESSES, 0.0)
+    seconds["relay and front"] = _process_cpu_seconds(os.getpid())
+    for child in _children(os.getpid()):
+        with contextlib.suppress(OSError):
+            command = Path(f"/proc/{child}/cmdline").read_bytes()
+            seconds["store" if b"dynalite" in command else "admission environments"] += _process_cpu_seconds(child)
+    return seconds
+
+
+def _children(pid: int) -> list[int]:
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            children += [int(child) for child in (task / "children").read_text().split()]
+    return children
+
+
+def _process_cpu_seconds(pid: int) -> float:
+    try:
+        # utime and stime, fields 14 and 15 of proc(5), counted after the command name's closing parenthesis.
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # it ended meanwhile
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def timed_relay_rate(handler: object, bodies: list[bytes], cpu: dict[str, float]) -> float:
+    """relay_rate, adding each process's CPU seconds during it to `cpu`."""
+    before = cpu_seconds()
+    rate = relay_rate(handler, bodies)
+    for name, seconds in cpu_seconds().items():
+        cpu[name] = cpu.get(name, 0.0) + seconds - before.get(name, 0.0)
+    return rate
 
 
 def relay_batching(batch_spawns: int) -> None:
@@ -202,6 +250,9 @@ class Figures:
     floor: float
     batch_ms: dict[int, float]
     route_ms: dict[int, float]
+    # CPU seconds a 1,000 relayed records of each path's rounds, by process (PROCESSES); empty without /proc.
+    relay_cpu: dict[str, float]
+    single_cpu: dict[str, float]
 
 
 def measure(store: str, args: argparse.Namespace, template: Template) -> Figures:
@@ -233,6 +284,8 @@ def measure(store: str, args: argparse.Namespace, template: Template) -> Figures
         relay: list[float] = []
         single: list[float] = []
         floor: list[float] = []
+        relay_cpu: dict[str, float] = {}
+        single_cpu: dict[str, float] = {}
         floor_rate(stack.server.url, _bodies("warm-floor", 100), args.concurrency)  # start every environment
         relay_batching(1)
         relay_rate(handler, _bodies("warm-single", 100))
@@ -240,9 +293,9 @@ def measure(store: str, args: argparse.Namespace, template: Template) -> Figures
         relay_rate(handler, _bodies("warm-relay", 100))
         for round_ in range(args.rounds):
             relay_batching(MAX_BATCH_SPAWNS)
-            relay.append(relay_rate(handler, _bodies(f"relay-{round_}", args.records)))
+            relay.append(timed_relay_rate(handler, _bodies(f"relay-{round_}", args.records), relay_cpu))
             relay_batching(1)
-            single.append(relay_rate(handler, _bodies(f"single-{round_}", args.records)))
+            single.append(timed_relay_rate(handler, _bodies(f"single-{round_}", args.records), single_cpu))
             floor.append(floor_rate(stack.server.url, _bodies(f"floor-{round_}", args.records), args.concurrency))
         # The cost model's duration: invocations of the template's batch size, as the event source sends them.
         batch_ms: dict[int, list[float]] = {}
@@ -275,6 +328,8 @@ def measure(store: str, args: argparse.Namespace, template: Template) -> Figures
         floor=statistics.median(floor),
         batch_ms={spawns: statistics.median(times) for spawns, times in batch_ms.items()},
         route_ms={spawns: statistics.median(times) for spawns, times in route.items()},
+        relay_cpu={name: seconds * 1000 / (args.records * args.rounds) for name, seconds in relay_cpu.items()},
+        single_cpu={name: seconds * 1000 / (args.records * args.rounds) for name, seconds in single_cpu.items()},
     )
 
 
@@ -328,6 +383,8 @@ def main() -> None:
             f"{store}: Ratio batch path / per-record path {f.relay / f.single:.2f}  [>= 5]; "
             f"Ratio relay / floor {f.single / f.floor:.2f}  (per-record path)  [>= 0.8]"
         )
+    for store, f in figures.items():
+        print_cpu(store, f)
     settings = Settings.of(template)
     for store, f in figures.items():
         print()
@@ -356,6 +413,25 @@ def main() -> None:
             f" spawn, the single admission's {MEASURED.admission_ms:g} ms as measured under the RIE): batch path"
             f" ${costs[MAX_BATCH_SPAWNS]:.2f}  [<= 1.00], per-record path ${costs[1]:.2f}"
         )
+
+
+def print_cpu(store: str, f: Figures) -> None:
+    """Each path's CPU seconds a 1,000 relayed records by process, and the ratio of our processes' alone: what a
+    CPU-bound machine's batch path / per-record path would be were the store's CPU off it (moto, embedded in this
+    process, is not told apart from it)."""
+    if not f.relay_cpu:
+        return
+    shown = [name for name in PROCESSES if name != "store" or store != "moto"]
+    for label, cpu in (("batch path", f.relay_cpu), ("per-record path", f.single_cpu)):
+        parts = ", ".join(f"{name} {cpu[name]:.2f}" for name in shown)
+        print(f"{store}: CPU s a 1,000 records, {label} (/proc/<pid>/stat): {parts}, all {sum(cpu.values()):.2f}")
+    every = sum(f.single_cpu.values()) / sum(f.relay_cpu.values())
+    if store == "moto":
+        print(f"{store}: CPU per-record path / batch path {every:.2f} (moto's CPU is in this process's)")
+        return
+    ours = ("relay and front", "admission environments")
+    alone = sum(f.single_cpu[name] for name in ours) / sum(f.relay_cpu[name] for name in ours)
+    print(f"{store}: CPU per-record path / batch path {every:.2f}, ours alone (no store CPU) {alone:.2f}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext  # noqa: E402
 
 from poimen import snapstart  # noqa: E402
 from poimen.api import admission_service, app, correlation_id, warm  # noqa: E402
-from poimen.observability import keep_libraries_at_warning, logger, metrics  # noqa: E402
+from poimen.observability import keep_libraries_at_warning, log_metrics, logger  # noqa: E402
 
 gc.freeze()
 gc.enable()
@@ -30,7 +30,7 @@ snapstart.register(before_snapshot=warm, after_restore=admission_service.cache_c
 
 # clear_state: the keys a request appends (poimen.api.create_run: its tenant and dispatch_key) end with it.
 @logger.inject_lambda_context(clear_state=True)
-@metrics.log_metrics
+@log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     # The correlation id correlation_paths.API_GATEWAY_HTTP names, read without a JMESPath search per invocation.
     logger.set_correlation_id(correlation_id(event))

@@ -83,3 +83,21 @@ def test_a_run_is_answered_as_the_contract_describes_it_with_input_verbatim() ->
     assert Run.model_validate_json(text) == Run(input={"n": 1.1}, status="admitted", **fields)
     assert list(json.loads(text)) == list(Run.model_fields)
     assert '"input":{"n":1.10}' in text
+
+
+@pytest.mark.parametrize("text", ["wf/ü", 'a " and \\', "tab\t newline\n \x00 \u2028", "lone \ud800", ""])
+@pytest.mark.parametrize("keyed", [True, False])
+def test_a_runs_json_is_the_text_json_dumps_writes_for_it(text: str, keyed: bool) -> None:
+    # The answer is written string by string, as json.dumps(ensure_ascii=False) writes each string.
+    fields: dict[str, Any] = {
+        "run_id": f"r{text}",
+        "tenant_id": f"t{text}",
+        "workflow_ref": text,
+        "goal_id": f"g{text}" if keyed else None,
+        "dispatch_key": f"k{text}" if keyed else None,
+        "created_at": f"c{text}",
+    }
+    run = {**fields, "input": {"n": 1}, "status": "admitted"}
+    dumped = json.dumps({key: run[key] for key in Run.model_fields}, ensure_ascii=False, separators=(",", ":"))
+
+    assert run_json(input_json='{"n":1}', **fields) == dumped

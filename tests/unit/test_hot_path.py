@@ -4,17 +4,20 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from aws_lambda_powertools.event_handler import depends
-from aws_lambda_powertools.event_handler.api_gateway import APIGatewayHttpResolver
+from aws_lambda_powertools.event_handler.api_gateway import APIGatewayHttpResolver, Response, ResponseBuilder
 from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEventV2
 from botocore.hooks import EventAliaser
 
 from poimen import api
-from poimen.observability import metrics, print_count
-from tests.conftest import count_runs
+from poimen.observability import metrics, metrics_disabled, print_count
+from poimen.wire import REPLAYED_HEADER, SPAWNS_MEDIA_TYPE
+from tests.conftest import count_runs, load_event
 from tests.unit.conftest import Invoke
 
 
@@ -123,6 +126,21 @@ def test_the_single_route_answers_as_powertools_resolver_does(
         assert (direct.headers, direct.text) == (resolved.headers, resolved.text)
 
 
+@pytest.mark.parametrize(("status", "headers"), [(201, {"Location": "/v1/runs/r-1"}), (200, {REPLAYED_HEADER: "true"})])
+def test_a_runs_answer_is_the_response_powertools_builder_makes_of_it(
+    status: int, headers: dict[str, str] | None
+) -> None:
+    # An admission's answer (a new run's, a replay's) is built without the resolver's builder.
+    def answer() -> Response[str]:
+        return Response(status_code=status, content_type="application/json", body='{"run_id":"r-1"}', headers=headers)
+
+    builder: ResponseBuilder[APIGatewayProxyEventV2] = ResponseBuilder(answer())
+    built = builder.build(APIGatewayProxyEventV2(load_event("http_api_create_run.json")))
+
+    assert list(api._run_response(answer()).items()) == list(built.items())
+    assert list(api._run_response(answer())["headers"].items()) == list(built["headers"].items())
+
+
 AUDIT = {
     "message": "run admitted",
     "tenant_id": "t-1",
@@ -191,11 +209,54 @@ def test_an_admissions_emf_line_is_powertools_own_when_metrics_are_set_up_otherw
     assert list(ours[0].items()) == list(theirs[0].items())
 
 
-def test_no_emf_line_is_printed_when_metrics_are_disabled(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def metrics_off(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """POWERTOOLS_METRICS_DISABLED, read again (the layer reads it once a process)."""
     monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
+    metrics_disabled.cache_clear()
+    yield
+    metrics_disabled.cache_clear()
+
+
+@pytest.mark.usefixtures("metrics_off")
+def test_no_emf_line_is_printed_when_metrics_are_disabled(capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
     print_count("RunsAdmitted", AUDIT)
     assert capsys.readouterr().out == "" == _printed_by_metrics("RunsAdmitted", AUDIT, capsys)
     metrics.clear_metrics()
+
+
+@pytest.mark.usefixtures("metrics_off")
+def test_an_invocations_metrics_and_metadata_end_with_it_when_metrics_are_disabled(
+    invoke: Invoke, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Powertools clears only a metric set it prints: disabled, each invocation's would be kept for the next one
+    # (and printed, metrics disabled, at its 100th value).
+    # Given a run admitted under a key
+    assert invoke(body={"workflow_ref": "wf/hot", "input": {}, "dispatch_key": "off-1"}).status == 201
+
+    # When the key is reused, a refusal that adds its metric and audit metadata
+    assert invoke(body={"workflow_ref": "wf/other", "input": {}, "dispatch_key": "off-1"}).status == 422
+
+    # Then nothing of it is left for the next invocation, and no line was printed
+    assert (metrics.metric_set, metrics.metadata_set) == ({}, {})
+    assert "_aws" not in capsys.readouterr().out
+
+
+def test_a_batch_that_adds_no_metric_leaves_no_metadata_to_the_next_requests_line(
+    invoke: Invoke, granted: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a batch whose one spawn is refused before it is written (a workflow_ref its model refuses): no metric
+    refused = invoke(body={"spawns": [{"workflow_ref": "", "input": {}}]}, headers={"content-type": SPAWNS_MEDIA_TYPE})
+    assert refused.status == 200
+    assert refused.body["results"][0]["status"] == 400
+    assert invoke(body={"workflow_ref": "wf/hot", "input": {}, "dispatch_key": "leak-1"}).status == 201
+    capsys.readouterr()
+
+    # When the next request's line is Powertools' (a key reused: its metric and the spawn's audit metadata)
+    assert invoke(body={"workflow_ref": "wf/other", "input": {}, "dispatch_key": "leak-1"}).status == 422
+
+    # Then it carries that request's fields and none of the batch's
+    (line,) = [json.loads(text) for text in capsys.readouterr().out.splitlines() if '"_aws"' in text]
+    assert (line["message"], line["tenant_id"]) == ("dispatch key reused", granted)
+    assert "spawns" not in line

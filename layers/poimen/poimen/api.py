@@ -936,11 +936,9 @@ def _spawn_batch(event: Mapping[str, Any], body: dict[str, Any], remaining_ms: C
             metrics.add_metric(name="RunsAdmitted", unit=MetricUnit.Count, value=counts["RunsAdmitted"])
         if counts["RunsReplayed"]:
             metrics.add_metric(name="RunsReplayed", unit=MetricUnit.Count, value=counts["RunsReplayed"])
-        if metrics.metric_set:
-            # Only on a line that is printed: without a metric log_metrics prints none and keeps the metadata, which
-            # the next invocation's line (another tenant's, another request's) would then carry.
-            metrics.add_metadata(key="tenant_id", value=tenant_id)
-            metrics.add_metadata(key="spawns", value=len(batch.spawns))
+        # Printed only with a metric; either way cleared at the invocation's end (poimen.observability.log_metrics).
+        metrics.add_metadata(key="tenant_id", value=tenant_id)
+        metrics.add_metadata(key="spawns", value=len(batch.spawns))
     except Exception as error:
         answer = _answer_to(error)
         return {
@@ -964,10 +962,11 @@ def _validated_spawn(event: Mapping[str, Any], body: dict[str, Any]) -> tuple[Ru
     reads otherwise: a stage other than $default (the resolver's path drops the stage's name), a header name not
     lower-cased (its headers are case-insensitive), or multiValueHeaders (none in payload 2.0)."""
     headers = event.get("headers") or {}
+    names = "".join(headers)  # lower-cased as a whole when each name is (str.lower maps character by character)
     if (
         (event.get("requestContext") or {}).get("stage") != "$default"
         or "multiValueHeaders" in event
-        or any(name != name.lower() for name in headers)
+        or names != names.lower()
     ):
         return None
     idempotency_key = headers.get(IDEMPOTENCY_KEY_HEADER.lower())
@@ -991,10 +990,24 @@ def _create_run_validated(
             body, tenant_id, idempotency_key, _principal(event), _well_formed_traceparent(headers.get("traceparent"))
         )
     except Exception as error:
-        answer = _answer_to(error)
-    # The resolver's builder, without a route: none sets CORS, compression or cache control.
-    builder: ResponseBuilder[APIGatewayProxyEventV2] = ResponseBuilder(answer)
-    return builder.build(APIGatewayProxyEventV2(cast("dict[str, Any]", event)))
+        # The resolver's builder, without a route: none sets CORS, compression or cache control.
+        builder: ResponseBuilder[APIGatewayProxyEventV2] = ResponseBuilder(_answer_to(error))
+        return builder.build(APIGatewayProxyEventV2(cast("dict[str, Any]", event)))
+    return _run_response(answer)
+
+
+def _run_response(answer: Response[str]) -> dict[str, Any]:
+    """A run's answer (`_run_answer`'s: a JSON text body, headers of one value each, no cookies) as the payload 2.0
+    response the resolver's builder makes of it, built without a builder and an event wrapper each admission
+    (tests/unit/test_hot_path.py holds the two alike).
+    https://docs.aws.amazon.com/apigateway/latest/developerguide/http-api-develop-integrations-lambda.html"""
+    return {
+        "statusCode": answer.status_code,
+        "body": answer.body,
+        "isBase64Encoded": False,
+        "headers": dict(answer.headers),
+        "cookies": [],
+    }
 
 
 def _answer_to(error: Exception) -> Response[str]:

@@ -291,14 +291,19 @@ def run_json(
     dispatch_key: str | None,
     created_at: str,
 ) -> str:
-    """A Run as the API answers it, `input_json` (the input's JSON text) embedded verbatim."""
-    head = _compact({"run_id": run_id, "tenant_id": tenant_id, "workflow_ref": workflow_ref})
-    tail = _compact({"goal_id": goal_id, "dispatch_key": dispatch_key, "status": "admitted", "created_at": created_at})
-    return f'{head[:-1]},"input":{input_json},{tail[1:]}'
+    """A Run as the API answers it, `input_json` (the input's JSON text) embedded verbatim; the rest as
+    json.dumps(ensure_ascii=False, separators=(",", ":")) writes it, each string by the function that call
+    uses (`encode_basestring`), without an encoder built and run for each answer."""
+    return (
+        f'{{"run_id":{encode_basestring(run_id)},"tenant_id":{encode_basestring(tenant_id)},'
+        f'"workflow_ref":{encode_basestring(workflow_ref)},"input":{input_json},'
+        f'"goal_id":{_string_or_null(goal_id)},"dispatch_key":{_string_or_null(dispatch_key)},'
+        f'"status":"admitted","created_at":{encode_basestring(created_at)}}}'
+    )
 
 
-def _compact(value: dict[str, str | None]) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+def _string_or_null(value: str | None) -> str:
+    return "null" if value is None else encode_basestring(value)
 
 
 def _json_number(text: str) -> JSONNumber:

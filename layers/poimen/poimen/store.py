@@ -466,10 +466,10 @@ def item_size(item: dict[str, dict[str, str]]) -> int:
     its name plus those of its value. Every run attribute is a string (DynamoDB Developer Guide, *Item
     sizes and formats*: a string is its UTF-8 bytes) but `expires_at`, a number: at most 21 bytes, counted
     here as its digits plus one, more than DynamoDB's (digits / 2) + 1."""
-    return sum(
-        len(name.encode()) + (len(value["S"].encode()) if "S" in value else len(value["N"]) + 1)
-        for name, value in item.items()
-    )
+    # Joined, then encoded once: the UTF-8 length of a concatenation is the sum of its parts' (fewer steps a write).
+    strings = [value["S"] for value in item.values() if "S" in value]
+    numbers = [len(value["N"]) + 1 for value in item.values() if "S" not in value]
+    return len("".join(item).encode()) + len("".join(strings).encode()) + sum(numbers)
 
 
 def _now_seconds() -> int:

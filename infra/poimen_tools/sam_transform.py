@@ -5,10 +5,15 @@ Run by the SAM CLI's interpreter, which has samcli and samtranslator (`make lint
 checkov; tests/unit/test_template_posture.py reads it):
 
     .venv-sam/bin/python infra/poimen_tools/sam_transform.py template.yaml Name=value ...
-    .venv-sam/bin/python infra/poimen_tools/sam_transform.py --batch [--declared] template.yaml < parameter-sets.json
+    .venv-sam/bin/python infra/poimen_tools/sam_transform.py --batch [--declared|--both] template.yaml < sets.json
 
 `--batch` reads a JSON list of parameter sets ({"Name": "value", ...}) and prints the JSON list of their
-templates, in one interpreter (tests/unit/test_template_quotas.py transforms dozens of sets).
+templates, in one interpreter (tests/unit/test_template_quotas.py transforms dozens of sets), the template parsed
+once (a copy of it a set); `--both` prints for each set the pair [declared, created] of one expansion.
+`--serve` answers requests, one JSON line each ({"template": path, "parameters": {...}} or {"template": path,
+"batch": [...], "kept": "created"|"declared"|"both"}), with one JSON line each ({"output": the text the command
+line would print} or {"error": its traceback}) until its input ends: the tests' transforms (tests/unit/
+transforms.py) pay the interpreter's start and SAM's imports (a second of CPU) once a worker, not once a transform.
 
 SAM CLI's own expansion resolves every Fn::Sub it meets to a string, even when a placeholder in it names a
 resource or a pseudo parameter it cannot know: `!Sub https://${AdmissionApi}.execute-api...` became that
@@ -21,11 +26,13 @@ validates it, before any condition is evaluated (its quota of 500 resources coun
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
 import sys
-from typing import Any
+import traceback
+from typing import Any, TextIO
 
 from samcli.lib.cfn_language_extensions.api import IntrinsicResolverProcessor, create_default_intrinsic_resolver
 from samcli.lib.cfn_language_extensions.models import ResolutionMode, TemplateProcessingContext
@@ -77,9 +84,9 @@ class NoManagedPolicies:
         return {}
 
 
-def expand(template: dict[str, Any], parameters: dict[str, str], *, declared: bool = False) -> dict[str, Any]:
-    """SAM CLI's expansion of AWS::LanguageExtensions (partial resolution), with Fn::Sub kept when unresolved;
-    without the resources whose Condition is false unless `declared`."""
+def expand(template: dict[str, Any], parameters: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
+    """SAM CLI's expansion of AWS::LanguageExtensions (partial resolution), with Fn::Sub kept when unresolved,
+    every resource declared kept; and the names of those whose Condition is false."""
     context = TemplateProcessingContext(
         fragment=template, parameter_values=parameters, resolution_mode=ResolutionMode.PARTIAL
     )
@@ -96,8 +103,6 @@ def expand(template: dict[str, Any], parameters: dict[str, str], *, declared: bo
         ]
     )
     expanded: dict[str, Any] = pipeline.process_template(context)
-    if declared:
-        return expanded
     # As the Fn::If above, a resource's Condition is decided by the parameters given: a resource whose
     # condition is false is not in the stack (the single-Region table in multi-Region mode, say).
     absent = [
@@ -105,37 +110,82 @@ def expand(template: dict[str, Any], parameters: dict[str, str], *, declared: bo
         for name, resource in expanded["Resources"].items()
         if "Condition" in resource and resolver.resolve_value({"Condition": resource["Condition"]}) is False
     ]
-    for name in absent:
-        del expanded["Resources"][name]
-    return expanded
+    return expanded, absent
 
 
-def transformed(template_text: str, parameters: dict[str, str], *, declared: bool = False) -> dict[str, Any]:
-    """The CloudFormation template SAM's translator makes of `template_text` with these parameter values (every
-    resource declared if `declared`, else those the stack creates)."""
-    template = expand(yaml_parse(template_text), parameters, declared=declared)
-    for name, resource in template["Resources"].items():
+def translated(expanded: dict[str, Any], parameters: dict[str, str]) -> dict[str, Any]:
+    """The CloudFormation template SAM's translator makes of an expanded template (which it changes)."""
+    for name, resource in expanded["Resources"].items():
         properties = resource.get("Properties", {})
         for key in ("CodeUri", "ContentUri"):
             if isinstance(properties.get(key), str):
                 properties[key] = f"s3://offline-artifacts/{name}.zip"
-    template["Transform"] = "AWS::Serverless-2016-10-31"
-    result: dict[str, Any] = transform(template, parameters, NoManagedPolicies())
+    expanded["Transform"] = "AWS::Serverless-2016-10-31"
+    result: dict[str, Any] = transform(expanded, parameters, NoManagedPolicies())
     return result
+
+
+def transformed(
+    template: dict[str, Any], parameters: dict[str, str], *, declared: bool, created: bool
+) -> list[dict[str, Any]]:
+    """The templates SAM's translator makes of a parsed `template` (left unchanged) with these parameter values,
+    from one expansion: every resource declared (`declared`), then only those the stack creates (`created`)."""
+    expanded, absent = expand(copy.deepcopy(template), parameters)
+    found = [translated(copy.deepcopy(expanded) if created else expanded, parameters)] if declared else []
+    if created:
+        for name in absent:
+            del expanded["Resources"][name]
+        found.append(translated(expanded, parameters))
+    return found
+
+
+def batch_output(template: dict[str, Any], sets: list[dict[str, str]], kept: str) -> str:
+    """What --batch prints for these parameter sets: their created templates, or with `kept` "declared" every
+    resource declared, or "both" the pair of each."""
+    found = [transformed(template, given, declared=kept != "created", created=kept != "declared") for given in sets]
+    return json.dumps(found if kept == "both" else [only for (only,) in found])
+
+
+def single_output(template: dict[str, Any], parameters: dict[str, str]) -> str:
+    """What the command line prints for one set of parameters: the template the stack creates."""
+    (created,) = transformed(template, parameters, declared=False, created=True)
+    return json.dumps(created, indent=1)
+
+
+def serve(requests: TextIO, answers: TextIO) -> None:
+    """Answer each request line of `requests` on `answers` until `requests` ends; each template parsed once."""
+    parsed: dict[str, dict[str, Any]] = {}
+    for line in requests:
+        request = json.loads(line)
+        try:
+            with open(request["template"]) as source:
+                text = source.read()
+            if text not in parsed:
+                parsed[text] = yaml_parse(text)
+            template = parsed[text]
+            if "batch" in request:
+                answer = {"output": batch_output(template, request["batch"], request["kept"])}
+            else:
+                answer = {"output": single_output(template, request["parameters"])}
+        except Exception:  # the requester reports it, as it would a failed command
+            answer = {"error": traceback.format_exc()}
+        answers.write(json.dumps(answer) + "\n")
+        answers.flush()
 
 
 def main(arguments: list[str]) -> None:
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")  # SAM's translator needs a region, offline
+    if arguments[0] == "--serve":
+        serve(sys.stdin, sys.stdout)
+        return
     if arguments[0] == "--batch":
-        declared = arguments[1] == "--declared"
-        with open(arguments[2 if declared else 1]) as source:
-            text = source.read()
-        print(json.dumps([transformed(text, given, declared=declared) for given in json.load(sys.stdin)]))
+        kept = arguments[1].removeprefix("--") if arguments[1] in ("--declared", "--both") else "created"
+        with open(arguments[-1]) as source:
+            print(batch_output(yaml_parse(source.read()), json.load(sys.stdin), kept))
         return
     path, *pairs = arguments
-    parameters = dict(pair.split("=", 1) for pair in pairs)
     with open(path) as source:
-        print(json.dumps(transformed(source.read(), parameters), indent=1))
+        print(single_output(yaml_parse(source.read()), dict(pair.split("=", 1) for pair in pairs)))
 
 
 if __name__ == "__main__":

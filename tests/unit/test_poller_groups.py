@@ -38,7 +38,7 @@ from poimen_tools.deploy_check import (
 from poimen_tools.local.template import Template
 from tests.conftest import REPO
 from tests.unit.test_template_quotas import SCENARIOS, TWO_CELLS, _declared_all
-from tests.unit.transforms import SAM_PYTHON, SAM_TRANSFORM
+from tests.unit.transforms import sam_transform
 
 CLUSTER = "arn:aws:kafka:us-east-1:111122223333:cluster/poimen/5f0c3a1e-8d2b-4c6a-9e1f-2b7d4c8a6e30-2"
 FULL = GroupLoad(MAPPINGS_A_POLLER_GROUP, MAPPINGS_A_POLLER_GROUP * DEFAULT_RELAY_MAXIMUM_POLLERS)
@@ -98,32 +98,20 @@ def test_no_poller_group_is_over_lambdas_limits_across_two_cells_on_one_cluster(
     assert groups_of[0] & groups_of[1]
 
 
-def _transform(*parameters: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(SAM_PYTHON), str(SAM_TRANSFORM), str(REPO / "template.yaml"), *parameters],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={"PATH": "/usr/bin:/bin", "AWS_DEFAULT_REGION": "us-east-1", "SAM_CLI_TELEMETRY": "0"},
-    )
-
-
 def test_a_tenant_missing_from_the_assignment_is_in_group_0_and_ungrouped_is_asked_for_by_name() -> None:
     cluster = "arn:aws:kafka:us-east-1:111122223333:cluster/poimen/abc-1"
-    missing = _transform("Tenants=acme,globex", "RelayPollerGroups=acme=1", f"MskClusterArn={cluster}")
-    unnamed = _transform("Tenants=acme,globex", f"MskClusterArn={cluster}")
-    ungrouped = _transform("Tenants=acme,globex", "RelayPollerGroups=acme=-,globex=-", f"MskClusterArn={cluster}")
+    missing = sam_transform("Tenants=acme,globex", "RelayPollerGroups=acme=1", f"MskClusterArn={cluster}")
+    unnamed = sam_transform("Tenants=acme,globex", f"MskClusterArn={cluster}")
+    ungrouped = sam_transform("Tenants=acme,globex", "RelayPollerGroups=acme=-,globex=-", f"MskClusterArn={cluster}")
 
     # A tenant the assignment does not name (the template deployed or built by hand) is grouped, in group 0, never
     # silently ungrouped; the prefix of a longer id is never taken for it
-    for result in (missing, unnamed, ungrouped):
-        assert result.returncode == 0, result.stderr[-2000:]
-    groups = [m["ProvisionedPollerConfig"]["PollerGroupName"] for m in _msk_mappings(json.loads(missing.stdout))]
+    groups = [m["ProvisionedPollerConfig"]["PollerGroupName"] for m in _msk_mappings(json.loads(missing))]
     assert sorted(groups) == ["poimen-abc-1-0", "poimen-abc-1-1"]
-    groups = [m["ProvisionedPollerConfig"]["PollerGroupName"] for m in _msk_mappings(json.loads(unnamed.stdout))]
+    groups = [m["ProvisionedPollerConfig"]["PollerGroupName"] for m in _msk_mappings(json.loads(unnamed))]
     assert groups == ["poimen-abc-1-0", "poimen-abc-1-0"]
     # The opt-out: the mappings' PollerGroupName is empty, no group (an EPU each)
-    configs = [m["ProvisionedPollerConfig"] for m in _msk_mappings(json.loads(ungrouped.stdout))]
+    configs = [m["ProvisionedPollerConfig"] for m in _msk_mappings(json.loads(ungrouped))]
     assert [config["PollerGroupName"] for config in configs] == ["", ""]
 
 

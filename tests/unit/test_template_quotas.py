@@ -159,27 +159,29 @@ OVER = {
 }
 
 
-def _batch(template: str, scenarios: list[dict[str, str]], *, declared: bool) -> list[dict[str, Any]]:
-    """`scenarios` as CloudFormation gets them: one run of poimen_tools.sam_transform --batch
-    (tests/unit/transforms.py), every resource declared kept (`declared`) or only those the stack creates."""
-    output = sam_transform(batch=json.dumps(scenarios), declared=declared, template=Path(template))
-    templates: list[dict[str, Any]] = json.loads(output)
-    return templates
+def _batch(template: str, scenarios: list[dict[str, str]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """`scenarios` as CloudFormation gets them: one run of poimen_tools.sam_transform --batch --both
+    (tests/unit/transforms.py), each scenario's template with every resource declared kept and with only those the
+    stack creates, from one expansion."""
+    output = sam_transform(batch=json.dumps(scenarios), kept="both", template=Path(template))
+    return [(declared, created) for declared, created in json.loads(output)]
 
 
 @cache
+def _both_all() -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """Every scenario (and OVER) as CloudFormation receives and validates it, and as the stack creates it."""
+    every = {**SCENARIOS, **OVER}
+    return dict(zip(every, _batch(str(REPO / "template.yaml"), list(every.values())), strict=True))
+
+
 def _declared_all() -> dict[str, dict[str, Any]]:
     """Every scenario (and OVER) as CloudFormation receives and validates it: conditions not evaluated."""
-    every = {**SCENARIOS, **OVER}
-    return dict(zip(every, _batch(str(REPO / "template.yaml"), list(every.values()), declared=True), strict=True))
+    return {name: declared for name, (declared, _) in _both_all().items()}
 
 
-@cache
 def _transformed_all() -> dict[str, dict[str, Any]]:
     """Every scenario as the stack creates it: the resources whose Condition is false left out."""
-    return dict(
-        zip(SCENARIOS, _batch(str(REPO / "template.yaml"), list(SCENARIOS.values()), declared=False), strict=True)
-    )
+    return {name: created for name, (_, created) in _both_all().items() if name in SCENARIOS}
 
 
 # --- values as long as a deploy can make them -----------------------------------------------------------
@@ -386,8 +388,7 @@ def test_the_resource_count_refuses_a_conditional_per_tenant_loop_at_the_maximum
     given = _scenario("single", 0, max_tenants(0))
 
     # When it is counted as CloudFormation receives it, and as the stack would create it
-    (declared,) = _batch(str(broken), [given], declared=True)
-    (created,) = _batch(str(broken), [given], declared=False)
+    ((declared, created),) = _batch(str(broken), [given])
 
     # Then the declared count refuses it, though what would be created fits
     assert _template_violations(declared, given) == [f"{len(declared['Resources'])} resources, over {RESOURCES}"]

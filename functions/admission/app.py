@@ -9,17 +9,20 @@ import gc
 # request's collections, and every later one, scan only what requests allocate
 # (https://docs.python.org/3/library/gc.html#gc.freeze).
 gc.disable()
+try:
+    from typing import Any
 
-from typing import Any  # noqa: E402
+    from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from aws_lambda_powertools.utilities.typing import LambdaContext  # noqa: E402
+    from poimen import snapstart
+    from poimen.api import admission_service, app, correlation_id, warm
+    from poimen.observability import keep_libraries_at_warning, log_metrics, logger
 
-from poimen import snapstart  # noqa: E402
-from poimen.api import admission_service, app, correlation_id, warm  # noqa: E402
-from poimen.observability import keep_libraries_at_warning, log_metrics, logger  # noqa: E402
-
-gc.freeze()
-gc.enable()
+    gc.freeze()
+finally:
+    # On again however the imports ended: a process that goes on after this module failed to load (a test's, a
+    # local loader's; Lambda's runtime exits) would otherwise never collect a cycle again.
+    gc.enable()
 
 keep_libraries_at_warning()  # the function logs in Lambda's JSON format (template LoggingConfig)
 

@@ -39,3 +39,28 @@ def test_the_admission_handlers_import_runs_no_collection_and_leaves_its_objects
     assert seen["enabled"] is True
     assert seen["modules"] > 500
     assert seen["frozen"] > 10 * seen["tracked"], seen
+
+
+# The same import, one of the handler's modules failing to load (None in sys.modules: its import raises ImportError),
+# in a process that goes on after it, as a test's or a local loader's does (Lambda's runtime exits on an INIT error).
+_FAILING_PROBE = """
+import gc, json, sys
+sys.path[:0] = ["functions/admission", "layers/poimen"]
+sys.modules["poimen.api"] = None
+try:
+    import app
+except ImportError as error:
+    print(json.dumps({"error": str(error), "enabled": gc.isenabled()}))
+"""
+
+
+def test_a_failed_import_of_the_admission_handler_leaves_the_collector_on() -> None:
+    # Given the handler module imported in a fresh interpreter, one of its modules failing to load
+    loaded = subprocess.run(
+        [sys.executable, "-c", _FAILING_PROBE], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    seen = json.loads(loaded.stdout)
+
+    # Then the import failed, and the process goes on with its cyclic collector on, not off for the rest of its life
+    assert "poimen.api" in seen["error"]
+    assert seen["enabled"] is True, seen

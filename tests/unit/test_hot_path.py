@@ -260,3 +260,26 @@ def test_a_batch_that_adds_no_metric_leaves_no_metadata_to_the_next_requests_lin
     (line,) = [json.loads(text) for text in capsys.readouterr().out.splitlines() if '"_aws"' in text]
     assert (line["message"], line["tenant_id"]) == ("dispatch key reused", granted)
     assert "spawns" not in line
+
+
+@pytest.mark.usefixtures("metrics_off")
+def test_a_batch_of_refusals_prints_no_emf_line_when_metrics_are_disabled(
+    invoke: Invoke, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Powertools' add_metric prints the set at a metric's 100th value whether or not metrics are disabled: a batch
+    # (at most 100 spawns) of key conflicts adds DispatchKeyConflicts 100 times in one invocation, so clearing at
+    # the invocation's end does not keep it off stdout. 100 is the batch's largest size and the first that prints.
+    spawns = [{"workflow_ref": "wf/hot", "input": {}, "dispatch_key": f"off-batch-{i}"} for i in range(100)]
+    batch = {"content-type": SPAWNS_MEDIA_TYPE}
+    # Given a batch's runs admitted under 100 keys
+    assert invoke(body={"spawns": spawns}, headers=batch).status == 200
+    capsys.readouterr()
+
+    # When each key is sent again in one batch with another request: 100 refusals that each add their metric
+    reused = invoke(body={"spawns": [{**spawn, "workflow_ref": "wf/other"} for spawn in spawns]}, headers=batch)
+    assert [result["status"] for result in reused.body["results"]] == [422] * 100
+
+    # Then no EMF line was printed, and nothing of it is left for the next invocation
+    printed = [line for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
+    assert printed == []
+    assert (metrics.metric_set, metrics.metadata_set) == ({}, {})

@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -23,6 +23,7 @@ from poimen.config import ConfigurationError, OutboxSettings
 from poimen.contract import run_json
 from poimen.ids import admission_id
 from poimen.kafka import partition_key
+from poimen.observability import metrics_disabled
 from poimen.outbox import (
     NOT_A_RUN_MARKER,
     OPTIONAL_ATTRIBUTES,
@@ -690,3 +691,36 @@ def test_a_batch_of_undeliverable_events_is_set_aside_concurrently_not_one_write
     assert sorted(written) == sorted(parked_key(published) for published in events)
     assert len(set(written)) == 4
     assert outcome.parked == {events[0].tenant_id: 4}
+
+
+@pytest.fixture
+def metrics_off(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """POWERTOOLS_METRICS_DISABLED, read again (the layer reads it once a process)."""
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
+    metrics_disabled.cache_clear()
+    yield
+    metrics_disabled.cache_clear()
+
+
+@pytest.mark.usefixtures("metrics_off")
+def test_a_batch_of_100_tenants_prints_no_emf_line_when_metrics_are_disabled(
+    template: Template, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Powertools' flush_metrics, metrics disabled, prints nothing and clears nothing, and its add_metric prints the
+    # set at a metric's 100th value whether or not they are: a tenant's document a flush, EventsPublished would
+    # reach it at a batch's 100th tenant. 100 is the mapping's BatchSize (template.yaml), one record a tenant.
+    # Given the function's handler, metrics disabled, and a batch of one run each of 100 tenants
+    handler = _handler_with(template, monkeypatch, FakeProducer())
+    record = load_event("dynamodb_stream_insert.json")["Records"][0]
+    records = []
+    for index in range(100):
+        copy = json.loads(json.dumps(record))
+        copy["dynamodb"]["NewImage"]["tenant_id"] = {"S": f"tenant-{index}"}
+        records.append(copy)
+    capsys.readouterr()
+
+    # When it is handled
+    handler({"Records": records}, LocalLambdaContext("OutboxRelayFunction"))
+
+    # Then no EMF line was printed
+    assert [line[:80] for line in capsys.readouterr().out.splitlines() if '"_aws"' in line] == []

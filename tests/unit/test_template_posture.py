@@ -362,20 +362,21 @@ def _dimensions_added(module: str) -> set[str]:
 
 def _emitted_metrics() -> dict[str, set[str]]:
     """Metric name -> the modules of the layer that emit it: every `add_metric(name=...)` in the code, and every
-    `print_count(name, ...)` (poimen.observability: the line printed directly), whose own forwarding of its `name`
-    to `add_metric` is counted at its callers."""
+    `print_count(name, ...)` and `add_count(name, ...)` (poimen.observability: the line printed directly, a Count
+    added unless metrics are disabled), whose own forwarding of its `name` to `add_metric` is counted at their
+    callers."""
     emitted: dict[str, set[str]] = {}
     for path in sorted(LAYER_PACKAGE.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.Call):
                 continue
             function = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
-            if function == "print_count":
+            if function in {"print_count", "add_count"}:
                 name = node.args[0]
             elif function == "add_metric":
                 (name,) = [keyword.value for keyword in node.keywords if keyword.arg == "name"]
                 if path.stem == "observability" and isinstance(name, ast.Name) and name.id == "name":
-                    continue  # print_count's forwarding
+                    continue  # print_count's and add_count's forwarding
             else:
                 continue
             options = [name.body, name.orelse] if isinstance(name, ast.IfExp) else [name]

@@ -21,7 +21,6 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import (
     RequestValidationError,
 )
 from aws_lambda_powertools.event_handler.openapi.params import Header, Path, Query
-from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEventV2
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel, Field, TypeAdapter
@@ -58,7 +57,7 @@ from poimen.errors import (
     TenantNotGranted,
     TenantNotServed,
 )
-from poimen.observability import logger, metrics, print_count
+from poimen.observability import add_count, logger, metrics, print_count
 from poimen.store import Store
 from poimen.wire import (
     IDEMPOTENCY_KEY_HEADER,
@@ -708,7 +707,7 @@ def _route_not_found(_: NotFoundError) -> Response[str]:
 
 @app.exception_handler(DispatchKeyReused)
 def _key_reused(error: DispatchKeyReused) -> Response[str]:
-    metrics.add_metric(name="DispatchKeyConflicts", unit=MetricUnit.Count, value=1)
+    add_count("DispatchKeyConflicts")
     _audit("dispatch key reused", HTTPStatus.UNPROCESSABLE_ENTITY, error.run_id)
     return problem(
         HTTPStatus.UNPROCESSABLE_ENTITY,
@@ -759,7 +758,7 @@ def _run_not_storable(error: RunNotStorable) -> Response[str]:
 @app.exception_handler(StoreUnavailable)
 def _store_unavailable(error: StoreUnavailable) -> Response[str]:
     logger.warning("store unavailable", reason=str(error), status=HTTPStatus.SERVICE_UNAVAILABLE)
-    metrics.add_metric(name="StoreUnavailable", unit=MetricUnit.Count, value=1)
+    add_count("StoreUnavailable")
     return problem(
         HTTPStatus.SERVICE_UNAVAILABLE,
         "store-unavailable",
@@ -788,7 +787,7 @@ def _outcome_unknown(error: OutcomeUnknown) -> Response[str]:
         reason=str(error),
         status=HTTPStatus.SERVICE_UNAVAILABLE,
     )
-    metrics.add_metric(name="OutcomeUnknown", unit=MetricUnit.Count, value=1)
+    add_count("OutcomeUnknown")
     location = f"/v1/runs/{error.run_id}"
     headers = {"Location": location}
     if error.keyed:
@@ -933,9 +932,9 @@ def _spawn_batch(event: Mapping[str, Any], body: dict[str, Any], remaining_ms: C
             admitted=admitted,
         )
         if counts["RunsAdmitted"]:
-            metrics.add_metric(name="RunsAdmitted", unit=MetricUnit.Count, value=counts["RunsAdmitted"])
+            add_count("RunsAdmitted", counts["RunsAdmitted"])
         if counts["RunsReplayed"]:
-            metrics.add_metric(name="RunsReplayed", unit=MetricUnit.Count, value=counts["RunsReplayed"])
+            add_count("RunsReplayed", counts["RunsReplayed"])
         # Printed only with a metric; either way cleared at the invocation's end (poimen.observability.log_metrics).
         metrics.add_metadata(key="tenant_id", value=tenant_id)
         metrics.add_metadata(key="spawns", value=len(batch.spawns))

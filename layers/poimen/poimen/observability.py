@@ -55,6 +55,14 @@ def metrics_disabled() -> bool:
     return is_metrics_disabled()
 
 
+def add_count(name: str, value: int = 1) -> None:
+    """A Count added to `metrics`, for log_metrics to print at the invocation's end; none when metrics are
+    disabled. Powertools' add_metric prints the set at a metric's 100th value whether or not they are, and one
+    invocation can get there: a batch's 100 spawns each refused (DispatchKeyConflicts, StoreUnavailable)."""
+    if not metrics_disabled():
+        metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
+
+
 def print_count(name: str, metadata: Mapping[str, Any]) -> None:
     """A Count of 1 named `name`, with `metadata` (keys other than `_aws`), printed now as the one EMF line
     `metrics` would print for it (Powertools' `serialize_metric_set`, its keys in its order, then

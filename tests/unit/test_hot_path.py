@@ -262,6 +262,28 @@ def test_a_batch_that_adds_no_metric_leaves_no_metadata_to_the_next_requests_lin
     assert "spawns" not in line
 
 
+def test_every_emf_line_of_a_batch_of_100_refusals_names_its_tenant(
+    invoke: Invoke, capsys: pytest.CaptureFixture[str], granted: str
+) -> None:
+    # Powertools' add_metric prints the set at a metric's 100th value: a batch of 100 key conflicts prints a line
+    # in the middle of the invocation, before the batch's end; the runbook's query finds a line by its tenant_id.
+    spawns = [{"workflow_ref": "wf/hot", "input": {}, "dispatch_key": f"on-batch-{i}"} for i in range(100)]
+    batch = {"content-type": SPAWNS_MEDIA_TYPE}
+    # Given a batch's runs admitted under 100 keys
+    assert invoke(body={"spawns": spawns}, headers=batch).status == 200
+    capsys.readouterr()
+
+    # When each key is sent again in one batch with another request: 100 refusals that each add their metric
+    reused = invoke(body={"spawns": [{**spawn, "workflow_ref": "wf/other"} for spawn in spawns]}, headers=batch)
+    assert [result["status"] for result in reused.body["results"]] == [422] * 100
+
+    # Then the conflicts are counted, 100, and every EMF line printed carries the batch's tenant and size
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
+    counts = [line.get("DispatchKeyConflicts", []) for line in printed]
+    assert sum(sum(count) if isinstance(count, list) else count for count in counts) == 100
+    assert [(line["tenant_id"], line["spawns"]) for line in printed] == [(granted, 100)] * len(printed)
+
+
 @pytest.mark.usefixtures("metrics_off")
 def test_a_batch_of_refusals_prints_no_emf_line_when_metrics_are_disabled(
     invoke: Invoke, capsys: pytest.CaptureFixture[str]

@@ -909,6 +909,11 @@ def _spawn_batch(event: Mapping[str, Any], body: dict[str, Any], remaining_ms: C
         service = admission_service()
         service.authorize(principal, tenant_id)
         app.in_batch = True
+        # Before any spawn: Powertools prints the set at a metric's 100th value, which a batch of 100 refusals
+        # reaches midway, and that line too names the batch. Printed only with a metric; either way cleared at
+        # the invocation's end (poimen.observability.log_metrics).
+        metrics.add_metadata(key="tenant_id", value=tenant_id)
+        metrics.add_metadata(key="spawns", value=len(batch.spawns))
         counts = {"RunsAdmitted": 0, "RunsReplayed": 0}
 
         def admitted(dispatch_key: str | None, outcome: Admitted) -> None:
@@ -935,9 +940,6 @@ def _spawn_batch(event: Mapping[str, Any], body: dict[str, Any], remaining_ms: C
             add_count("RunsAdmitted", counts["RunsAdmitted"])
         if counts["RunsReplayed"]:
             add_count("RunsReplayed", counts["RunsReplayed"])
-        # Printed only with a metric; either way cleared at the invocation's end (poimen.observability.log_metrics).
-        metrics.add_metadata(key="tenant_id", value=tenant_id)
-        metrics.add_metadata(key="spawns", value=len(batch.spawns))
     except Exception as error:
         answer = _answer_to(error)
         return {

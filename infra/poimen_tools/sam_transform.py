@@ -11,9 +11,10 @@ checkov; tests/unit/test_template_posture.py reads it):
 templates, in one interpreter (tests/unit/test_template_quotas.py transforms dozens of sets), the template parsed
 once (a copy of it a set); `--both` prints for each set the pair [declared, created] of one expansion.
 `--serve` answers requests, one JSON line each ({"template": path, "parameters": {...}} or {"template": path,
-"batch": [...], "kept": "created"|"declared"|"both"}), with one JSON line each ({"output": the text the command
-line would print} or {"error": its traceback}) until its input ends: the tests' transforms (tests/unit/
-transforms.py) pay the interpreter's start and SAM's imports (a second of CPU) once a worker, not once a transform.
+"batch": [...], "kept": "created"|"declared"|"both"}, with an "id"), with one JSON line each ({"id": the request's,
+"output": the text the command line would print} or {"id": ..., "error": its traceback}) until its input ends:
+the tests' transforms (tests/unit/transforms.py) pay the interpreter's start and SAM's imports (a second of CPU)
+once a worker, not once a transform.
 
 SAM CLI's own expansion resolves every Fn::Sub it meets to a string, even when a placeholder in it names a
 resource or a pseudo parameter it cannot know: `!Sub https://${AdmissionApi}.execute-api...` became that
@@ -169,7 +170,7 @@ def serve(requests: TextIO, answers: TextIO) -> None:
                 answer = {"output": single_output(template, request["parameters"])}
         except Exception:  # the requester reports it, as it would a failed command
             answer = {"error": traceback.format_exc()}
-        answers.write(json.dumps(answer) + "\n")
+        answers.write(json.dumps({"id": request.get("id"), **answer}) + "\n")
         answers.flush()
 
 

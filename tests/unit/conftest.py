@@ -15,6 +15,7 @@ from moto import mock_aws
 
 from poimen.api import admission_service
 from poimen.config import Settings
+from poimen.observability import metrics_disabled
 from poimen.store import Store
 from poimen_tools.local.devserver import LocalLambdaContext
 from poimen_tools.local.moto import serialise_dynamodb_writes
@@ -133,3 +134,12 @@ def invoke(handler: Callable[[dict[str, Any], Any], dict[str, Any]], granted: st
         return answer
 
     return call
+
+
+@pytest.fixture
+def metrics_off(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """POWERTOOLS_METRICS_DISABLED, read again (the layer reads it once a process)."""
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
+    metrics_disabled.cache_clear()
+    yield
+    metrics_disabled.cache_clear()

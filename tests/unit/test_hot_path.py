@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEventV2
 from botocore.hooks import EventAliaser
 
 from poimen import api
-from poimen.observability import metrics, metrics_disabled, print_count
+from poimen.observability import metrics, print_count
 from poimen.wire import REPLAYED_HEADER, SPAWNS_MEDIA_TYPE
 from tests.conftest import count_runs, load_event
 from tests.unit.conftest import Invoke
@@ -207,15 +206,6 @@ def test_an_admissions_emf_line_is_powertools_own_when_metrics_are_set_up_otherw
     assert len(ours) == len(theirs) == 1
     ours[0]["_aws"]["Timestamp"] = theirs[0]["_aws"]["Timestamp"]
     assert list(ours[0].items()) == list(theirs[0].items())
-
-
-@pytest.fixture
-def metrics_off(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """POWERTOOLS_METRICS_DISABLED, read again (the layer reads it once a process)."""
-    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
-    metrics_disabled.cache_clear()
-    yield
-    metrics_disabled.cache_clear()
 
 
 @pytest.mark.usefixtures("metrics_off")

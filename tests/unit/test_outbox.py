@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -23,7 +23,6 @@ from poimen.config import ConfigurationError, OutboxSettings
 from poimen.contract import run_json
 from poimen.ids import admission_id
 from poimen.kafka import partition_key
-from poimen.observability import metrics_disabled
 from poimen.outbox import (
     NOT_A_RUN_MARKER,
     OPTIONAL_ATTRIBUTES,
@@ -691,15 +690,6 @@ def test_a_batch_of_undeliverable_events_is_set_aside_concurrently_not_one_write
     assert sorted(written) == sorted(parked_key(published) for published in events)
     assert len(set(written)) == 4
     assert outcome.parked == {events[0].tenant_id: 4}
-
-
-@pytest.fixture
-def metrics_off(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """POWERTOOLS_METRICS_DISABLED, read again (the layer reads it once a process)."""
-    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
-    metrics_disabled.cache_clear()
-    yield
-    metrics_disabled.cache_clear()
 
 
 @pytest.mark.usefixtures("metrics_off")

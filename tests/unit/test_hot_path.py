@@ -252,23 +252,26 @@ def test_a_batch_that_adds_no_metric_leaves_no_metadata_to_the_next_requests_lin
     assert "spawns" not in line
 
 
+def _emf_lines_of_a_batch_of_100_refusals(invoke: Invoke, capsys: pytest.CaptureFixture[str], keys: str) -> list[Any]:
+    """The EMF lines printed while a batch of 100 spawns is refused, each a key already admitted with another
+    workflow_ref: 100 refusals that each add DispatchKeyConflicts, whose 100th value makes Powertools' add_metric
+    print the set midway (whether or not metrics are disabled), before the batch's end."""
+    spawns = [{"workflow_ref": "wf/hot", "input": {}, "dispatch_key": f"{keys}-{i}"} for i in range(100)]
+    batch = {"content-type": SPAWNS_MEDIA_TYPE}
+    assert invoke(body={"spawns": spawns}, headers=batch).status == 200
+    capsys.readouterr()
+    reused = invoke(body={"spawns": [{**spawn, "workflow_ref": "wf/other"} for spawn in spawns]}, headers=batch)
+    assert [result["status"] for result in reused.body["results"]] == [422] * 100
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
+
+
 def test_every_emf_line_of_a_batch_of_100_refusals_names_its_tenant(
     invoke: Invoke, capsys: pytest.CaptureFixture[str], granted: str
 ) -> None:
-    # Powertools' add_metric prints the set at a metric's 100th value: a batch of 100 key conflicts prints a line
-    # in the middle of the invocation, before the batch's end; the runbook's query finds a line by its tenant_id.
-    spawns = [{"workflow_ref": "wf/hot", "input": {}, "dispatch_key": f"on-batch-{i}"} for i in range(100)]
-    batch = {"content-type": SPAWNS_MEDIA_TYPE}
-    # Given a batch's runs admitted under 100 keys
-    assert invoke(body={"spawns": spawns}, headers=batch).status == 200
-    capsys.readouterr()
-
-    # When each key is sent again in one batch with another request: 100 refusals that each add their metric
-    reused = invoke(body={"spawns": [{**spawn, "workflow_ref": "wf/other"} for spawn in spawns]}, headers=batch)
-    assert [result["status"] for result in reused.body["results"]] == [422] * 100
-
-    # Then the conflicts are counted, 100, and every EMF line printed carries the batch's tenant and size
-    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
+    # Given runs admitted under 100 keys, when each key is sent again in one batch with another request
+    printed = _emf_lines_of_a_batch_of_100_refusals(invoke, capsys, "on-batch")
+    # Then the conflicts are counted, 100, and every EMF line printed (the runbook's query finds a line by its
+    # tenant_id) carries the batch's tenant and size, the one printed midway too
     counts = [line.get("DispatchKeyConflicts", []) for line in printed]
     assert sum(sum(count) if isinstance(count, list) else count for count in counts) == 100
     assert [(line["tenant_id"], line["spawns"]) for line in printed] == [(granted, 100)] * len(printed)
@@ -278,20 +281,9 @@ def test_every_emf_line_of_a_batch_of_100_refusals_names_its_tenant(
 def test_a_batch_of_refusals_prints_no_emf_line_when_metrics_are_disabled(
     invoke: Invoke, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Powertools' add_metric prints the set at a metric's 100th value whether or not metrics are disabled: a batch
-    # (at most 100 spawns) of key conflicts adds DispatchKeyConflicts 100 times in one invocation, so clearing at
-    # the invocation's end does not keep it off stdout. 100 is the batch's largest size and the first that prints.
-    spawns = [{"workflow_ref": "wf/hot", "input": {}, "dispatch_key": f"off-batch-{i}"} for i in range(100)]
-    batch = {"content-type": SPAWNS_MEDIA_TYPE}
-    # Given a batch's runs admitted under 100 keys
-    assert invoke(body={"spawns": spawns}, headers=batch).status == 200
-    capsys.readouterr()
-
-    # When each key is sent again in one batch with another request: 100 refusals that each add their metric
-    reused = invoke(body={"spawns": [{**spawn, "workflow_ref": "wf/other"} for spawn in spawns]}, headers=batch)
-    assert [result["status"] for result in reused.body["results"]] == [422] * 100
-
+    # Given runs admitted under 100 keys, when each key is sent again in one batch with another request (100 is the
+    # batch's largest size, and the first count of values at which Powertools prints, disabled or not)
+    printed = _emf_lines_of_a_batch_of_100_refusals(invoke, capsys, "off-batch")
     # Then no EMF line was printed, and nothing of it is left for the next invocation
-    printed = [line for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
     assert printed == []
     assert (metrics.metric_set, metrics.metadata_set) == ({}, {})

@@ -15,7 +15,7 @@ from moto import mock_aws
 
 from poimen.api import admission_service
 from poimen.config import Settings
-from poimen.observability import metrics_disabled
+from poimen.observability import metrics, metrics_disabled
 from poimen.store import Store
 from poimen_tools.local.devserver import LocalLambdaContext
 from poimen_tools.local.moto import serialise_dynamodb_writes
@@ -143,3 +143,12 @@ def metrics_off(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     metrics_disabled.cache_clear()
     yield
     metrics_disabled.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _metrics_left_clean() -> Iterator[None]:
+    """Powertools keeps every Metrics' dimensions, defaults and metrics in one process-wide set, and `clear_metrics`
+    puts default dimensions back: a test that sets any would hand them to whichever test its worker runs next."""
+    yield
+    metrics.clear_default_dimensions()
+    metrics.clear_metrics()

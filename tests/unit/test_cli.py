@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from poimen_tools.credentials import is_loopback, local_credentials
 from poimen_tools.local.dev import InvalidTemplate
 from poimen_tools.local.sigv4 import DEV_ACCESS_KEY, DEV_SECRET_KEY, InvalidPrincipals
 from poimen_tools.topics import KafkaUnreachable
+from tests.conftest import REPO
 from tests.unit.test_dispatch import FakeProducer
 
 REFUSED = "127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused (after 0ms in state CONNECT)"
@@ -558,3 +561,15 @@ def test_dispatch_publish_without_a_key_queues_nothing_where_its_warning_is_made
     (line,) = err.splitlines()
     assert line.startswith("poimen dispatch publish: refused, as a warnings filter makes KeylessDispatchWarning")
     assert line.endswith("nothing was published")
+
+
+def test_the_cli_loads_moto_only_for_poimen_dev() -> None:
+    # Given a fresh interpreter, as each `poimen` command is one
+    # When it loads the CLI (every command does), and then the local AWS `poimen dev` starts
+    code = (
+        "import sys; import poimen_tools.cli; before = 'moto' in sys.modules; "
+        "from poimen_tools.local.moto import EmbeddedMoto; EmbeddedMoto(); print(before, 'moto' in sys.modules)"
+    )
+    printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    # Then moto, a third of a command's start, is loaded by the local AWS alone
+    assert printed.stdout.split() == ["False", "True"]

@@ -1,4 +1,8 @@
-"""An embedded moto server on loopback: the local AWS (DynamoDB, SQS) reached over HTTP."""
+"""An embedded moto server on loopback: the local AWS (DynamoDB, SQS) reached over HTTP.
+
+moto is imported by what starts or patches it, not with this module: every `poimen` command imports it (through
+poimen_tools.local.dev), and only `poimen dev` runs moto; importing it took a third of each other command's start.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,6 @@ import logging
 import threading
 from types import TracebackType
 from typing import Any
-
-from moto.dynamodb.models import DynamoDBBackend
-from moto.server import ThreadedMotoServer
 
 _WRITE_OPERATIONS = ("put_item", "update_item", "delete_item", "transact_write_items", "batch_write_item")
 _write_lock = threading.RLock()
@@ -22,6 +23,8 @@ def serialise_dynamodb_writes() -> None:
     threads can both pass `attribute_not_exists`: check-then-insert inside the stand-in. Real
     DynamoDB never does that, and the concurrent-redelivery tests exist to prove our side of it.
     """
+    from moto.dynamodb.models import DynamoDBBackend
+
     for name in _WRITE_OPERATIONS:
         original = getattr(DynamoDBBackend, name)
         if getattr(original, "_poimen_serialised", False):
@@ -43,6 +46,8 @@ class EmbeddedMoto:
     """moto server in a thread of this process: `with EmbeddedMoto() as moto: moto.endpoint`."""
 
     def __init__(self, port: int = 0) -> None:
+        from moto.server import ThreadedMotoServer
+
         serialise_dynamodb_writes()
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no access log line per AWS call
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)

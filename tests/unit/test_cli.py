@@ -571,5 +571,5 @@ def test_the_cli_loads_moto_only_for_poimen_dev() -> None:
         "from poimen_tools.local.moto import EmbeddedMoto; EmbeddedMoto(); print(before, 'moto' in sys.modules)"
     )
     printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
-    # Then moto, a third of a command's start, is loaded by the local AWS alone
+    # Then moto, about a quarter of a command's start, is loaded by the local AWS alone
     assert printed.stdout.split() == ["False", "True"]

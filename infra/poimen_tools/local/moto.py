@@ -1,7 +1,8 @@
 """An embedded moto server on loopback: the local AWS (DynamoDB, SQS) reached over HTTP.
 
 moto is imported by what starts or patches it, not with this module: every `poimen` command imports it (through
-poimen_tools.local.dev), and only `poimen dev` runs moto; importing it took a third of each other command's start.
+poimen_tools.local.dev), and only `poimen dev` runs moto; importing it took about a quarter of each other
+command's start.
 """
 
 from __future__ import annotations

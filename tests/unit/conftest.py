@@ -94,6 +94,7 @@ def invoke(handler: Callable[[dict[str, Any], Any], dict[str, Any]], granted: st
         principal: str | None = "arn:aws:sts::123456789012:assumed-role/poimen-orchestrator/session-1",
         headers: dict[str, str] | None = None,
         base64_body: bool = False,
+        flagged_base64: bool | None = None,
     ) -> Answer:
         event = load_event("http_api_create_run.json")
         event["routeKey"] = event["requestContext"]["routeKey"] = f"{method} {path}"
@@ -118,7 +119,8 @@ def invoke(handler: Callable[[dict[str, Any], Any], dict[str, Any]], granted: st
             event["body"] = text
         elif text is not None:
             event["body"] = base64.b64encode(text.encode()).decode() if base64_body else text
-        event["isBase64Encoded"] = base64_body
+        # flagged_base64: the event's isBase64Encoded as given, whatever its body is (API Gateway never flags text).
+        event["isBase64Encoded"] = base64_body if flagged_base64 is None else flagged_base64
         # A minute: a batch begins no spawn with less than 8.5 s left (poimen.batch), and a loaded test machine can
         # take that long; the guard is tested on its own (test_spawn_batch.py).
         result = handler(event, LocalLambdaContext("AdmissionFunction", timeout_seconds=60))

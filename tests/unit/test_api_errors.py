@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
 import pytest
+from aws_lambda_powertools.utilities.data_classes.common import BaseProxyEvent
 
 from poimen.errors import StoreUnavailable
 from poimen.ids import keyed_run_id
@@ -104,6 +106,90 @@ def test_a_body_that_is_not_utf8_is_400(invoke: Invoke) -> None:
 
     assert answer.status == 400
     assert answer.body["type"] == PROBLEM + "malformed-json"
+
+
+SPAWNS = "application/vnd.poimen.spawns+json"
+
+
+def _flagged_base64_cases() -> list[tuple[str, dict[str, str], str]]:
+    """Bodies flagged isBase64Encoded that are not base64 as API Gateway writes it (standard alphabet, padded, no
+    whitespace): the JSON text itself, of a valid spawn, an invalid one and a batch; and base64 flavours of a
+    valid spawn that lenient decoders (Powertools', base64.b64decode without validate) would read all the same."""
+    spawn = {**GOOD, "input": {"s": "ab???>>>"}}  # encodes with "+", "/" and padding, alone and in a batch
+    text = json.dumps(spawn)
+    encoded = base64.b64encode(text.encode()).decode()
+    batch = base64.b64encode(json.dumps({"spawns": [spawn]}).encode()).decode()
+    assert {"+", "/", "="} <= set(encoded)
+    assert batch.endswith("=")
+    plain = {"content-type": "application/json"}
+    return [
+        (text, plain, "valid-spawn-as-text"),
+        (json.dumps({"input": {}}), plain, "invalid-spawn-as-text"),
+        (json.dumps({"spawns": [spawn]}), {"content-type": SPAWNS}, "batch-as-text"),
+        (encoded.rstrip("="), plain, "unpadded"),
+        (encoded + "=", plain, "padded-twice"),
+        ("\n".join(encoded[i : i + 76] for i in range(0, len(encoded), 76)) + "\n", plain, "mime-lines"),
+        (" " + encoded, plain, "leading-space"),
+        (base64.urlsafe_b64encode(text.encode()).decode(), plain, "urlsafe-alphabet"),
+        ("中" + encoded, plain, "non-ascii"),
+        (batch.rstrip("="), {"content-type": SPAWNS}, "batch-unpadded"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "headers"),
+    [case[:2] for case in _flagged_base64_cases()],
+    ids=[case[2] for case in _flagged_base64_cases()],
+)
+def test_a_body_flagged_base64_that_is_not_base64_is_400_and_nothing_is_written(
+    invoke: Invoke, dynamodb: Any, table_name: str, tenant: str, raw: str, headers: dict[str, str]
+) -> None:
+    # When API Gateway's event says the body is base64 and it is not (as API Gateway writes it)
+    answer = invoke(raw_body=raw, headers=headers, flagged_base64=True)
+    # Then it is the request's 400, never read as text nor handed to Powertools' own decoding (a 500)
+    assert (answer.status, answer.body.get("type")) == (400, PROBLEM + "malformed-json")
+    assert answer.body["detail"] == "The body is flagged base64-encoded (isBase64Encoded) but is not base64."
+    assert count_runs(dynamodb, table_name, tenant) == []
+
+
+@pytest.mark.parametrize("path", ["/v1/runs/00000000-0000-8000-8000-000000000000", "/v1/runs"])
+def test_a_get_whose_body_is_flagged_base64_but_is_not_is_400(invoke: Invoke, path: str) -> None:
+    query = "dispatch_key=k-1" if path == "/v1/runs" else ""
+    answer = invoke("GET", path, query=query, raw_body="{}", flagged_base64=True)
+
+    assert (answer.status, answer.body.get("type")) == (400, PROBLEM + "malformed-json")
+    # and a GET with a base64 body, or an empty one flagged, is answered as without it
+    assert invoke("GET", path, query=query, raw_body="{}", base64_body=True).status == 404
+    assert invoke("GET", path, query=query, raw_body="", flagged_base64=True).status == 404
+
+
+def test_an_empty_body_flagged_base64_is_answered_as_an_empty_body(
+    invoke: Invoke, dynamodb: Any, table_name: str, tenant: str
+) -> None:
+    flagged = invoke(raw_body="", flagged_base64=True)
+    plain = invoke(raw_body="")
+    assert (flagged.status, flagged.text) == (plain.status, plain.text)
+    assert flagged.body["type"] == PROBLEM + "validation-error"
+    assert count_runs(dynamodb, table_name, tenant) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "status"), [(GOOD, 201), ({"input": {}}, 400), ({**GOOD, "dispatch_key": "b-1"}, 201)]
+)
+def test_a_base64_body_is_answered_as_its_text(
+    invoke: Invoke, monkeypatch: pytest.MonkeyPatch, body: dict[str, Any], status: int
+) -> None:
+    # Given Powertools' event, whose own base64 decoding (lenient: it skips what is not base64) must never run
+    def decoded_body(event: BaseProxyEvent) -> str | None:
+        assert not event.is_base64_encoded, "Powertools decoded a base64 body itself"
+        return event.body
+
+    monkeypatch.setattr(BaseProxyEvent, "decoded_body", property(decoded_body))
+    # Valid or not, through the screen's fast path or Powertools' validation: the same answer as the text
+    encoded = invoke(body=body, base64_body=True)
+    assert encoded.status == status
+    if status == 400:
+        assert encoded.text == invoke(body=body).text
 
 
 def test_non_ascii_input_up_to_the_limit_is_stored(invoke: Invoke, dynamodb: Any, table_name: str, tenant: str) -> None:

@@ -96,6 +96,8 @@ def _title(status: HTTPStatus) -> str:
 class AdmissionResolver(APIGatewayHttpResolver):
     """Screens bodies before Powertools parses them, so no input can end in a 5xx.
 
+    - flagged isBase64Encoded but not base64 as API Gateway writes it: 400 (the resolver gets the body the screen
+      decoded, as text: Powertools' own base64 decoding never runs);
     - over MAX_BODY_BYTES: 413 (API Gateway itself allows 10 MB);
     - a media type other than application/json: 415;
     - not strict JSON (not UTF-8, NaN/Infinity, out-of-range numbers, lone surrogates, nesting deeper
@@ -335,7 +337,8 @@ IdempotencyKeyHeader = Annotated[
 _CREATE_RUN_BAD_REQUEST: OpenAPIResponse = {
     "description": (
         "`validation-error`: the body or a header breaks the schema; `errors` names each field. "
-        "`malformed-json`: the body is not strict JSON. `run-not-storable`: DynamoDB refused the item. "
+        "`malformed-json`: the body is not strict JSON, or its Lambda event flags it base64-encoded and it is not "
+        "base64. `run-not-storable`: DynamoDB refused the item. "
         "`idempotency-key-invalid`: the Idempotency-Key header is neither an RFC 8941 string nor a key of "
         "1-255 printable ASCII characters without a comma. `idempotency-key-mismatch`: the Idempotency-Key "
         "header and the body's dispatch_key name different keys. Nothing was written."
@@ -812,13 +815,32 @@ def _unexpected(error: Exception) -> Response[str]:
 
 
 def _decoded_body(event: Mapping[str, Any]) -> bytes:
-    body = event.get("body") or ""
+    """The body's bytes; one flagged isBase64Encoded must be base64 as API Gateway writes it (standard alphabet,
+    padded, nothing else: the text `base64.b64encode` gives its bytes back), or it is the request's 400. Read as
+    text instead, a valid spawn would be admitted from a body its event says is something else, and lenient decoders
+    (Powertools', `b64decode` without `validate`) skip what is not base64 and read another body."""
+    body = str(event.get("body") or "")
     if not event.get("isBase64Encoded"):
-        return str(body).encode("utf-8", "surrogatepass")
+        return body.encode("utf-8", "surrogatepass")
     try:
-        return base64.b64decode(body, validate=True)
-    except (binascii.Error, ValueError):
-        return str(body).encode("utf-8", "surrogatepass")
+        decoded = base64.b64decode(body, validate=True)
+        canonical = base64.b64encode(decoded) == body.encode("ascii")
+    except (binascii.Error, ValueError):  # a character outside the alphabet, bad padding, or not ASCII at all
+        canonical = False
+    if not canonical:
+        raise _Refused(HTTPStatus.BAD_REQUEST, "malformed-json", _NOT_BASE64)
+    return decoded
+
+
+_NOT_BASE64 = "The body is flagged base64-encoded (isBase64Encoded) but is not base64."
+
+
+def _as_text(event: Mapping[str, Any], body: bytes) -> Mapping[str, Any]:
+    """The screened event with its body as text, `body` decoded (UTF-8: the screen refused any other), so that the
+    resolver reads the body the screen read and never decodes base64 itself."""
+    if not event.get("isBase64Encoded"):
+        return event
+    return {**event, "body": body.decode("utf-8"), "isBase64Encoded": False}
 
 
 def _content_type(event: Mapping[str, Any]) -> str:
@@ -845,7 +867,7 @@ def _screened(event: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, An
     if len(body) > limit:
         raise _Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "payload-too-large", f"The body exceeds {limit} bytes.")
     if not body and not batch:
-        return event, {}
+        return _as_text(event, body), {}
     if media_type not in ("", "application/json") and not batch:
         raise _Refused(
             HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Send the body as application/json."
@@ -868,7 +890,7 @@ def _screened(event: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, An
     if content_type != content_type.lower():
         # Media types are case-insensitive (RFC 9110); Powertools compares them case-sensitively.
         event = {**event, "headers": {**event["headers"], "content-type": content_type.lower()}}
-    return event, value
+    return _as_text(event, body), value
 
 
 def _is_create_run(event: Mapping[str, Any]) -> bool:

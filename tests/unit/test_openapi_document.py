@@ -4,6 +4,7 @@ by openapi-spec-validator; tests/integration/test_fuzz.py holds the running API 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +14,8 @@ from openapi_spec_validator.readers import read_from_filename
 
 from poimen.contract import IDEMPOTENCY_KEY_HEADER_PATTERN
 from poimen.wire import MAX_BATCH_BODY_BYTES, MAX_BATCH_SPAWNS, SPAWN_RESULTS_MEDIA_TYPE, SPAWNS_MEDIA_TYPE
-from tests.conftest import REPO
+from tests.conftest import REPO, count_runs
+from tests.unit.conftest import Invoke
 
 DOCUMENT = REPO / "infra" / "openapi.json"
 OPERATIONS = [("/v1/runs", "post"), ("/v1/runs", "get"), ("/v1/runs/{run_id}", "get")]
@@ -94,6 +96,40 @@ def test_the_idempotency_key_header_has_its_syntax_and_its_400s(document: dict[s
     assert "RFC 8941" in header["description"]
     for kind in ("idempotency-key-invalid", "idempotency-key-mismatch"):
         assert f"`{kind}`" in create_run["responses"]["400"]["description"]
+
+
+# What the document says a batch with an Idempotency-Key header is answered: "<status> `<problem type>`".
+_BATCH_KEY_ANSWER = re.compile(r"any Idempotency-Key on a batch, well-formed or not, is answered (\d{3}) `([a-z-]+)`")
+
+
+def test_a_batch_with_a_well_formed_idempotency_key_gets_what_the_document_says(
+    document: dict[str, Any], invoke: Invoke, dynamodb: Any, table_name: str, tenant: str
+) -> None:
+    # Given what the document says, where a caller of POST /v1/runs looks: the header (declared once for the
+    # operation, both media types), the request body and the 400s
+    create_run = document["paths"]["/v1/runs"]["post"]
+    header = next(p for p in create_run["parameters"] if p["name"] == "idempotency-key")
+    said = {
+        where: _BATCH_KEY_ANSWER.findall(text)
+        for where, text in (
+            ("header", header["description"]),
+            ("request", create_run["requestBody"]["description"]),
+            ("400", create_run["responses"]["400"]["description"]),
+        )
+    }
+    assert said == {where: [("400", "idempotency-key-invalid")] for where in ("header", "request", "400")}
+    assert re.fullmatch(IDEMPOTENCY_KEY_HEADER_PATTERN, "k-1")  # well-formed: the single form's key k-1
+    # When a batch comes with a well-formed Idempotency-Key
+    answer = invoke(
+        body={"spawns": [{"workflow_ref": "wf", "input": {}}]},
+        headers={
+            "content-type": SPAWNS_MEDIA_TYPE,
+            "idempotency-key": "k-1",
+        },
+    )
+    # Then it is answered exactly that, and nothing is admitted
+    assert [(str(answer.status), answer.body["type"].removeprefix("urn:poimen:problem:"))] == said["400"]
+    assert count_runs(dynamodb, table_name, tenant) == []
 
 
 def test_no_answer_the_code_never_gives_and_no_schema_nothing_uses(document: dict[str, Any]) -> None:

@@ -315,18 +315,28 @@ _CREATE_RUN_UNAVAILABLE: OpenAPIResponse = {
 }
 
 TenantHeader = Annotated[TenantId, Header(alias=TENANT_HEADER, description="Tenant the call acts for")]
+# A batch has no single key: each spawn's is its own dispatch_key, so a key header would name none of its runs (taken
+# for every spawn, it would make them one run; ignored, the caller would believe the request keyed). Said once,
+# here, where the header, the request body and the 400s of the document say it, and `_spawn_batch` answers it.
+_BATCH_TAKES_NO_KEY = (
+    f"A batch ({SPAWNS_MEDIA_TYPE}) has no single key, each spawn's key is its own dispatch_key: any "
+    f"{IDEMPOTENCY_KEY_HEADER} on a batch, well-formed or not, is answered 400 `idempotency-key-invalid`, nothing "
+    "admitted (after its tenant header and envelope are found valid, before its caller is authorized)."
+)
 # Validated by create_run, not by the schema: a malformed key has its own problem type. The pattern is only
-# documented (json_schema_extra), for the same reason.
+# documented (json_schema_extra), for the same reason. OpenAPI declares a header for the operation, not for one
+# media type of its body: its description says what the batch form answers.
 IdempotencyKeyHeader = Annotated[
     str | SkipJsonSchema[None],
     Header(
         alias=IDEMPOTENCY_KEY_HEADER,
         description=(
-            'The dispatch_key as a header: an RFC 8941 string (`"k-1"`, with `\\"` and `\\\\` its only escapes) '
-            "or the key itself unquoted (`k-1`); 1-255 printable ASCII characters. Unquoted, it holds no comma: "
-            "API Gateway joins repeated header lines with commas, so `k-1,k-1` is one line sent twice, not a key; "
-            'quote a key with a comma (`"a,b"`) or send it as the body\'s dispatch_key. With a dispatch_key in '
-            "the body too, both must name the same key. It need not be signed."
+            'For one spawn (application/json), the dispatch_key as a header: an RFC 8941 string (`"k-1"`, with '
+            '`\\"` and `\\\\` its only escapes) or the key itself unquoted (`k-1`); 1-255 printable ASCII characters '
+            "(the pattern). Unquoted, it holds no comma: API Gateway joins repeated header lines with commas, so "
+            '`k-1,k-1` is one line sent twice, not a key; quote a key with a comma (`"a,b"`) or send it as the '
+            "body's dispatch_key. With a dispatch_key in the body too, both must name the same key. It need not be "
+            f"signed. {_BATCH_TAKES_NO_KEY}"
         ),
         # Documented, not enforced by the schema: a value outside it is answered idempotency-key-invalid.
         json_schema_extra={"pattern": IDEMPOTENCY_KEY_HEADER_PATTERN},
@@ -339,9 +349,10 @@ _CREATE_RUN_BAD_REQUEST: OpenAPIResponse = {
         "`validation-error`: the body or a header breaks the schema; `errors` names each field. "
         "`malformed-json`: the body is not strict JSON, or its Lambda event flags it base64-encoded and it is not "
         "base64. `run-not-storable`: DynamoDB refused the item. "
-        "`idempotency-key-invalid`: the Idempotency-Key header is neither an RFC 8941 string nor a key of "
-        "1-255 printable ASCII characters without a comma. `idempotency-key-mismatch`: the Idempotency-Key "
-        "header and the body's dispatch_key name different keys. Nothing was written."
+        "`idempotency-key-invalid`: the Idempotency-Key header names no key of this request: with one spawn, it "
+        "is neither an RFC 8941 string nor a key of 1-255 printable ASCII characters without a comma; "
+        f"{_BATCH_TAKES_NO_KEY} `idempotency-key-mismatch`: the Idempotency-Key header and the body's dispatch_key "
+        "name different keys. Nothing was written."
     ),
     "content": {PROBLEM_JSON: {"model": ValidationProblem}},
 }
@@ -370,7 +381,7 @@ _RUN_PATH_PATTERN = "^/v1/runs/" + RUN_ID_PATTERN.removeprefix("^")
                 "spawns: one result a spawn, in order, each the run and its status (201 admitted, 200 replayed) or "
                 "the problem this route would answer for that spawn alone, with its status (a 503 "
                 "`outcome-unknown` names the run that may have been admitted). The request's own 4xx (its "
-                "envelope, tenant, authorization) and 5xx are its problems below."
+                "envelope, tenant, Idempotency-Key, authorization) and 5xx are its problems below."
             ),
             "headers": {
                 REPLAYED_HEADER: {
@@ -478,7 +489,7 @@ def _with_spawn_batch(schema: dict[str, Any]) -> dict[str, Any]:
     request["description"] = (
         f"One spawn (application/json, a RunRequest), or up to {MAX_BATCH_SPAWNS} of the tenant in one request "
         f"({SPAWNS_MEDIA_TYPE}, a SpawnBatch of at most {MAX_BATCH_BODY_BYTES} bytes), answered 200 "
-        f"{SPAWN_RESULTS_MEDIA_TYPE}."
+        f"{SPAWN_RESULTS_MEDIA_TYPE}. {_BATCH_TAKES_NO_KEY}"
     )
     return schema
 

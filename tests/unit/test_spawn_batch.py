@@ -363,10 +363,11 @@ def test_replays_of_runs_far_larger_than_their_spawns_answer_within_lambdas_payl
 def test_100_spawns_refused_with_long_problems_answer_within_lambdas_payload(
     invoke: Invoke, dynamodb: Any, table_name: str, tenant: str
 ) -> None:
-    # Given 100 spawns of 10 KB, each with 20 unknown fields named by 125 characters beyond the BMP (4 bytes
-    # each as sent, 12 escaped in a problem, which names each field twice), and one valid spawn last
+    # Given 100 spawns of 10 KB, each with 20 unknown fields named by 131 characters, 129 beyond the BMP (4 bytes
+    # each as sent and in a problem, which names each field twice, and 12 in the answer's budget: runtimes before
+    # python3.12 \u-escape them), and one valid spawn last
     def unknown(n: int) -> dict[str, Any]:
-        return {**_spawn(f"p-{n}"), **{f"{i:02}" + "\U0001f600" * 123: 1 for i in range(20)}}
+        return {**_spawn(f"p-{n}"), **{f"{i:02}" + "\U0001f600" * 129: 1 for i in range(20)}}
 
     spawns = [unknown(n) for n in range(MAX_BATCH_SPAWNS - 1)] + [_spawn("p-ok")]
     body = json.dumps({"spawns": spawns}, ensure_ascii=False)

@@ -44,6 +44,7 @@ from poimen.contract import (
     SpawnResults,
     TenantId,
     dispatch_key_of,
+    json_text,
     parse_json,
 )
 from poimen.errors import (
@@ -114,7 +115,8 @@ class AdmissionResolver(APIGatewayHttpResolver):
     """
 
     def __init__(self) -> None:
-        super().__init__(enable_validation=True, json_body_deserializer=self._screened_body)
+        # json_text: Powertools' own JSON answers (the OpenAPI document) are written as every other answer is.
+        super().__init__(enable_validation=True, json_body_deserializer=self._screened_body, serializer=json_text)
         self._body: dict[str, Any] = {}
         self.started = 0.0  # perf_counter() when the request in hand arrived: its admission's latency_ms
         # The tenant and dispatch_key a POST /v1/runs in hand spawns for, once read: what its audit line names.
@@ -645,7 +647,7 @@ def problem(
         status_code=status,
         content_type=PROBLEM_JSON,
         # Powertools serialises dict bodies only for application/json, so the problem is sent as text.
-        body=json.dumps(_problem_body(status, kind, detail, **extensions)),
+        body=json_text(_problem_body(status, kind, detail, **extensions)),
         headers=headers,
     )
 
@@ -1066,6 +1068,6 @@ def _early_problem(status: HTTPStatus, kind: str, detail: str, **extensions: Any
     return {
         "statusCode": int(status),
         "headers": {"Content-Type": PROBLEM_JSON},
-        "body": json.dumps(_problem_body(status, kind, detail, **extensions)),
+        "body": json_text(_problem_body(status, kind, detail, **extensions)),
         "isBase64Encoded": False,
     }

@@ -34,7 +34,7 @@ from functools import lru_cache
 from typing import Any
 
 from poimen.admission import Admission, Admitted
-from poimen.contract import RunRequest, SpawnBatch, json_text
+from poimen.contract import JSONText, RunRequest, SpawnBatch, json_text
 from poimen.errors import AdmissionError, OutcomeUnknown, StoreUnavailable
 from poimen.wire import MAX_BODY_BYTES, TRACEPARENT_PATTERN
 
@@ -167,7 +167,7 @@ def admit_spawns(
                 text = _refused(refusal(key, _answer_full()))
         room -= _size(text)
         results.append(text)
-    return '{"results":[' + ",".join(results) + "]}"
+    return json_text({"results": [JSONText(text) for text in results]})
 
 
 @lru_cache(maxsize=1)
@@ -202,9 +202,12 @@ def _well_formed(traceparent: str | None) -> str | None:
 
 def _admitted(outcome: Admitted) -> str:
     status = 200 if outcome.replayed else 201
-    return f'{{"status":{status},"replayed":{json.dumps(outcome.replayed)},"run":{outcome.run.body}}}'
+    return json_text({"status": status, "replayed": outcome.replayed, "run": JSONText(outcome.run.body)})
 
 
 def _refused(answer: Refusal) -> str:
-    retry_after = "" if answer.retry_after is None else f',"retry_after":{int(answer.retry_after)}'
-    return f'{{"status":{answer.status},"problem":{answer.problem}{retry_after}}}'
+    """The spawn's result: its problem embedded as the single route answers it (json_text's text already)."""
+    result: dict[str, Any] = {"status": answer.status, "problem": JSONText(answer.problem)}
+    if answer.retry_after is not None:
+        result["retry_after"] = int(answer.retry_after)
+    return json_text(result)

@@ -260,14 +260,24 @@ def parse_json(text: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
     return value
 
 
-def json_text(value: Any) -> str:
-    """Compact JSON text of a parsed value, each JSONNumber written as it was sent.
+class JSONText(str):
+    """JSON text written already, by `json_text` (or `run_json`, which writes as it does): `json_text` embeds it as it
+    is, so that an answer built of parts (a batch's runs and problems) is one serializer's text without its parts
+    parsed and written again."""
 
-    Keys keep their order and strings are not \\u-escaped (a 256 KiB body stays under DynamoDB's item
-    limit); a Python float (from a caller in-process) is written as json.dumps writes it.
+    __slots__ = ()
+
+
+def json_text(value: Any) -> str:
+    """Compact JSON text of a parsed value, each JSONNumber written as it was sent, each JSONText as it is.
+
+    The one serializer of the API's answers: problems, a batch's results, the OpenAPI document, and runs (by
+    `run_json`, which writes as it does, without the parse). Keys keep their order and strings are not \\u-escaped
+    (a 256 KiB body stays under DynamoDB's item limit); a Python float (from a caller in-process) is written as
+    json.dumps writes it.
     """
     if isinstance(value, str):
-        return encode_basestring(value)
+        return value if isinstance(value, JSONText) else encode_basestring(value)
     if isinstance(value, dict):
         return "{" + ",".join(encode_basestring(key) + ":" + json_text(item) for key, item in value.items()) + "}"
     if isinstance(value, list):

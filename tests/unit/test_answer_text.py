@@ -21,8 +21,10 @@ PROBLEM = "urn:poimen:problem:"
 
 
 def _is_one_serializers_text(answer: Answer) -> None:
-    """The body is json_text's text of its own value (parse_json: its numbers as written), byte for byte."""
+    """The body is json_text's text of its own value (parse_json: its numbers as written), byte for byte, and
+    UTF-8 text a runtime can send (no lone surrogate written out)."""
     assert json_text(parse_json(answer.text)) == answer.text
+    answer.text.encode("utf-8")
 
 
 # Each request, and the problem type the API answers it (no dispatch key repeats across cases: one table a test).
@@ -37,6 +39,13 @@ _PROBLEMS: list[tuple[str, dict[str, Any], str]] = [
     # Non-ASCII in the problem: a field's name as sent, and one cut short with an ellipsis
     ("resolver-non-ascii-fields", {"body": {**GOOD, "schlüssel": 1, "中" * 300: 2}}, "validation-error"),
     ("resolver-tenant", {"body": GOOD, "tenant": "Not-A-Tenant"}, "validation-error"),
+    ("resolver-query", {"method": "GET", "path": "/v1/runs"}, "validation-error"),
+    # A lone surrogate in what the problem names: it is named by its place, never written out
+    (
+        "resolver-lone-surrogate",
+        {"method": "GET", "path": "/v1/runs", "query": "dispatch_key=\ud800"},
+        "validation-error",
+    ),
     ("idempotency-key-invalid", {"body": GOOD, "headers": {"idempotency-key": '"k'}}, "idempotency-key-invalid"),
     (
         "idempotency-key-mismatch",

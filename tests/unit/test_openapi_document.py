@@ -130,6 +130,12 @@ def test_a_batch_with_a_well_formed_idempotency_key_gets_what_the_document_says(
     # Then it is answered exactly that, and nothing is admitted
     assert [(str(answer.status), answer.body["type"].removeprefix("urn:poimen:problem:"))] == said["400"]
     assert count_runs(dynamodb, table_name, tenant) == []
+    # And, as the document says, after the envelope (a bad one is its validation-error) and before the grants (a
+    # tenant not granted to the caller is still the key's 400)
+    keyed = {"content-type": SPAWNS_MEDIA_TYPE, "idempotency-key": "k-1"}
+    assert invoke(body={"spawns": []}, headers=keyed).body["type"] == "urn:poimen:problem:validation-error"
+    not_granted = invoke(body={"spawns": [{"workflow_ref": "wf", "input": {}}]}, headers=keyed, tenant=f"{tenant}-b")
+    assert not_granted.body["type"] == "urn:poimen:problem:idempotency-key-invalid"
 
 
 def test_no_answer_the_code_never_gives_and_no_schema_nothing_uses(document: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ import urllib3
 from poimen.admission import Admission
 from poimen.config import ON_DEMAND_POLLERS
 from poimen.ids import keyed_run_id
-from poimen.relay import AdmissionApiRefused
+from poimen.relay import AdmissionApiRefused, AdmissionApiUnavailable
 from poimen.store import Store
 from poimen.wire import MAX_BATCH_BODY_BYTES, MAX_JSON_DEPTH, SPAWNS_MEDIA_TYPE
 from poimen_tools.local.msk import KafkaRecord
@@ -235,3 +235,42 @@ def test_results_that_are_not_results_fail_the_batch_as_a_refusal_of_the_relay_w
     on_demand.relay._http = _BatchAnsweredWith(body)  # type: ignore[assignment]
     on_demand.run([record], seconds=10)
     assert [letter["reason"]["kind"] for _, letter in on_demand.dead_letters()] == ["retries-exhausted"]
+
+
+@pytest.mark.parametrize("batch_spawns", [1, 100])
+def test_a_later_record_of_a_kafka_key_is_not_admitted_while_an_earlier_one_fails(
+    harness: RelayHarness, dynamodb: Any, table_name: str, monkeypatch: pytest.MonkeyPatch, batch_spawns: int
+) -> None:
+    # Given a store that throttles every write of the first record's dispatch_key (store-unavailable, nothing
+    # written), and records of another Kafka key beside them
+    script_attempts(monkeypatch, put_run=only_for('"ko-first"', [throttled] * 1000))
+    relay = harness.with_settings(batch_spawns=batch_spawns)
+    records = [
+        relay.record({**SPAWN, "dispatch_key": "ko-first"}, 0, key=b"k"),
+        relay.record({**SPAWN, "dispatch_key": "ko-other"}, 1, key=b"other"),
+        relay.record({**SPAWN, "dispatch_key": "ko-second"}, 2, key=b"k"),
+    ]
+    # When two records of one Kafka key, under different dispatch_keys, are relayed and the first cannot be written
+    with pytest.raises(AdmissionApiUnavailable):
+        relay.run(records, seconds=4)
+    # Then, on either path, the later record of that key was not admitted ahead of it: the batch fails (to be
+    # retried whole) with neither of the key's records a run; the other key's record is
+    keys = {item["dispatch_key"]["S"] for item in count_runs(dynamodb, table_name, relay.tenant)}
+    assert "ko-second" not in keys
+    assert keys <= {"ko-other"}
+
+
+def test_the_records_of_a_kafka_key_share_an_ordering_key_in_the_batch_and_no_other_record_has_one(
+    harness: RelayHarness, dynamodb: Any, table_name: str
+) -> None:
+    # Given a partition of records of keys a, b, a, a keyless one, and c
+    keys = [b"a", b"b", b"a", None, b"c"]
+    records = [harness.record({**SPAWN, "dispatch_key": f"ok-{n}"}, n, key=key) for n, key in enumerate(keys)]
+    # When it is relayed, and then a partition whose every key is its own
+    harness.run(records)
+    harness.run([harness.record({**SPAWN, "dispatch_key": f"own-{n}"}, n, key=f"{n}".encode()) for n in range(3)])
+    # Then the first call gave key a's two records one ordering key and the others none; the second had none
+    first, second = (json.loads(body) for body in harness.api.bodies)
+    assert first["ordering_keys"] == ["0", None, "0", None, None]
+    assert "ordering_keys" not in second
+    assert len(count_runs(dynamodb, table_name, harness.tenant)) == 8

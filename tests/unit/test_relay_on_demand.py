@@ -270,3 +270,127 @@ def test_on_demand_a_given_up_records_log_line_names_its_tenant_and_dispatch_key
         relay.tenant,
         "kept-out-2",
     )
+
+
+class ThrottledApi:
+    """The API answering API Gateway's throttle (429 `Retry-After: 1`) for `seconds` from its first request to the
+    bodies naming `marker` (every body when None), then each as `up` does; connection refused for bodies naming
+    `down`."""
+
+    def __init__(self, up: Any, seconds: float, marker: bytes | None = None, down: bytes | None = None) -> None:
+        self._up = up
+        self._seconds = seconds
+        self._marker = marker
+        self._down = down
+        self._until: float | None = None
+        self.throttled = 0
+
+    def request(self, method: str, url: str, **kw: Any) -> Any:
+        if self._down is not None and self._down in kw["body"]:
+            raise urllib3.exceptions.NewConnectionError(None, "connection refused")  # type: ignore[arg-type]
+        if self._marker is None or self._marker in kw["body"]:
+            if self._until is None:
+                self._until = time.monotonic() + self._seconds
+            if time.monotonic() < self._until:
+                self.throttled += 1
+                body = b'{"message":"Too Many Requests"}'
+                headers = {"Content-Type": "application/json", "Retry-After": "1"}
+                return urllib3.HTTPResponse(body=body, status=429, headers=headers, preload_content=True)
+        return self._up.request(method, url, **kw)
+
+
+@pytest.mark.parametrize("age_hours", [1, 4], ids=["within-the-age-limit", "past-the-age-limit"])
+def test_on_demand_a_backlog_the_api_only_throttles_is_admitted_whole_whatever_its_age(
+    harness: RelayHarness, dynamodb: Any, table_name: str, batch_spawns: int, age_hours: int
+) -> None:
+    # Given on-demand pollers (the template's 3 h age limit) and an API that throttles for 4 s, then admits
+    relay = harness.with_settings(event_pollers=ON_DEMAND_POLLERS, batch_spawns=batch_spawns)
+    api = ThrottledApi(relay.relay._http, seconds=4)
+    relay.relay._http = api  # type: ignore[assignment]
+    born = int(time.time() * 1000) - age_hours * HOUR_MS
+    records = [
+        relay.record({**SPAWN, "dispatch_key": f"backlog-{n}"}, n, key=f"k{n}".encode(), timestamp_ms=born)
+        for n in range(5)
+    ]
+    # When a batch of five records that old is invoked with 10 s left
+    outcome = relay.run(records, seconds=10)
+    # Then every record is admitted in that invocation, and none is dead-lettered: a 429 asks the relay to slow
+    # down, it is no failure to give the batch up for
+    assert api.throttled >= 1
+    assert (outcome.relayed, outcome.dead_lettered) == (5, 0)
+    assert relay.dead_letters() == []
+    assert len(count_runs(dynamodb, table_name, relay.tenant)) == 5
+
+
+def test_on_demand_a_partition_past_the_age_limit_is_given_up_alone(
+    harness: RelayHarness, dynamodb: Any, table_name: str, batch_spawns: int
+) -> None:
+    # Given on-demand pollers (age limit 1 h), a partition 2 h old the API cannot be reached for, and a fresh
+    # partition the API throttles for 5 s, longer than the stale partition is tried (half the invocation, 4 s)
+    relay = _on_demand(harness, batch_spawns)
+    api = ThrottledApi(relay.relay._http, seconds=5, marker=b"fresh-", down=b"stale-")
+    relay.relay._http = api  # type: ignore[assignment]
+    now = int(time.time() * 1000)
+    stale = [
+        relay.record({**SPAWN, "dispatch_key": f"stale-{n}"}, n, key=b"s", timestamp_ms=now - 2 * HOUR_MS)
+        for n in range(2)
+    ]
+    fresh = [
+        relay.record({**SPAWN, "dispatch_key": f"fresh-{n}"}, n, key=b"f", partition=1, timestamp_ms=now - 60_000)
+        for n in range(2)
+    ]
+    # When the batch is invoked with 10 s left
+    outcome = relay.run(stale + fresh, seconds=10)
+    # Then only the stale partition's records are dead-lettered (retries-exhausted); the fresh partition's, though
+    # in the same batch, are admitted, and the batch succeeds
+    letters = sorted((letter["record"]["partition"], letter["reason"]["kind"]) for _, letter in relay.dead_letters())
+    assert letters == [(0, "retries-exhausted"), (0, "retries-exhausted")]
+    keys = sorted(item["dispatch_key"]["S"] for item in count_runs(dynamodb, table_name, relay.tenant))
+    assert keys == ["fresh-0", "fresh-1"]
+    assert (outcome.relayed, outcome.dead_lettered) == (2, 2)
+
+
+def test_on_demand_a_failing_fresh_partition_still_fails_the_batch_beside_a_given_up_one(
+    harness: RelayHarness, batch_spawns: int
+) -> None:
+    # Given on-demand pollers (age limit 1 h), a partition 2 h old and a fresh one, the API down for both
+    relay = _on_demand(harness, batch_spawns)
+    relay.relay._http = ThrottledApi(relay.relay._http, seconds=0, down=b"-down-")  # type: ignore[assignment]
+    now = int(time.time() * 1000)
+    records = [
+        relay.record({**SPAWN, "dispatch_key": "stale-down-0"}, 0, key=b"s", timestamp_ms=now - 2 * HOUR_MS),
+        relay.record({**SPAWN, "dispatch_key": "fresh-down-0"}, 0, key=b"f", partition=1, timestamp_ms=now - 60_000),
+    ]
+    # When the batch is invoked, it fails (AWS retries it: the fresh partition's record is not given up)
+    with pytest.raises(AdmissionApiUnavailable):
+        relay.run(records, seconds=5)
+    # And nothing is dead-lettered: letters go out only with a batch that succeeds
+    assert relay.dead_letters() == []
+
+
+@pytest.mark.parametrize("age_hours", [4, 24], ids=["past-the-age-limit", "past-23-hours"])
+def test_on_demand_a_lane_the_api_throttles_throughout_is_retried_until_23_hours_then_given_up(
+    harness: RelayHarness, dynamodb: Any, table_name: str, batch_spawns: int, age_hours: int
+) -> None:
+    # Given on-demand pollers (the template's 3 h age limit) and an API that throttles the whole invocation
+    relay = harness.with_settings(event_pollers=ON_DEMAND_POLLERS, batch_spawns=batch_spawns)
+    relay.relay._http = ThrottledApi(relay.relay._http, seconds=3600)  # type: ignore[assignment]
+    born = int(time.time() * 1000) - age_hours * HOUR_MS
+    record = relay.record({**SPAWN, "dispatch_key": "throttled"}, 0, key=b"t", timestamp_ms=born)
+    started = time.monotonic()
+    if age_hours < 23:
+        # When a record past the age limit but younger than 23 h is invoked, the batch fails: it is retried, not
+        # given up, while the topic is sure to keep it
+        with pytest.raises(AdmissionApiUnavailable):
+            relay.run([record], seconds=5)
+        assert relay.dead_letters() == []
+    else:
+        # When it is 24 h old, it is given up: its letter names the 23 h bound, and it was given up early enough to
+        # send it
+        outcome = relay.run([record], seconds=10)
+        ((_, letter),) = relay.dead_letters()
+        assert letter["reason"]["kind"] == "retries-exhausted"
+        assert "23 h, the longest the API's throttling is waited out" in letter["reason"]["detail"]
+        assert outcome.dead_lettered == 1
+    assert time.monotonic() - started < 10
+    assert count_runs(dynamodb, table_name, relay.tenant) == []

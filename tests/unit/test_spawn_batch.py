@@ -154,6 +154,38 @@ def test_a_key_whose_first_spawn_failed_admits_no_later_spawn_of_it_in_the_batch
     assert [item["workflow_ref"]["S"] for item in count_runs(dynamodb, table_name, tenant)] == ["wf/first"]
 
 
+@pytest.mark.parametrize("fault", [throttled, lost_before_dynamodb])
+def test_a_spawn_after_one_of_its_ordering_key_that_failed_is_not_begun(
+    invoke: Invoke, monkeypatch: pytest.MonkeyPatch, dynamodb: Any, table_name: str, tenant: str, fault: Any
+) -> None:
+    # Given a store whose writes of the first spawn fail (throttled: nothing written; lost: outcome unknown)
+    script_attempts(monkeypatch, put_run=only_for('"x-1"', [fault, fault]))
+    # When a batch sends three spawns of three dispatch keys, the first and third sharing an ordering key (two
+    # records of one Kafka key, as the relay sends them), the second another
+    spawns = [_spawn("x-1"), _spawn("x-2"), _spawn("x-3")]
+    answer = invoke(body={"spawns": spawns, "ordering_keys": ["0", "1", "0"]}, headers=BATCH)
+    # Then the third is not admitted ahead of the first: 503 store-unavailable, nothing written, to send again; the
+    # second, of another ordering key, is admitted
+    assert [result["status"] for result in answer.body["results"]] == [503, 201, 503]
+    assert answer.body["results"][2]["problem"]["type"] == "urn:poimen:problem:store-unavailable"
+    assert "ordering key" in answer.body["results"][2]["problem"]["detail"]
+    assert [item["dispatch_key"]["S"] for item in count_runs(dynamodb, table_name, tenant)] == ["x-2"]
+
+
+def test_spawns_linked_by_a_dispatch_key_and_an_ordering_key_are_one_sequence(
+    invoke: Invoke, monkeypatch: pytest.MonkeyPatch, dynamodb: Any, table_name: str, tenant: str
+) -> None:
+    # Given a store that throttles the first spawn's writes
+    script_attempts(monkeypatch, put_run=only_for('"y-1"', [throttled, throttled]))
+    # When spawn 0 (key y-1, ordering a) fails, spawn 1 shares its key (ordering b), and spawn 2 shares only
+    # spawn 1's ordering key
+    spawns = [_spawn("y-1"), _spawn("y-1"), _spawn("y-2")]
+    answer = invoke(body={"spawns": spawns, "ordering_keys": ["a", "b", "b"]}, headers=BATCH)
+    # Then neither later spawn is begun: spawn 2 would overtake spawn 1, which waits for spawn 0
+    assert [result["status"] for result in answer.body["results"]] == [503, 503, 503]
+    assert count_runs(dynamodb, table_name, tenant) == []
+
+
 def test_a_batch_reads_its_callers_grants_once_not_once_a_spawn(
     invoke: Invoke, monkeypatch: pytest.MonkeyPatch, dynamodb: Any, table_name: str, tenant: str
 ) -> None:
@@ -199,6 +231,10 @@ def test_a_spawn_the_invocation_has_no_time_left_for_is_503_unwritten(
         ({"spawns": [1]}, "body.spawns.0"),
         ({"spawns": [_spawn("e")] * (MAX_BATCH_SPAWNS + 1)}, "body.spawns"),
         ({"spawns": [_spawn("e")], "traceparents": [None, None]}, "body"),
+        ({"spawns": [_spawn("e")], "ordering_keys": [None, "k"]}, "body"),
+        ({"spawns": [_spawn("e")], "ordering_keys": [""]}, "body.ordering_keys.0"),
+        ({"spawns": [_spawn("e")], "ordering_keys": ["k" * 256]}, "body.ordering_keys.0"),
+        ({"spawns": [_spawn("e")], "ordering_keys": [7]}, "body.ordering_keys.0"),
     ],
 )
 def test_a_malformed_envelope_is_the_requests_400_and_nothing_is_written(

@@ -109,14 +109,15 @@ def admit_spawns(
 
     def admit_in_order(indexes: list[int]) -> None:
         # A key's spawn after one that failed (unwritten, or its outcome unknown) is not begun: admitted, it would
-        # be the key's run ahead of the earlier spawn, which sent again could then only replay it or be the 422.
+        # be the key's run ahead of the earlier spawn, which sent again could then only replay it or be the 422;
+        # and a spawn after one of its ordering key that failed would overtake it (a Kafka key's later record).
         held: Exception | None = None
         for index in indexes:
             trace = traceparents[index] if traceparents[index] is not None else traceparent
             if held is not None:
                 outcomes[index] = SpawnDeferred(
-                    "An earlier spawn of this dispatch_key in the batch was not admitted, so this one was not begun: "
-                    "nothing was written; send it again after that one.",
+                    "An earlier spawn of this dispatch_key or ordering key in the batch was not admitted, so this one "
+                    "was not begun: nothing was written; send it again after that one.",
                     getattr(held, "retry_after_seconds", 1),
                 )
                 continue
@@ -135,10 +136,7 @@ def admit_spawns(
                 if isinstance(error, StoreUnavailable | OutcomeUnknown) or not isinstance(error, AdmissionError):
                     held = error
 
-    keys: dict[object, list[int]] = {}
-    for index, request in requests.items():
-        keys.setdefault(index if request.dispatch_key is None else request.dispatch_key, []).append(index)
-    groups = list(keys.values())
+    groups = _sequences(requests, batch.ordering_keys or [None] * len(batch.spawns))
     if len(groups) > 1:
         list(_pool().map(admit_in_order, groups))
     elif groups:
@@ -168,6 +166,32 @@ def admit_spawns(
         room -= _size(text)
         results.append(text)
     return json_text({"results": [JSONText(text) for text in results]})
+
+
+def _sequences(requests: Mapping[int, RunRequest], ordering_keys: list[str | None]) -> list[list[int]]:
+    """The valid spawns (by index) in groups admitted one after another, each in the batch's order: spawns sharing
+    a dispatch_key or an ordering key, and so on transitively (a spawn of key a and ordering key x, one of key b and
+    ordering key x: one group); every other spawn a group of its own."""
+    group_of = {index: index for index in requests}
+
+    def root(index: int) -> int:
+        while group_of[index] != index:
+            group_of[index] = index = group_of[group_of[index]]
+        return index
+
+    first: dict[tuple[str, str], int] = {}
+    for index, request in requests.items():
+        for kind, value in (("dispatch_key", request.dispatch_key), ("ordering_key", ordering_keys[index])):
+            if value is None:
+                continue
+            if (kind, value) in first:
+                group_of[root(index)] = root(first[kind, value])
+            else:
+                first[kind, value] = index
+    groups: dict[int, list[int]] = {}
+    for index in sorted(requests):
+        groups.setdefault(root(index), []).append(index)
+    return list(groups.values())
 
 
 @lru_cache(maxsize=1)

@@ -38,6 +38,7 @@ DispatchKey = Annotated[
         description="Caller-chosen, opaque; repeats of a key admit the first run again",
     ),
 ]
+OrderingKey = Annotated[str, Field(min_length=1, max_length=255)]
 WorkflowRef = Annotated[str, Field(min_length=1, max_length=256)]
 GoalId = Annotated[str, Field(min_length=1, max_length=256)]
 
@@ -84,7 +85,8 @@ class SpawnBatch(BaseModel):
             "(#/components/schemas/RunRequest), validated on its own: one that is not is its own result's 400 "
             f"(or 413 over {MAX_BODY_BYTES} bytes as compact JSON), never the request's. Its key is its "
             "dispatch_key (no Idempotency-Key header); a key repeated in the batch is its first spawn's run "
-            "(200, replayed) or a 422."
+            "(200, replayed) or a 422. Spawns of different keys are admitted concurrently, those sharing a key or "
+            "an ordering key one after another, in order."
         ),
     )
     traceparents: list[str | None] = Field(
@@ -94,11 +96,23 @@ class SpawnBatch(BaseModel):
             "header); a malformed one is not kept, as the header's is not."
         ),
     )
+    ordering_keys: list[OrderingKey | None] = Field(
+        default_factory=list,
+        description=(
+            "Ordering key of each spawn, by position: none, or one a spawn (null: none). Spawns sharing an ordering "
+            "key (or a dispatch_key) are admitted in the batch's order, and one after such a spawn that was not "
+            "admitted (its result a 503, or a 500) is not begun: its result is 503 `store-unavailable`, nothing "
+            "written, to send again after that one. The inbox relay gives the records of one Kafka key one, so "
+            "that none is admitted ahead of an earlier one. Opaque, scoped to the request."
+        ),
+    )
 
     @model_validator(mode="after")
-    def _none_or_one_traceparent_a_spawn(self) -> SpawnBatch:
-        if self.traceparents and len(self.traceparents) != len(self.spawns):
-            raise ValueError("traceparents must be empty or have one entry for each spawn")
+    def _none_or_one_entry_a_spawn(self) -> SpawnBatch:
+        for name in ("traceparents", "ordering_keys"):
+            entries = getattr(self, name)
+            if entries and len(entries) != len(self.spawns):
+                raise ValueError(f"{name} must be empty or have one entry for each spawn")
         return self
 
 

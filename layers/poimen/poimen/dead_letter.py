@@ -28,8 +28,8 @@ RELAY_KINDS = (
     "keyless-replica",  # a keyless spawn replicated from another Region: relayed only in its own
     "rejected",  # the admission API refused it (400, 413, 415, 422)
     "outcome-unknown",  # keyless, and the API could not tell whether it admitted it: the letter names the run
-    # on-demand pollers: its batch still failed (the API down, or refusing the relay) once its oldest record was
-    # RELAY_MAX_RECORD_AGE_SECONDS old; a spawn all the same, for redrive once the cause is fixed
+    # on-demand pollers: its lane's calls still failed (the API down, or refusing the relay) once its oldest record
+    # was RELAY_MAX_RECORD_AGE_SECONDS old (23 h when only throttled); a spawn all the same, for redrive once fixed
     "retries-exhausted",
     "relay-error",  # a fault nobody foresaw
 )

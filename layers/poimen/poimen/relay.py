@@ -6,9 +6,10 @@ deduplication alone; the relay keeps no idempotency state of its own. No record 
 the API (unreachable, or refusing the relay itself), the dead-letter queue, or time running out fail it.
 Dead letters are sent only by an invocation that relayed its whole batch, so a batch retried or parked
 for an outage does not dead-letter its bad records once per attempt. Under on-demand event pollers, which
-retry a failed batch until it succeeds or its records leave the topic, the relay bounds that itself: a batch
-that would fail once its oldest record is RELAY_MAX_RECORD_AGE_SECONDS old has its records not yet admitted
-dead-lettered as `retries-exhausted` instead, and succeeds.
+retry a failed batch until it succeeds or its records leave the topic, the relay bounds that itself, per lane (a
+partition, or a Kafka key): a lane whose calls fail once its oldest record is RELAY_MAX_RECORD_AGE_SECONDS old (23 h
+for a lane the API only throttles) has its records not yet admitted dead-lettered as `retries-exhausted` instead,
+and the other lanes go on.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import random
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
@@ -39,7 +41,7 @@ from botocore.awsrequest import AWSPreparedRequest, AWSRequest, AWSResponse
 from botocore.compat import HTTPHeaders
 
 from poimen.aws_session import bounded_session
-from poimen.config import RelaySettings
+from poimen.config import MAX_RECORD_AGE_SECONDS, RelaySettings
 from poimen.dead_letter import (
     MAX_DETAIL_CHARS,
     DeadLetterReason,
@@ -64,10 +66,11 @@ OUTCOME_UNKNOWN = "urn:poimen:problem:outcome-unknown"
 # What a batch's envelope may not refuse a spawn for: a spawn the batch cannot carry (a body over the batch
 # limit, nesting or text the API refuses in a spawn) is sent again alone, for its own answer.
 _ENVELOPE_REFUSED = frozenset({400, 413, 415})
-# The envelope's bytes besides its spawns: `{"spawns":[`, `],"traceparents":[`, `]}`; each spawn adds its
-# value, a comma and its traceparent (at most 55 characters, quoted) or null, and a comma.
+# The envelope's bytes besides its spawns: `{"spawns":[`, `],"traceparents":[`, `],"ordering_keys":[`, `]}`;
+# each spawn adds its value, a comma, its traceparent (at most 55 characters, quoted) or null and a comma, and its
+# ordering key (a number below MAX_BATCH_SPAWNS, quoted) or null and a comma.
 _ENVELOPE_BYTES = 64
-_SPAWN_OVERHEAD_BYTES = 60
+_SPAWN_OVERHEAD_BYTES = 66
 
 
 class BatchFailed(Exception):
@@ -75,7 +78,12 @@ class BatchFailed(Exception):
 
 
 class AdmissionApiUnavailable(BatchFailed):
-    """The API could not be reached within the invocation's budget."""
+    """The API could not be reached within the invocation's budget; `throttled`: its last answer asked the relay to
+    slow down (429, or a Retry-After), rather than failed."""
+
+    def __init__(self, message: str, *, throttled: bool = False) -> None:
+        super().__init__(message)
+        self.throttled = throttled
 
 
 class AdmissionApiRefused(BatchFailed):
@@ -151,7 +159,7 @@ class _Batch:
     records made so far, and the records settled (admitted, or their letter held)."""
 
     deadline: float
-    api_deadline: float
+    api_deadline: float  # when the API calls of a lane that may be given up must end (_Lane.api_deadline)
     outcome: BatchOutcome
     abort: threading.Event
     letters: list[_DeadLetter] = field(default_factory=list)
@@ -165,6 +173,37 @@ class _Batch:
     def settle(self, record: KafkaEventRecord) -> None:
         with self._lock:
             self.settled.add(_coordinates(record))
+
+
+@dataclass
+class _Lane:
+    """Records relayed in offset order, concurrently with the other lanes of their batch, and given up (on-demand)
+    or failed together: a partition's on the batch path, a Kafka key's on the per-record path. `gives_up_failing`:
+    a failure of its calls dead-letters its records not settled rather than fail the batch; `gives_up_throttled`:
+    so does a throttle's; `throttled`: the API has asked it to slow down in this invocation. Only the one thread
+    relaying it reads or sets `throttled`."""
+
+    batch: _Batch
+    records: list[KafkaEventRecord]
+    oldest_ms: int | None = None
+    gives_up_failing: bool = False
+    gives_up_throttled: bool = False
+    throttled: bool = False
+
+    def api_deadline(self) -> float:
+        """When its API calls must end: early enough for its records' letters (the batch's `api_deadline`) if a
+        failure now would give it up, else with the invocation (a throttled lane, were it past only
+        RELAY_MAX_RECORD_AGE_SECONDS, is retried, not given up: it may use the whole invocation)."""
+        gives_up = self.gives_up_throttled if self.throttled else self.gives_up_failing
+        return self.batch.api_deadline if gives_up else self.batch.deadline
+
+    def gives_up_for(self, failure: BatchFailed) -> bool:
+        """Whether this failure of its calls ends as its records' dead letters rather than as the batch's retry."""
+        return self.gives_up_throttled if _throttled(failure) else self.gives_up_failing
+
+
+def _throttled(failure: BatchFailed) -> bool:
+    return isinstance(failure, AdmissionApiUnavailable) and failure.throttled
 
 
 _T = TypeVar("_T")
@@ -225,79 +264,99 @@ class Relay:
         """Relay every record, then send the dead letters of the bad ones; raise BatchFailed if the batch must
         be retried (the API down past the budget or refusing the relay, a dead letter that could not be sent).
 
-        A failing batch sends no dead letter: its retry, or the redrive of the batch once parked, makes them
-        then, so each bad record is one dead letter however often its batch fails. (Only a dead-letter queue
-        failing midway, or the function dying between a send and the event source's commit, repeats some.)
-        Under on-demand pollers a batch that fails once its oldest record is past RELAY_MAX_RECORD_AGE_SECONDS
-        is given up instead: its records not yet settled are dead-lettered as `retries-exhausted`, and the API
-        calls of such a batch end early enough for those letters to be sent before the deadline (but have half the
-        time at least: such a batch may be a backlog the API admits).
+        The records go out in lanes (`_Lane`): a partition's on the batch path, a Kafka key's on the per-record
+        path, each in offset order, lanes concurrently. A failing batch sends no dead letter: its retry, or the
+        redrive of the batch once parked, makes them then, so each bad record is one dead letter however often
+        its batch fails. (Only a dead-letter queue failing midway, or the function dying between a send and the
+        event source's commit, repeats some.) Under on-demand pollers a lane that fails once its oldest record is
+        past RELAY_MAX_RECORD_AGE_SECONDS is given up instead, alone: its records not yet settled are
+        dead-lettered as `retries-exhausted`, and the other lanes go on. A lane the API only throttles (429, or an
+        answer with a Retry-After: it asks the relay to slow down, it is not failing) is given up only past
+        MAX_RECORD_AGE_SECONDS, the longest a topic is sure to keep its records; until then it fails the batch
+        for its retry, as a young lane does, and its calls may take the whole invocation. A lane that may be
+        given up ends its other calls early enough for its letters to be sent before the deadline (but has half
+        the time at least: it may be a backlog the API admits).
         """
         deadline = time.monotonic() + remaining_ms() / 1000 - self._settings.time_margin_seconds
-        groups = _ordered_groups(event.records)
+        batch_path = self._settings.batch_spawns > 1
+        # On the batch path a partition's records in one call a chunk, in offset order, admitted in that order
+        # (the batch's ordering keys keep a Kafka key's records in it: _envelope); on the per-record path a key's.
+        groups = _partitions(event.records) if batch_path else _ordered_groups(event.records)
         records = [record for group in groups for record in group]
         workers = max(1, min(self._settings.max_concurrency, len(records)))
-        oldest_ms = min((record.timestamp for record in records if record.timestamp >= 0), default=None)
-        gives_up = self._gives_up(oldest_ms)
         # Every record may need its letter sent after the API calls: rounds of `workers` sends, each attempt
-        # within twice the DLQ timeout, and one round more for a retried send. At most half the time left: a batch
-        # past the age limit may be a backlog the API admits, and one too large for that worst case (RelayBatchSize
-        # 1,000 by 16 workers would need 128 s of a 120 s invocation) must still be tried, not given up unsent.
-        # Its letters take far less than the worst case (one SendMessage round trip a round); should the DLQ be so
-        # slow that they do not fit, the batch fails and is retried, as for any DLQ failure.
+        # within twice the DLQ timeout, and one round more for a retried send. At most half the time left: a lane
+        # past the age limit may be a backlog the API admits, and a batch too large for that worst case
+        # (RelayBatchSize 1,000 by 16 workers would need 128 s of a 120 s invocation) must still be tried, not given
+        # up unsent. Its letters take far less than the worst case (one SendMessage round trip a round); should the
+        # DLQ be so slow that they do not fit, the batch fails and is retried, as for any DLQ failure.
+        limits = [self._age_limits(group) for group in groups]
         worst_case = 2 * self._settings.dlq_timeout_seconds * (math.ceil(len(records) / workers) + 1)
-        reserve = min(worst_case, (deadline - time.monotonic()) / 2) if gives_up else 0
+        may_give_up = any(failing for _, failing, _ in limits)
+        reserve = min(worst_case, (deadline - time.monotonic()) / 2) if may_give_up else 0
         batch = _Batch(deadline, deadline - reserve, outcome, threading.Event())
+        lanes = [_Lane(batch, group, *limit) for group, limit in zip(groups, limits, strict=True)]
         tenants = {tenant_of_dispatch_topic(record.topic) for record in records}
         if len(tenants) == 1:
             outcome.tenant = tenants.pop()  # None for a topic that is no tenant's: no tenant dimension
 
-        def relay_group(records: list[KafkaEventRecord]) -> None:
-            for record in records:
-                if batch.abort.is_set():
-                    return  # the batch will be retried whole; later records must not overtake
-                self._relay_or_dead_letter(record, batch)
-
-        def relay_partition(records: list[KafkaEventRecord]) -> None:
-            self._relay_partition(records, batch)
-
-        work = relay_group
-        if self._settings.batch_spawns > 1:
-            # A partition's records in one call a chunk, in offset order, admitted in that order: the records of
-            # a Kafka key (one partition) keep theirs. Partitions go concurrently.
-            groups, work = _partitions(records), relay_partition
-        with ThreadPoolExecutor(max_workers=workers) as pool:
+        def relay_lane(lane: _Lane) -> None:
             try:
-                _each(pool, work, groups, batch)
+                if batch_path:
+                    self._relay_partition(lane)
+                else:
+                    for record in lane.records:
+                        if batch.abort.is_set():
+                            return  # the batch will be retried whole; later records must not overtake
+                        self._relay_or_dead_letter(record, lane)
+            except _Aborted:
+                raise
             except BatchFailed as failure:
-                if oldest_ms is None or not gives_up:
+                if not lane.gives_up_for(failure):
                     raise
-                self._give_up(records, failure, oldest_ms, batch)
+                self._give_up(lane, failure)
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            _each(pool, relay_lane, lanes, batch)
             _each(pool, lambda letter: self._send_dead_letter(letter, batch), batch.letters, batch)
 
-    def _gives_up(self, oldest_ms: int | None) -> bool:
-        """Whether a failure of a batch whose oldest record has this timestamp ends as its records' dead letters
-        rather than as the batch's retry: under on-demand pollers only, past the age limit. A batch of records
-        without timestamps has no age: it is retried as it is under provisioned pollers, without a bound."""
+    def _age_limits(self, records: list[KafkaEventRecord]) -> tuple[int | None, bool, bool]:
+        """The lane of these records: its oldest record's timestamp, and whether it is given up rather than retried
+        when it fails, and when it is only throttled (under on-demand pollers only, past the age limits; a lane of
+        records without timestamps has no age: it is retried as under provisioned pollers, without a bound)."""
+        oldest_ms = min((record.timestamp for record in records if record.timestamp >= 0), default=None)
         if not self._settings.bounds_failed_batches or oldest_ms is None:
-            return False
-        return time.time() * 1000 - oldest_ms >= self._settings.max_record_age_seconds * 1000
+            return oldest_ms, False, False
+        age_ms = time.time() * 1000 - oldest_ms
+        return oldest_ms, age_ms >= self._settings.max_record_age_seconds * 1000, age_ms >= self._throttled_limit_ms
 
-    def _give_up(self, records: list[KafkaEventRecord], failure: BatchFailed, oldest_ms: int, batch: _Batch) -> None:
-        """Hold a `retries-exhausted` letter for each record the failed batch did not settle, so that the batch
-        succeeds (its partition moves on) and no record is lost once the topic's retention drops it."""
-        batch.abort.clear()  # every record's work has ended: the letters may go out
-        limit = age_text(self._settings.max_record_age_seconds * 1000)
+    @property
+    def _throttled_limit_ms(self) -> float:
+        """The age past which a lane the API only throttles is given up: MAX_RECORD_AGE_SECONDS, an hour short of
+        the shortest `.dispatch` retention (or RELAY_MAX_RECORD_AGE_SECONDS, were that longer)."""
+        return max(self._settings.max_record_age_seconds, MAX_RECORD_AGE_SECONDS) * 1000
+
+    def _give_up(self, lane: _Lane, failure: BatchFailed) -> None:
+        """Hold a `retries-exhausted` letter for each record of the failed lane not settled, so that the batch
+        succeeds (the partition moves on) and no record is lost once the topic's retention drops it."""
+        limit = (
+            f"{age_text(self._throttled_limit_ms)}, the longest the API's throttling is waited out"
+            if _throttled(failure)
+            else f"RELAY_MAX_RECORD_AGE_SECONDS ({age_text(self._settings.max_record_age_seconds * 1000)})"
+        )
+        oldest_ms = lane.oldest_ms if lane.oldest_ms is not None else time.time() * 1000
         detail = (
-            f"its batch failed with its oldest record {age_text(time.time() * 1000 - oldest_ms)} old, past "
-            f"RELAY_MAX_RECORD_AGE_SECONDS ({limit}): on-demand event pollers would retry it until its records "
-            f"leave the topic; redrive it once the cause is fixed. {type(failure).__name__}: {failure}"
+            f"its records failed with the oldest of its {'partition' if self._settings.batch_spawns > 1 else 'key'} "
+            f"{age_text(time.time() * 1000 - oldest_ms)} old, past {limit}: on-demand event pollers would retry it "
+            f"until its records leave the topic; redrive it once the cause is fixed. {type(failure).__name__}: "
+            f"{failure}"
         )
         reason = DeadLetterReason("retries-exhausted", detail)
-        given_up = [record for record in records if _coordinates(record) not in batch.settled]
-        logger.warning("batch given up: its records not admitted are dead-lettered", records=len(given_up))
+        batch = lane.batch
+        given_up = [record for record in lane.records if _coordinates(record) not in batch.settled]
+        logger.warning("records given up: those not admitted are dead-lettered", records=len(given_up))
         for record in given_up:
-            # A record the batch never reached is judged first: one the relay would dead-letter for itself (not
+            # A record the lane never reached is judged first: one the relay would dead-letter for itself (not
             # a spawn, expired, a keyless replica) gets that letter, whose kind redrive chooses by, not this one.
             # Its line names the spawn's tenant and dispatch key, as every other spawn's letter does.
             own = self._own_reason(record)
@@ -315,10 +374,13 @@ class Relay:
             return DeadLetterReason("relay-error", f"{type(error).__name__}: {error}")
         return verdict.reason if isinstance(verdict, HeldBack) else verdict
 
-    def _relay_or_dead_letter(self, record: KafkaEventRecord, batch: _Batch) -> None:
+    def _relay_or_dead_letter(self, record: KafkaEventRecord, lane: _Lane) -> None:
         """Relay one record. A fault of the record's own, foreseen or not, ends as its dead letter."""
+        batch = lane.batch
         try:
-            self._relay_record(record, batch)
+            spawn = self._spawn_of(record, batch)
+            if spawn is not None:
+                self._post_spawn(record, spawn, lane)
         except BatchFailed:
             raise
         except Exception as error:
@@ -326,16 +388,11 @@ class Relay:
             self._dead_letter(record, DeadLetterReason("relay-error", f"{type(error).__name__}: {error}"), batch)
         batch.settle(record)
 
-    def _relay_record(self, record: KafkaEventRecord, batch: _Batch) -> None:
-        spawn = self._spawn_of(record, batch)
-        if spawn is not None:
-            self._post_spawn(record, spawn, batch)
-
-    def _post_spawn(self, record: KafkaEventRecord, spawn: Spawn, batch: _Batch) -> None:
+    def _post_spawn(self, record: KafkaEventRecord, spawn: Spawn, lane: _Lane) -> None:
         """The spawn alone in a POST /v1/runs (application/json), and what its answer makes of the record."""
         keyed = spawn.dispatch_key is not None
-        status, answer = self._post(spawn.tenant, spawn.body, spawn.traceparent, batch, keyed=keyed)
-        self._answered(record, spawn, status, answer, batch)
+        status, answer = self._post(spawn.tenant, spawn.body, spawn.traceparent, lane, keyed=keyed)
+        self._answered(record, spawn, status, answer, lane.batch)
 
     def _spawn_of(self, record: KafkaEventRecord, batch: _Batch) -> Spawn | None:
         """The record's spawn to send, by the one rule (poimen.inbox_rule); None once it is dead-lettered."""
@@ -397,11 +454,12 @@ class Relay:
             dispatch_key=dispatch_key,
         )
 
-    def _relay_partition(self, records: list[KafkaEventRecord], batch: _Batch) -> None:
+    def _relay_partition(self, lane: _Lane) -> None:
         """A partition's records in offset order: each judged (poimen.inbox_rule), the spawns sent in chunks of
         the batch limits, one call a chunk."""
+        batch = lane.batch
         spawns: list[tuple[KafkaEventRecord, Spawn]] = []
-        for record in records:
+        for record in lane.records:
             try:
                 spawn = self._spawn_of(record, batch)
             except Exception as error:
@@ -420,27 +478,28 @@ class Relay:
                 # Alone, as the per-record path sends it: its 413 is the single route's, whose limit is on the
                 # body as sent, a batch's on each spawn as compact JSON (a value padded with whitespace or escapes).
                 ((record, spawn),) = chunk
-                self._post_spawn(record, spawn, batch)
+                self._post_spawn(record, spawn, lane)
                 batch.settle(record)
                 continue
-            self._relay_chunk(chunk, batch)
+            self._relay_chunk(chunk, lane)
 
-    def _relay_chunk(self, chunk: list[tuple[KafkaEventRecord, Spawn]], batch: _Batch) -> None:
+    def _relay_chunk(self, chunk: list[tuple[KafkaEventRecord, Spawn]], lane: _Lane) -> None:
         """One POST /v1/runs of the chunk's spawns as a batch; each result judged as the answer to its spawn
         alone would be (`_answered`). A result worth sending again (as `_post` would send it alone) is, with
         the others of its kind, in the next call, after the backoff; an envelope the API refuses, each spawn
-        alone; an API that takes no batch (415), the same."""
+        alone; an API that takes no batch (415), the same. The records of a Kafka key share an ordering key in
+        the envelope, so that the API admits them in offset order and none after one it did not admit (which
+        it answers 503 `store-unavailable`, nothing written: it is sent again, after that one)."""
+        batch = lane.batch
         pending, attempt = chunk, 0
         while pending:
             tenant = pending[0][1].tenant
-            status, answer = self._post(
-                tenant, _envelope([spawn for _, spawn in pending]), None, batch, keyed=True, media=SPAWNS_MEDIA_TYPE
-            )
+            status, answer = self._post(tenant, _envelope(pending), None, lane, keyed=True, media=SPAWNS_MEDIA_TYPE)
             if status in _ENVELOPE_REFUSED:
                 for record, spawn in pending:
                     if batch.abort.is_set():
                         raise _Aborted("another record failed the batch")
-                    self._post_spawn(record, spawn, batch)
+                    self._post_spawn(record, spawn, lane)
                     batch.settle(record)
                 return
             results = answer.get("results") if status == 200 and isinstance(answer, dict) else None
@@ -448,22 +507,26 @@ class Relay:
                 # Not this API's answer (a proxy's, another version's): the relay is misdirected, as for a 404.
                 raise AdmissionApiRefused(f"the admission API answered a batch with {status}: {str(answer)[:500]}")
             again: list[tuple[KafkaEventRecord, Spawn]] = []
-            retry_after = 0.0
+            retry_after: float | None = None
             for (record, spawn), result in zip(pending, results, strict=True):
                 item_status, item_answer = result["status"], result.get("run", result.get("problem"))
                 keyed = spawn.dispatch_key is not None
                 if item_status in RETRYABLE_STATUSES and (keyed or not _is_outcome_unknown(item_answer)):
                     again.append((record, spawn))
-                    retry_after = max(retry_after, float(result.get("retry_after") or 0))
+                    if item_status == 429 or result.get("retry_after") is not None:
+                        retry_after = max(retry_after or 0.0, float(result.get("retry_after") or 0))
                 else:
                     self._answered(record, spawn, item_status, item_answer, batch)
                     batch.settle(record)
             pending = again
             if pending:
-                delay = max(retry_after, self._jitter(attempt))
-                if time.monotonic() + delay >= batch.api_deadline:
+                throttled = retry_after is not None
+                lane.throttled = lane.throttled or throttled
+                delay = max(retry_after or 0.0, self._jitter(attempt))
+                if time.monotonic() + delay >= lane.api_deadline():
                     raise AdmissionApiUnavailable(
-                        f"admission API unavailable after {attempt + 1} attempts: {len(pending)} spawns answered 5xx"
+                        f"admission API unavailable after {attempt + 1} attempts: {len(pending)} spawns answered 5xx",
+                        throttled=throttled,
                     )
                 logger.warning("spawns of a batch failed; retrying", spawns=len(pending), delay_seconds=round(delay, 3))
                 batch.outcome.count("retries")
@@ -476,25 +539,27 @@ class Relay:
         tenant_id: str,
         body: bytes,
         traceparent: str | None,
-        batch: _Batch,
+        lane: _Lane,
         *,
         keyed: bool,
         media: str = "application/json",
     ) -> tuple[int, Any]:
-        """POST the body verbatim, retrying transient failures with full-jitter backoff until the deadline.
-        An outcome-unknown answer to a keyless body is returned, not retried: it may have admitted a run."""
+        """POST the body verbatim, retrying transient failures with full-jitter backoff until the lane's deadline.
+        An outcome-unknown answer to a keyless body is returned, not retried: it may have admitted a run. A 429, or
+        an answer with a Retry-After, throttles the lane (`_Lane.throttled`)."""
         headers = {"Content-Type": media, TENANT_HEADER: tenant_id}
         if traceparent:
             headers["traceparent"] = traceparent
         attempt = 0
+        throttled = False
         while True:
-            if batch.api_deadline <= time.monotonic():
-                raise AdmissionApiUnavailable("no time left to call the admission API")
+            if lane.api_deadline() <= time.monotonic():
+                raise AdmissionApiUnavailable("no time left to call the admission API", throttled=throttled)
             signed = self._signed(headers, body)  # a credentials refresh counts against the deadline too
-            timeout = min(self._settings.http_timeout_seconds, batch.api_deadline - time.monotonic())
+            timeout = min(self._settings.http_timeout_seconds, lane.api_deadline() - time.monotonic())
             if timeout <= 0:
-                raise AdmissionApiUnavailable("no time left to call the admission API")
-            retry_after = 0.0
+                raise AdmissionApiUnavailable("no time left to call the admission API", throttled=throttled)
+            retry_after: float | None = None
             # The whole exchange, connect to last byte, ends within `timeout`: urllib3's timeouts bound each
             # socket operation only, and an answer trickling in would outlive the invocation (_Watchdog).
             exchange = _EXCHANGE_DEADLINE.set(time.monotonic() + timeout)
@@ -512,16 +577,22 @@ class Relay:
                 if response.status not in RETRYABLE_STATUSES or (not keyed and _outcome_unknown(response.data)):
                     return response.status, _json_or_text(response.data)
                 failure = f"HTTP {response.status}"
-                retry_after = retry_after_seconds(response.headers.get("Retry-After")) or 0.0
+                retry_after = retry_after_seconds(response.headers.get("Retry-After"))
+                if response.status == 429:
+                    retry_after = retry_after or 0.0
             finally:
                 _EXCHANGE_DEADLINE.reset(exchange)
-            delay = max(retry_after, self._jitter(attempt))
-            if time.monotonic() + delay >= batch.api_deadline:
-                raise AdmissionApiUnavailable(f"admission API unavailable after {attempt + 1} attempts: {failure}")
+            throttled = retry_after is not None
+            lane.throttled = lane.throttled or throttled
+            delay = max(retry_after or 0.0, self._jitter(attempt))
+            if time.monotonic() + delay >= lane.api_deadline():
+                raise AdmissionApiUnavailable(
+                    f"admission API unavailable after {attempt + 1} attempts: {failure}", throttled=throttled
+                )
             logger.warning("admission API call failed; retrying", failure=failure, delay_seconds=round(delay, 3))
-            batch.outcome.count("retries")
+            lane.batch.outcome.count("retries")
             attempt += 1
-            if batch.abort.wait(delay):
+            if lane.batch.abort.wait(delay):
                 raise _Aborted("another record failed the batch")
 
     def _send_within_deadline(self, request: AWSPreparedRequest, **_: Any) -> AWSResponse:
@@ -714,12 +785,26 @@ def _chunks(spawns: list[tuple[KafkaEventRecord, Spawn]], limit: int) -> Iterato
         yield chunk
 
 
-def _envelope(spawns: list[Spawn]) -> bytes:
-    """The batch body (poimen.contract.SpawnBatch): each record's value verbatim, and the traceparents if any."""
+def _envelope(pending: list[tuple[KafkaEventRecord, Spawn]]) -> bytes:
+    """The batch body (poimen.contract.SpawnBatch): each record's value verbatim, the traceparents if any, and the
+    ordering keys if a Kafka key has more than one record in it: each such record's key as a label of this body
+    (the number of the key in it), so that the API admits them in order; null for every other."""
+    spawns = [spawn for _, spawn in pending]
     body = b'{"spawns":[' + b",".join(spawn.body for spawn in spawns) + b"]"
     if any(spawn.traceparent is not None for spawn in spawns):
-        body += b',"traceparents":' + json.dumps([spawn.traceparent for spawn in spawns]).encode()
+        body += (
+            b',"traceparents":' + json.dumps([spawn.traceparent for spawn in spawns], separators=(",", ":")).encode()
+        )
+    keys = Counter((record.topic, record.key) for record, _ in pending if record.key is not None)
+    repeated = {key: str(number) for number, key in enumerate(key for key, count in keys.items() if count > 1)}
+    if repeated:
+        labels = [repeated.get((record.topic, record.key)) if record.key is not None else None for record, _ in pending]
+        body += b',"ordering_keys":' + _compact(labels)
     return body + b"}"
+
+
+def _compact(values: list[str | None]) -> bytes:
+    return json.dumps(values, separators=(",", ":")).encode()
 
 
 def _botocore_error(error: urllib3.exceptions.HTTPError, url: str) -> botocore.exceptions.BotoCoreError:

@@ -19,13 +19,18 @@ import pytest
 from aws_lambda_powertools.utilities.data_classes import KafkaEvent
 
 from poimen.api import admission_service
+from poimen.aws_session import CREDENTIALS_ATTEMPTS, CREDENTIALS_FETCH_SECONDS
+from poimen.batch import ADMITTING_THREADS, MIN_REMAINING_MS
+from poimen.config import Settings
+from poimen.errors import StoreUnavailable
 from poimen.relay import BatchOutcome, Relay
 from poimen.store import Store
+from poimen.wire import SPAWNS_MEDIA_TYPE
 from poimen_tools.local.msk import msk_event
 from poimen_tools.local.sigv4 import Principal
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs, serve_on_loopback
-from tests.unit.conftest import Invoke
+from tests.unit.conftest import PRINCIPAL, Invoke
 from tests.unit.relay_harness import RELAY_ROLE, RelayHarness
 
 TOKEN = "container-authorization-token"
@@ -42,6 +47,7 @@ class CredentialsEndpoint:
     secret_key: str = "secret"
     lifetime: timedelta = timedelta(hours=6)  # how long the credentials it answers are valid
     requests: list[str | None] = field(default_factory=list)  # the Authorization header of each
+    connections: list[float] = field(default_factory=list)  # when each connection was accepted (monotonic)
     released: threading.Event = field(default_factory=threading.Event)
 
 
@@ -60,6 +66,10 @@ def _container_credentials(
 ) -> Iterator[CredentialsEndpoint]:
 
     class Handler(BaseHTTPRequestHandler):
+        def setup(self) -> None:
+            endpoint.connections.append(time.monotonic())  # before a byte is read: a silent connection counts too
+            super().setup()
+
         def do_GET(self) -> None:
             endpoint.requests.append(self.headers.get("Authorization"))
             if endpoint.stalled:
@@ -122,6 +132,97 @@ def test_a_credentials_endpoint_that_does_not_answer_is_503_store_unavailable(
     assert (answer.status, answer.body["type"]) == (503, "urn:poimen:problem:store-unavailable")
     assert "Retry-After" in answer.headers
     assert len(container_credentials.requests) == 2
+    container_credentials.stalled = False
+    assert count_runs(dynamodb, table_name, tenant) == []
+
+
+def _in_another_thread(call: Callable[[], object]) -> tuple[object, float]:
+    """What `call` returned or raised in a thread of its own, and the seconds it took."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except Exception as error:
+            outcome.append(error)
+
+    started = time.monotonic()
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    return outcome[0], time.monotonic() - started
+
+
+def test_a_store_used_from_another_thread_fetches_its_credentials_within_the_bound(
+    container_credentials: CredentialsEndpoint, tenant: str
+) -> None:
+    # Given a store built in this thread, and a container endpoint that accepts connections and never answers
+    store = Store(Settings.from_env())
+    container_credentials.stalled = True
+
+    # When another thread (a batch's admitting thread, a request thread of poimen dev) is the first to call it
+    outcome, took = _in_another_thread(lambda: store.get_run(tenant, "0190a4f2-8d3b-7c4e-9f00-000000000001"))
+
+    # Then that thread's fetch is the bounded one (botocore's own: 3 connections of 2 s each, 1 s apart), and fails
+    # as the store's unavailability (nothing was sent)
+    connections = len(container_credentials.connections)
+    assert (type(outcome), connections) == (StoreUnavailable, CREDENTIALS_ATTEMPTS), f"{connections} in {took:.1f} s"
+    assert took < CREDENTIALS_FETCH_SECONDS
+
+
+def test_a_threads_clients_of_a_store_share_one_credentials_fetch(
+    container_credentials: CredentialsEndpoint, tenant: str
+) -> None:
+    # Given a store built in this thread
+    store = Store(Settings.from_env())
+
+    # When another thread reads a run, a grant and builds the client that resolves unknown outcomes
+    def use() -> object:
+        store.get_run(tenant, "0190a4f2-8d3b-7c4e-9f00-000000000001")
+        store.granted_tenants(PRINCIPAL)
+        return store.resolution_client
+
+    outcome, _ = _in_another_thread(use)
+
+    # Then that thread fetched the credentials once, for its three clients
+    assert not isinstance(outcome, Exception), outcome
+    assert container_credentials.requests == [TOKEN]
+
+
+RELAY_SESSION = RELAY_ROLE.replace(":iam::", ":sts::").replace(":role/", ":assumed-role/") + "/awslambda_1"
+STORE_UNAVAILABLE = (503, "urn:poimen:problem:store-unavailable")
+
+
+def test_a_batchs_admitting_threads_fetch_credentials_within_the_bound(
+    invoke: Invoke,
+    container_credentials: CredentialsEndpoint,
+    dynamodb: Any,
+    table_name: str,
+    tenant: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given the stack's relay, trusted by the deploy (no grant read before its spawns: each spawn's write is the
+    # first call for credentials, in its admitting thread), and a container endpoint that accepts connections and
+    # never answers
+    monkeypatch.setenv("RELAY_PRINCIPAL", RELAY_ROLE)
+    admission_service.cache_clear()
+    container_credentials.stalled = True
+    spawns = [{"workflow_ref": "wf/first", "input": {}, "dispatch_key": f"k-{n}"} for n in range(ADMITTING_THREADS)]
+
+    # When a batch that fills every admitting thread comes first after a restore
+    started = time.monotonic()
+    answer = invoke(body={"spawns": spawns}, headers={"content-type": SPAWNS_MEDIA_TYPE}, principal=RELAY_SESSION)
+    took = time.monotonic() - started
+
+    # Then each thread's fetch was the bounded one (botocore's own makes 3 connections of 2 s each, 1 s apart):
+    # at most its attempts a thread, all of the batch within about one fetch, far within MIN_REMAINING_MS
+    connections = len(container_credentials.connections)
+    assert connections <= CREDENTIALS_ATTEMPTS * ADMITTING_THREADS, f"{connections} connections in {took:.1f} s"
+    assert took < 2 * CREDENTIALS_FETCH_SECONDS < MIN_REMAINING_MS / 1000, f"the batch took {took:.1f} s"
+    # And every spawn is 503 store-unavailable (nothing written, send it again), and nothing was written
+    assert answer.status == 200
+    results = [(result["status"], result["problem"]["type"]) for result in answer.body["results"]]
+    assert results == [STORE_UNAVAILABLE] * ADMITTING_THREADS
     container_credentials.stalled = False
     assert count_runs(dynamodb, table_name, tenant) == []
 

@@ -219,6 +219,19 @@ class Store:
         self._watched_client: Any = None
         self.run_retention_days = settings.run_retention_days
 
+    def connect(self) -> None:
+        """Build the clients a write and its resolution use, in this thread, now, and refresh their credentials
+        if botocore would before signing: StoreUnavailable if the credentials cannot be fetched. Threads that write
+        after it share them (pynamodb keeps one client a connection), so none fetches the credentials or reads the
+        service model for itself, nor waits on botocore's refresh lock: a thread that waited there for a refresh
+        that failed, in the 10 minutes before the credentials expire, tries again itself, one after another."""
+        with _translated_errors:  # the second is built without a fetch: they share this thread's session
+            for client in (self._watched(self.client), self.resolution_client):
+                # botocore's own accessor, private (pynamodb reads the same credentials to decide to rebuild)
+                credentials = client._get_credentials()
+                if credentials is not None:
+                    credentials.get_frozen_credentials()  # the refresh, when one is due
+
     @property
     def client(self) -> Any:
         """The botocore DynamoDB client pynamodb uses for runs (one pool for every run call)."""

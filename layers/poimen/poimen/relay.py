@@ -50,6 +50,7 @@ from poimen.dead_letter import (
 from poimen.inbox_rule import RECORD_FAULT_STATUSES, RETRYABLE_STATUSES, HeldBack, Spawn, header, judge, rejected
 from poimen.kafka import tenant_of_dispatch_topic
 from poimen.observability import logger, metrics
+from poimen.wire import ENVELOPE_REFUSED_STATUSES as _ENVELOPE_REFUSED  # each spawn then sent alone
 from poimen.wire import (
     MAX_BATCH_BODY_BYTES,
     MAX_BODY_BYTES,
@@ -61,9 +62,6 @@ from poimen.wire import (
 # The 503 the API answers when a run may have been admitted: retried for a keyed record (it can only admit
 # that run), dead-lettered naming the run for a keyless one.
 OUTCOME_UNKNOWN = "urn:poimen:problem:outcome-unknown"
-# What a batch's envelope may not refuse a spawn for: a spawn the batch cannot carry (a body over the batch
-# limit, nesting or text the API refuses in a spawn) is sent again alone, for its own answer.
-_ENVELOPE_REFUSED = frozenset({400, 413, 415})
 # The envelope's bytes besides its spawns: `{"spawns":[`, `],"traceparents":[`, `]}`; each spawn adds its
 # value, a comma and its traceparent (at most 55 characters, quoted) or null, and a comma.
 _ENVELOPE_BYTES = 64

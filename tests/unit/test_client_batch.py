@@ -369,3 +369,49 @@ def test_a_spawn_too_large_for_any_batch_is_refused_by_the_single_route_and_the_
     assert refused.dispatch_key == "z-huge"
     assert isinstance(valid, Spawned)
     assert [item["dispatch_key"]["S"] for item in count_runs(dynamodb, table_name, tenant)] == ["z-ok"]
+
+
+class _NoBatchAfterTheFirst(InProcessApi):
+    """The API, until a second batch call: that one, and every later one, answered 415 as an API that takes no batch
+    (a deploy rolled back under the client) answers it; single spawns still reach the handler."""
+
+    def urlopen(self, method: str, url: str, redirect: bool = True, **kw: Any) -> urllib3.BaseHTTPResponse:  # type: ignore[override]
+        batches = sum(headers.get("content-type") == SPAWNS_MEDIA_TYPE for headers in self.received)
+        if dict(kw["headers"]).get("Content-Type") == SPAWNS_MEDIA_TYPE and batches >= 1:
+            self.received.append({"content-type": SPAWNS_MEDIA_TYPE})
+            problem = {"type": "urn:poimen:problem:unsupported-media-type", "title": "Unsupported Media Type"}
+            return urllib3.HTTPResponse(
+                body=json.dumps({**problem, "status": 415}).encode(),
+                status=415,
+                headers={"Content-Type": "application/problem+json"},
+                preload_content=True,
+            )
+        return super().urlopen(method, url, redirect, **kw)
+
+
+def test_a_spawn_whose_earlier_call_may_have_admitted_it_stays_outcome_unknown_when_sent_alone(
+    handler: Callable[[dict[str, Any], Any], dict[str, Any]], store: Store, monkeypatch: pytest.MonkeyPatch, tenant: str
+) -> None:
+    # Given two attempts a call, an API that takes a first batch and refuses every later one 415, and a store that
+    # loses the key's first write (503 outcome-unknown: the run may be there) and throttles every later one
+    store.grant(RELAY_ROLE, tenant)
+    api = _NoBatchAfterTheFirst(handler)
+    credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
+    client = AdmissionClient(
+        "https://api.example",
+        region="us-east-1",
+        credentials=credentials,
+        http=api,
+        sleep=lambda _: None,
+        max_attempts=2,
+    )
+    script_attempts(monkeypatch, put_run=only_for('"v-lost"', [lost_before_dynamodb] * 2 + [throttled] * 4))
+
+    # When it is spawned: the first batch answers it outcome-unknown, the second is refused whole, and alone it is
+    # answered store-unavailable twice
+    (result,) = client.spawn_many(tenant, [SpawnRequest("wf/a", {}, dispatch_key="v-lost")])
+
+    # Then it is Unavailable, and says its outcome is unknown: the first call may have admitted it
+    assert isinstance(result, Unavailable), result
+    assert (result.outcome_unknown, result.dispatch_key) == (True, "v-lost")
+    assert [headers["content-type"] for headers in api.received] == [SPAWNS_MEDIA_TYPE] * 2 + ["application/json"] * 2

@@ -23,8 +23,18 @@ from urllib.parse import urlsplit
 import pytest
 from botocore.credentials import Credentials
 
-from poimen.client import GENERATED_KEY_PREFIX, AdmissionClient, DispatchKeyReused, Forbidden, NotFound
+from poimen.client import (
+    GENERATED_KEY_PREFIX,
+    AdmissionClient,
+    DispatchKeyReused,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    Spawned,
+    SpawnRequest,
+)
 from poimen.ids import keyed_run_id
+from poimen.wire import MAX_JSON_DEPTH
 from poimen_tools import runs
 from tests.conftest import count_runs
 from tests.integration.conftest import DevServer, free_port, start_dev
@@ -71,6 +81,38 @@ def test_a_reused_key_is_refused_with_the_existing_run(api: AdmissionClient, ten
         api.spawn(tenant, "wf/a", {**INPUT, "amount": 2}, dispatch_key="k-1")
 
     assert (raised.value.status, raised.value.run_id) == (422, first.run_id)
+
+
+def test_spawn_many_gives_a_spawn_its_batch_cannot_carry_its_own_refusal_and_admits_the_others(
+    dev: DevServer, api: AdmissionClient, tenant: str
+) -> None:
+    # Given a spawn nested deeper than the API reads any body (a batch carrying it is refused whole), between two
+    deep: dict[str, Any] = {}
+    for _ in range(MAX_JSON_DEPTH - 1):
+        deep = {"a": deep}
+    spawns = [
+        SpawnRequest("wf/a", INPUT, dispatch_key="many-ok"),
+        SpawnRequest("wf/a", deep, dispatch_key="many-deep"),
+        SpawnRequest("wf/a", INPUT, dispatch_key="many-after"),
+    ]
+
+    # When they are spawned in one spawn_many
+    first, refused, last = api.spawn_many(tenant, spawns)
+
+    # Then each got what spawn gives it alone, in order: two runs, and the deep one's own malformed-json
+    assert isinstance(first, Spawned), first
+    assert isinstance(last, Spawned), last
+    assert (first.run_id, last.run_id) == (keyed_run_id(tenant, "many-ok"), keyed_run_id(tenant, "many-after"))
+    assert isinstance(refused, InvalidRequest)
+    assert refused.problem is not None
+    assert (refused.status, refused.problem.type, refused.dispatch_key) == (
+        400,
+        "urn:poimen:problem:malformed-json",
+        "many-deep",
+    )
+    # And the table holds those two runs, one a key
+    stored = count_runs(dev.dynamodb(), dev.table_name, tenant, only="dispatch_key")
+    assert sorted(item["dispatch_key"]["S"] for item in stored) == ["many-after", "many-ok"]
 
 
 def test_unknown_runs_are_not_found(api: AdmissionClient, tenant: str) -> None:

@@ -26,7 +26,7 @@ from poimen.client import (
 from poimen.contract import JSONNumber
 from poimen.ids import keyed_run_id
 from poimen.store import Store
-from poimen.wire import MAX_BATCH_SPAWNS, SPAWNS_MEDIA_TYPE
+from poimen.wire import MAX_BATCH_SPAWNS, MAX_JSON_DEPTH, SPAWNS_MEDIA_TYPE
 from poimen_tools import runs
 from tests.conftest import count_runs
 from tests.unit.dynamodb_faults import Fault, lost_before_dynamodb, only_for, script_attempts, throttled
@@ -283,3 +283,135 @@ def test_a_result_that_says_admitted_without_its_run_is_that_spawns_unknown_outc
     assert not isinstance(second, Spawned)
     assert second.outcome_unknown
     assert second.dispatch_key == "g-1"
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    """An input `depth` objects deep: inside a spawn's body (the body, then the input) past MAX_JSON_DEPTH."""
+    value: dict[str, Any] = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+TOO_DEEP = _nested(MAX_JSON_DEPTH)
+MALFORMED_JSON = "urn:poimen:problem:malformed-json"
+
+
+def test_one_spawn_a_batch_cannot_carry_is_refused_alone_and_the_others_are_admitted(
+    client: AdmissionClient, api: InProcessApi, dynamodb: Any, table_name: str, tenant: str
+) -> None:
+    # Given a valid spawn, and one nested deeper than the API reads (it refuses the whole batch that carries it)
+    spawns = [SpawnRequest("wf/a", {}, dispatch_key="d-ok"), SpawnRequest("wf/a", TOO_DEEP, dispatch_key="d-deep")]
+
+    # When they are spawned together
+    valid, deep = client.spawn_many(tenant, spawns)
+
+    # Then each got what `spawn` gives it alone: the valid one its run, the deep one its own refusal, in order
+    assert isinstance(valid, Spawned), valid
+    assert (valid.run_id, valid.replayed) == (keyed_run_id(tenant, "d-ok"), False)
+    assert isinstance(deep, InvalidRequest)
+    assert (deep.status, deep.problem and deep.problem.type, deep.dispatch_key) == (400, MALFORMED_JSON, "d-deep")
+    # And the batch refused whole was sent again one spawn a call, as the relay does
+    assert [headers["content-type"] for headers in api.received] == [SPAWNS_MEDIA_TYPE] + ["application/json"] * 2
+    # And the table holds the one run
+    assert [item["dispatch_key"]["S"] for item in count_runs(dynamodb, table_name, tenant)] == ["d-ok"]
+
+
+def test_a_batch_of_spawns_none_of_which_a_batch_can_carry_is_each_refused_alone(
+    client: AdmissionClient, api: InProcessApi, dynamodb: Any, table_name: str, tenant: str
+) -> None:
+    # Given only spawns the API refuses in any body, one of them keyless
+    spawns = [SpawnRequest("wf/a", TOO_DEEP, dispatch_key="d-1"), SpawnRequest("wf/a", TOO_DEEP)]
+
+    # When they are spawned together
+    results = client.spawn_many(tenant, spawns)
+
+    # Then each is its own refusal, naming its key (the keyless one's generated), and nothing was written
+    refusals = [result for result in results if isinstance(result, InvalidRequest)]
+    assert [(r.status, r.problem and r.problem.type) for r in refusals] == [(400, MALFORMED_JSON)] * len(spawns)
+    assert refusals[0].dispatch_key == "d-1"
+    assert str(refusals[1].dispatch_key).startswith(GENERATED_KEY_PREFIX)
+    assert [headers["content-type"] for headers in api.received] == [SPAWNS_MEDIA_TYPE] + ["application/json"] * 2
+    assert count_runs(dynamodb, table_name, tenant) == []
+
+
+def test_a_spawn_sent_alone_after_its_batch_was_refused_is_retried_as_spawn_retries_it(
+    client: AdmissionClient, api: InProcessApi, monkeypatch: pytest.MonkeyPatch, tenant: str
+) -> None:
+    # Given a store that throttles the valid spawn's first write past its retries (store-unavailable: nothing written)
+    script_attempts(monkeypatch, put_run=only_for('"t-ok"', [throttled, throttled]))
+
+    # When it is spawned beside one a batch cannot carry
+    valid, deep = client.spawn_many(
+        tenant, [SpawnRequest("wf/a", {}, dispatch_key="t-ok"), SpawnRequest("wf/a", TOO_DEEP, dispatch_key="t-deep")]
+    )
+
+    # Then alone it was answered 503, sent again, and is its run: its attempts count the batch that carried it
+    assert isinstance(valid, Spawned), valid
+    assert (valid.run_id, valid.replayed, valid.attempts) == (keyed_run_id(tenant, "t-ok"), False, 3)
+    assert isinstance(deep, InvalidRequest)
+    assert deep.dispatch_key == "t-deep"
+    assert [headers["content-type"] for headers in api.received] == [SPAWNS_MEDIA_TYPE] + ["application/json"] * 3
+
+
+def test_a_spawn_too_large_for_any_batch_is_refused_by_the_single_route_and_the_next_admitted(
+    client: AdmissionClient, api: InProcessApi, dynamodb: Any, table_name: str, tenant: str
+) -> None:
+    # Given a spawn over a batch's 1 MiB (the API refuses its batch 413 whole), then a valid one
+    huge = SpawnRequest("wf/a", {"s": "x" * 1_100_000}, dispatch_key="z-huge")
+
+    # When they are spawned together
+    refused, valid = client.spawn_many(tenant, [huge, SpawnRequest("wf/a", {}, dispatch_key="z-ok")])
+
+    # Then the large one is the single route's 413, the other its run; one run in the table
+    assert isinstance(refused, InvalidRequest)
+    assert (refused.status, refused.problem and refused.problem.type) == (413, "urn:poimen:problem:payload-too-large")
+    assert refused.dispatch_key == "z-huge"
+    assert isinstance(valid, Spawned)
+    assert [item["dispatch_key"]["S"] for item in count_runs(dynamodb, table_name, tenant)] == ["z-ok"]
+
+
+class _NoBatchAfterTheFirst(InProcessApi):
+    """The API, until a second batch call: that one, and every later one, answered 415 as an API that takes no batch
+    (a deploy rolled back under the client) answers it; single spawns still reach the handler."""
+
+    def urlopen(self, method: str, url: str, redirect: bool = True, **kw: Any) -> urllib3.BaseHTTPResponse:  # type: ignore[override]
+        batches = sum(headers.get("content-type") == SPAWNS_MEDIA_TYPE for headers in self.received)
+        if dict(kw["headers"]).get("Content-Type") == SPAWNS_MEDIA_TYPE and batches >= 1:
+            self.received.append({"content-type": SPAWNS_MEDIA_TYPE})
+            problem = {"type": "urn:poimen:problem:unsupported-media-type", "title": "Unsupported Media Type"}
+            return urllib3.HTTPResponse(
+                body=json.dumps({**problem, "status": 415}).encode(),
+                status=415,
+                headers={"Content-Type": "application/problem+json"},
+                preload_content=True,
+            )
+        return super().urlopen(method, url, redirect, **kw)
+
+
+def test_a_spawn_whose_earlier_call_may_have_admitted_it_stays_outcome_unknown_when_sent_alone(
+    handler: Callable[[dict[str, Any], Any], dict[str, Any]], store: Store, monkeypatch: pytest.MonkeyPatch, tenant: str
+) -> None:
+    # Given two attempts a call, an API that takes a first batch and refuses every later one 415, and a store that
+    # loses the key's first write (503 outcome-unknown: the run may be there) and throttles every later one
+    store.grant(RELAY_ROLE, tenant)
+    api = _NoBatchAfterTheFirst(handler)
+    credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
+    client = AdmissionClient(
+        "https://api.example",
+        region="us-east-1",
+        credentials=credentials,
+        http=api,
+        sleep=lambda _: None,
+        max_attempts=2,
+    )
+    script_attempts(monkeypatch, put_run=only_for('"v-lost"', [lost_before_dynamodb] * 2 + [throttled] * 4))
+
+    # When it is spawned: the first batch answers it outcome-unknown, the second is refused whole, and alone it is
+    # answered store-unavailable twice
+    (result,) = client.spawn_many(tenant, [SpawnRequest("wf/a", {}, dispatch_key="v-lost")])
+
+    # Then it is Unavailable, and says its outcome is unknown: the first call may have admitted it
+    assert isinstance(result, Unavailable), result
+    assert (result.outcome_unknown, result.dispatch_key) == (True, "v-lost")
+    assert [headers["content-type"] for headers in api.received] == [SPAWNS_MEDIA_TYPE] * 2 + ["application/json"] * 2

@@ -91,6 +91,11 @@ class Admission:
         # Each entry: when its tenants were read, and the tenants.
         self._grants: dict[str, tuple[float, frozenset[str]]] = {}
 
+    def connect(self) -> None:
+        """The store's clients built in this thread (`Store.connect`): a batch's, before its admitting threads share
+        them. StoreUnavailable if its credentials cannot be fetched."""
+        self._store.connect()
+
     def admit_run(
         self,
         principal: str | None,

@@ -1,4 +1,4 @@
-"""One botocore session for a component's AWS clients, whose credentials fetch has a bound.
+"""Botocore sessions whose credentials fetch has a bound: one for a component's AWS clients, or one a thread.
 
 Each botocore session resolves its credentials, and loads the service models, on its own: the store's
 three pynamodb models, each with a session of its own, did both three times on the first request. On
@@ -10,10 +10,15 @@ calls on the first request after a restore, and again before the credentials exp
 (`ContainerMetadataFetcher`) may wait 3 attempts x (2 s to connect + 2 s to read) + 3 x 1 s between them,
 15 s, beyond the admission function's timeout. A session from `bounded_session` waits at most
 CREDENTIALS_FETCH_SECONDS, then fails with botocore's CredentialRetrievalError, nothing sent.
+
+A client is thread-safe, a session is not (https://boto3.amazonaws.com/v1/documentation/api/latest/guide/session.html):
+a component whose clients may be built in any thread (the store: pynamodb builds a client in whichever thread
+first needs it) takes `ThreadSessions`, a bounded session for each thread, rather than one session shared.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Final
 
 import botocore.session
@@ -44,3 +49,13 @@ def bounded_session() -> botocore.session.Session:
         bounded = ContainerProvider(fetcher=_BoundedFetcher())  # type: ignore[arg-type]
         resolver.providers[resolver.providers.index(container)] = bounded
     return session
+
+
+class ThreadSessions(threading.local):
+    """A bounded session for each thread, made on the thread's first use of it: pynamodb's holder of a thread's
+    session (`Connection._local`, which builds botocore's default session where it finds none). One for all the
+    connections of a store, so that the clients one thread builds share its session: one fetch, one read of the
+    service model."""
+
+    def __init__(self) -> None:
+        self.session = bounded_session()

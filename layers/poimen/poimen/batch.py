@@ -5,7 +5,9 @@ the single route maps it (`refusal`, given by the API module, the one place erro
 spawns are admitted all the same. Spawns of different keys are admitted concurrently (at most ADMITTING_THREADS
 at once, on the store's one thread-safe botocore client); the spawns of one key one after another, in order, so a
 key repeated in the batch is admitted after its first spawn and answers that run (200, replayed) or 422, as two
-sequential requests would. Metrics, logs and problems are made in the calling thread, in order.
+sequential requests would. Metrics, logs and problems are made in the calling thread, in order. That client is built
+there too, before the first spawn (`Admission.connect`): the batch fetches credentials once, not once a thread, and
+when they cannot be fetched every spawn is answered 503 `store-unavailable` after that one bounded fetch.
 
 A spawn is admitted only while the invocation has MIN_REMAINING_MS left: one spawn's admission ends within 8.5 s
 (its write's 2 attempts of 0.75 s connect and read and botocore's backoff, 4 s; the one-attempt resolution after
@@ -137,6 +139,13 @@ def admit_spawns(
                     held = error
 
     groups = _sequences(requests, batch.ordering_keys or [None] * len(batch.spawns))
+    try:
+        if groups:  # once for the batch, not once in each admitting thread (a fetch each, and a service model read)
+            admission.connect()
+    except StoreUnavailable as error:  # no credentials: no spawn can be sent, and each is answered so
+        for index in requests:
+            outcomes[index] = error
+        groups = []
     if len(groups) > 1:
         list(_pool().map(admit_in_order, groups))
     elif groups:

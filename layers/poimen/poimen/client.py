@@ -39,6 +39,7 @@ from poimen.cells import CELLS_DOCUMENT_VARIABLE, CELLS_FILE_VARIABLE, CellMap
 from poimen.contract import Problem, Run, json_text, parse_json
 from poimen.endpoints import RegionalEndpoint, Rotation, regional_endpoint
 from poimen.wire import (
+    ENVELOPE_REFUSED_STATUSES,
     MAX_BATCH_BODY_BYTES,
     MAX_BATCH_SPAWNS,
     REPLAYED_HEADER,
@@ -394,16 +395,15 @@ class AdmissionClient:
         InvalidRequest, Unavailable (OutcomeUnknown if the last answer could not tell whether the run was
         admitted: it names the run), or another AdmissionError; each sent carries the key in `dispatch_key`,
         which is the only way to retry a keyless spawn safely once its outcome is unknown."""
-        generated = dispatch_key is None
         key = generated_dispatch_key() if dispatch_key is None else dispatch_key
-        request: dict[str, Any] = {"workflow_ref": workflow_ref, "input": dict(input)}
-        if goal_id is not None:
-            request["goal_id"] = goal_id
-        request["dispatch_key"] = key
-        try:
-            body = json_text(request).encode("utf-8")
-        except (TypeError, ValueError) as error:  # a non-JSON value, NaN, a lone surrogate
-            raise InvalidRequest(f"the spawn request cannot be sent as JSON: {error}") from error
+        body = _spawn_body(SpawnRequest(workflow_ref, input, goal_id), key)
+        return self._spawn_alone(tenant, body, key, generated=dispatch_key is None)
+
+    def _spawn_alone(
+        self, tenant: str, body: bytes, key: str, *, generated: bool, carried: int = 0, reached: bool = False
+    ) -> Spawned:
+        """One spawn's POST /v1/runs of `body` (its dispatch_key `key`), as `spawn` sends it; `carried`: the attempts
+        of calls that carried it before (a batch refused whole), and `reached` whether one may have admitted it."""
         try:
             answer = self._call("POST", "/v1/runs", tenant, body=body)
             if answer.status not in (200, 201):
@@ -411,9 +411,12 @@ class AdmissionClient:
             run = _run(answer)
         except AdmissionError as error:
             error.dispatch_key = key  # the only way back to a run it may have admitted (a generated key)
+            error.attempts += carried
+            error.outcome_unknown = error.outcome_unknown or reached
             raise
         replayed = answer.status == 200 and answer.headers.get(REPLAYED_HEADER, "").lower() == "true"
-        return Spawned(run, replayed=replayed and not generated, attempts=answer.attempts, endpoint=answer.endpoint)
+        attempts = carried + answer.attempts
+        return Spawned(run, replayed=replayed and not generated, attempts=attempts, endpoint=answer.endpoint)
 
     def spawn_many(self, tenant: str, spawns: Sequence[SpawnRequest]) -> list[Spawned | AdmissionError]:
         """POST /v1/runs in the batch form: the spawns in as few calls as the API's limits allow (MAX_BATCH_SPAWNS
@@ -430,16 +433,10 @@ class AdmissionClient:
         for index, spawn in enumerate(spawns):
             key = generated_dispatch_key() if spawn.dispatch_key is None else spawn.dispatch_key
             keys.append(key)
-            request: dict[str, Any] = {"workflow_ref": spawn.workflow_ref, "input": dict(spawn.input)}
-            if spawn.goal_id is not None:
-                request["goal_id"] = spawn.goal_id
-            request["dispatch_key"] = key
             try:
-                bodies.append((index, json_text(request).encode("utf-8")))
-            except (TypeError, ValueError) as error:
-                refused = InvalidRequest(f"the spawn request cannot be sent as JSON: {error}")
-                refused.dispatch_key = key
-                results[index] = refused
+                bodies.append((index, _spawn_body(spawn, key)))
+            except InvalidRequest as refused:
+                results[index] = _named(refused, key)
         generated = [spawn.dispatch_key is None for spawn in spawns]
         for chunk in _batches(bodies):
             self._spawn_chunk(tenant, chunk, keys, generated, results)
@@ -453,7 +450,9 @@ class AdmissionClient:
         generated: list[bool],
         results: list[Spawned | AdmissionError | None],
     ) -> None:
-        """One batch call of `chunk` (index, body), its spawns answered 408/429/5xx sent again in the next."""
+        """One batch call of `chunk` (index, body), its spawns answered 408/429/5xx sent again in the next; when a
+        call's answer refuses the batch whole (ENVELOPE_REFUSED_STATUSES: a body the API reads in none, whichever spawn
+        made it so), each of its spawns sent again alone, as `spawn` sends it, for its own answer."""
         pending = chunk
         # Per spawn, as `_call`'s `reached` for one: whether a call so far may have admitted it (an earlier call's
         # outcome unknown is not undone by a later answer that wrote nothing).
@@ -464,6 +463,20 @@ class AdmissionClient:
                 answer = self._call("POST", "/v1/runs", tenant, body=body, media=SPAWNS_MEDIA_TYPE)
                 found = _batch_results(answer, len(pending))
             except AdmissionError as error:
+                if error.status in ENVELOPE_REFUSED_STATUSES:
+                    for index, spawn_body in pending:
+                        try:
+                            results[index] = self._spawn_alone(
+                                tenant,
+                                spawn_body,
+                                keys[index],
+                                generated=generated[index],
+                                carried=error.attempts + attempt - 1,
+                                reached=reached[index],
+                            )
+                        except AdmissionError as alone:
+                            results[index] = alone
+                    return
                 for index, _ in pending:
                     failed = _for_key(error, keys[index])
                     failed.outcome_unknown = failed.outcome_unknown or reached[index]
@@ -655,9 +668,22 @@ def _run(answer: _Answer) -> Run:
         raise _carried_no(answer, "run") from error
 
 
+def _spawn_body(spawn: SpawnRequest, key: str) -> bytes:
+    """The single route's body of `spawn` under `key` (its `dispatch_key` ignored); InvalidRequest if it cannot be
+    sent as JSON."""
+    request: dict[str, Any] = {"workflow_ref": spawn.workflow_ref, "input": dict(spawn.input)}
+    if spawn.goal_id is not None:
+        request["goal_id"] = spawn.goal_id
+    request["dispatch_key"] = key
+    try:
+        return json_text(request).encode("utf-8")
+    except (TypeError, ValueError) as error:  # a non-JSON value, NaN, a lone surrogate
+        raise InvalidRequest(f"the spawn request cannot be sent as JSON: {error}") from error
+
+
 def _batches(bodies: list[tuple[int, bytes]]) -> list[list[tuple[int, bytes]]]:
     """The spawns' bodies in order, in runs of at most MAX_BATCH_SPAWNS whose envelope fits MAX_BATCH_BODY_BYTES
-    (a spawn too large for any goes alone: the API answers it 413, which is then its result)."""
+    (a spawn too large for any goes in a batch of its own: the API refuses it 413, and it is sent again alone)."""
     chunks: list[list[tuple[int, bytes]]] = []
     size = _ENVELOPE_BYTES
     for item in bodies:

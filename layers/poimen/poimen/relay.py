@@ -53,6 +53,7 @@ from poimen.inbox_rule import RECORD_FAULT_STATUSES, RETRYABLE_STATUSES, HeldBac
 from poimen.kafka import tenant_of_dispatch_topic
 from poimen.observability import logger, metrics
 from poimen.wire import (
+    ENVELOPE_REFUSED_STATUSES,
     MAX_BATCH_BODY_BYTES,
     MAX_BODY_BYTES,
     SPAWNS_MEDIA_TYPE,
@@ -63,9 +64,6 @@ from poimen.wire import (
 # The 503 the API answers when a run may have been admitted: retried for a keyed record (it can only admit
 # that run), dead-lettered naming the run for a keyless one.
 OUTCOME_UNKNOWN = "urn:poimen:problem:outcome-unknown"
-# What a batch's envelope may not refuse a spawn for: a spawn the batch cannot carry (a body over the batch
-# limit, nesting or text the API refuses in a spawn) is sent again alone, for its own answer.
-_ENVELOPE_REFUSED = frozenset({400, 413, 415})
 # The envelope's bytes besides its spawns: `{"spawns":[`, `],"traceparents":[`, `],"ordering_keys":[`, `]}`;
 # each spawn adds its value, a comma, its traceparent (at most 55 characters, quoted) or null and a comma, and its
 # ordering key (a number below MAX_BATCH_SPAWNS, quoted) or null and a comma.
@@ -495,7 +493,7 @@ class Relay:
         while pending:
             tenant = pending[0][1].tenant
             status, answer = self._post(tenant, _envelope(pending), None, lane, keyed=True, media=SPAWNS_MEDIA_TYPE)
-            if status in _ENVELOPE_REFUSED:
+            if status in ENVELOPE_REFUSED_STATUSES:  # each spawn then sent alone
                 for record, spawn in pending:
                     if batch.abort.is_set():
                         raise _Aborted("another record failed the batch")

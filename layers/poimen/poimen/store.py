@@ -38,7 +38,7 @@ from pynamodb.constants import STREAM_NEW_IMAGE
 from pynamodb.exceptions import DoesNotExist, PynamoDBException
 from pynamodb.models import Model
 
-from poimen.aws_session import bounded_session
+from poimen.aws_session import ThreadSessions
 from poimen.config import Settings
 from poimen.errors import OutcomeUnknown, RunNotStorable, RunTooLarge, StoreUnavailable
 from poimen.retention import expires_at
@@ -198,9 +198,9 @@ class _WriteAttempts(threading.local):
 
 
 class Store:
-    """Data access for one admission table. Build it once per process (see `poimen.api`), in the thread
-    that uses it: its clients share one botocore session there (`poimen.aws_session`), so a first request
-    resolves the credentials once, within a bound, and loads the service model once."""
+    """Data access for one admission table. Build it once per process (see `poimen.api`) and use it from any
+    thread: the clients a thread builds share that thread's botocore session (`poimen.aws_session.ThreadSessions`),
+    so a first request resolves the credentials once, within a bound, and loads the service model once."""
 
     def __init__(self, settings: Settings) -> None:
         self.table_name = settings.table_name
@@ -209,14 +209,28 @@ class Store:
         # One attempt per call, for telling a write's unknown outcome: with the grant read and the write's
         # own retries it must still end before the function's timeout.
         self._once = _bind(RunRecord, dataclasses.replace(settings, dynamodb_max_attempts=1))
-        session = bounded_session()
+        # pynamodb keeps a session per connection and thread, made (botocore's default, its fetch unbounded) when
+        # that thread first builds the connection's client: its holder of them is replaced (pynamodb keeps no
+        # other way to pass one), so that every thread's is bounded, and one for the store's three connections.
+        sessions = ThreadSessions()
         for model in (self.runs, self.grants, self._once):
-            # pynamodb makes a session per connection and thread when it first needs a client; this thread's
-            # is given instead (pynamodb keeps no other way to pass one).
-            model._get_connection().connection._local.session = session
+            model._get_connection().connection._local = sessions
         self._attempts = _WriteAttempts()
         self._watched_client: Any = None
         self.run_retention_days = settings.run_retention_days
+
+    def connect(self) -> None:
+        """Build the clients a write and its resolution use, in this thread, now, and refresh their credentials
+        if botocore would before signing: StoreUnavailable if the credentials cannot be fetched. Threads that write
+        after it share them (pynamodb keeps one client a connection), so none fetches the credentials or reads the
+        service model for itself, nor waits on botocore's refresh lock: a thread that waited there for a refresh
+        that failed, in the 10 minutes before the credentials expire, tries again itself, one after another."""
+        with _translated_errors:  # the second is built without a fetch: they share this thread's session
+            for client in (self._watched(self.client), self.resolution_client):
+                # botocore's own accessor, private (pynamodb reads the same credentials to decide to rebuild)
+                credentials = client._get_credentials()
+                if credentials is not None:
+                    credentials.get_frozen_credentials()  # the refresh, when one is due
 
     @property
     def client(self) -> Any:

@@ -32,6 +32,11 @@ SPAWNS_MEDIA_TYPE = "application/vnd.poimen.spawns+json"
 SPAWN_RESULTS_MEDIA_TYPE = "application/vnd.poimen.spawn-results+json"
 MAX_BATCH_SPAWNS = 100
 MAX_BATCH_BODY_BYTES = 1024 * 1024
+# The statuses of an answer to a whole batch that refuse its envelope, not its spawns: a body the API refuses as a
+# whole (over MAX_BATCH_BODY_BYTES, nesting or text it reads in no body, whichever spawn holds it) or an API that
+# takes no batch (415). Such an answer wrote nothing and says nothing of any one spawn: each spawn of the batch is
+# sent again alone, for the answer the single route gives it (the relay and poimen.client, one rule).
+ENVELOPE_REFUSED_STATUSES = frozenset({400, 413, 415})
 
 TENANT_HEADER = "X-Poimen-Tenant"
 REPLAYED_HEADER = "Idempotent-Replayed"

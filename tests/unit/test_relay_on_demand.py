@@ -394,3 +394,38 @@ def test_on_demand_a_lane_the_api_throttles_throughout_is_retried_until_23_hours
         assert outcome.dead_lettered == 1
     assert time.monotonic() - started < 10
     assert count_runs(dynamodb, table_name, relay.tenant) == []
+
+
+class ThrottledOnceThenDownApi:
+    """The API answering API Gateway's throttle (429 `Retry-After: 0`) to its first request, then unreachable
+    (connection refused) for every later one: an outage met after a brief throttle."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    def request(self, *_: Any, **__: Any) -> Any:
+        self.requests += 1
+        if self.requests == 1:
+            headers = {"Content-Type": "application/json", "Retry-After": "0"}
+            return urllib3.HTTPResponse(body=b'{"message":"Too Many Requests"}', status=429, headers=headers)
+        raise urllib3.exceptions.NewConnectionError(None, "connection refused")  # type: ignore[arg-type]
+
+
+def test_on_demand_a_lane_throttled_once_then_failing_is_given_up_in_time_to_send_its_letters(
+    harness: RelayHarness, batch_spawns: int
+) -> None:
+    # Given on-demand pollers (age limit 1 h), a record 2 h old, and an API that throttles the first call and is
+    # unreachable after it (the backoff's cap 50 ms, so that the relay's calls end close to where it decides)
+    relay = _on_demand(harness, batch_spawns).with_settings(retry_cap_seconds=0.05)
+    api = ThrottledOnceThenDownApi()
+    relay.relay._http = api  # type: ignore[assignment]
+    (record,) = _batch(relay, 2 * HOUR_MS)[2:]
+    # When it is invoked with 10 s left
+    outcome = relay.run([record], seconds=10)
+    # Then the lane, whose calls failed (the outage, not the throttle, is its last answer) past the age limit, is
+    # given up early enough for its letter: one retries-exhausted letter, and the invocation succeeds. (It failed
+    # with DeadLetterQueueUnavailable: one 429 made the lane's calls take the whole invocation, and every retry of
+    # the batch met the same, so the record was never dead-lettered while the topic kept it.)
+    assert api.requests > 2
+    assert [letter["reason"]["kind"] for _, letter in relay.dead_letters()] == ["retries-exhausted"]
+    assert outcome.dead_lettered == 1

@@ -23,6 +23,7 @@ from poimen_tools.cli import _dev_options, build_parser
 from poimen_tools.local.event_source import LOCAL_MAX_ATTEMPTS, relay_mapping_attempts
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs
+from tests.unit.dynamodb_faults import connect_refused, lost_before_dynamodb, script_attempts
 from tests.unit.relay_harness import RelayHarness
 
 SPAWN: dict[str, Any] = {"workflow_ref": "wf/hello", "input": {}, "goal_id": None}
@@ -429,3 +430,26 @@ def test_on_demand_a_lane_throttled_once_then_failing_is_given_up_in_time_to_sen
     assert api.requests > 2
     assert [letter["reason"]["kind"] for _, letter in relay.dead_letters()] == ["retries-exhausted"]
     assert outcome.dead_lettered == 1
+
+
+@pytest.mark.parametrize("outage", ["dynamodb-unreachable", "writes-outcome-unknown"])
+def test_on_demand_a_store_outage_past_the_age_limit_is_a_failure_that_gives_the_lane_up_not_a_throttle(
+    harness: RelayHarness, monkeypatch: pytest.MonkeyPatch, batch_spawns: int, outage: str
+) -> None:
+    # Given on-demand pollers (age limit 1 h), a keyed record 2 h old, and DynamoDB down behind the API: every write
+    # refused at connect (503 store-unavailable), or every write's answer lost and the read after it refused (503
+    # outcome-unknown, keyed). Both answers carry the API's `Retry-After: 1`, as every store failure's does
+    if outage == "dynamodb-unreachable":
+        script_attempts(monkeypatch, put_run=[connect_refused] * 10_000)
+    else:
+        script_attempts(monkeypatch, put_run=[lost_before_dynamodb] * 10_000, get_run=[connect_refused] * 10_000)
+    relay = _on_demand(harness, batch_spawns)
+    born = int(time.time() * 1000) - 2 * HOUR_MS
+    record = relay.record({**SPAWN, "dispatch_key": "store-down"}, 0, key=b"o", timestamp_ms=born)
+    # When it is invoked with 10 s left
+    relay.run([record], seconds=10)
+    # Then the lane's calls failed past the age limit, and it is given up: DynamoDB unreachable, or writes whose
+    # outcome nobody can tell, are no request to slow down. (It raised AdmissionApiUnavailable: the relay takes any
+    # answer with a Retry-After for a throttle, so an on-demand lane is never given up for a store outage before
+    # 23 h, whatever RELAY_MAX_RECORD_AGE_SECONDS says.)
+    assert [letter["reason"]["kind"] for _, letter in relay.dead_letters()] == ["retries-exhausted"]

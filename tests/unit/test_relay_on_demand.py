@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import urllib3
 
+from poimen.admission import Admission
 from poimen.config import ON_DEMAND_POLLERS, PROVISIONED_POLLERS, ConfigurationError, RelaySettings
 from poimen.observability import logger
 from poimen.relay import AdmissionApiRefused, AdmissionApiUnavailable
@@ -453,3 +454,32 @@ def test_on_demand_a_store_outage_past_the_age_limit_is_a_failure_that_gives_the
     # answer with a Retry-After for a throttle, so an on-demand lane is never given up for a store outage before
     # 23 h, whatever RELAY_MAX_RECORD_AGE_SECONDS says.)
     assert [letter["reason"]["kind"] for _, letter in relay.dead_letters()] == ["retries-exhausted"]
+
+
+def test_on_demand_a_spawn_deferred_behind_a_failing_one_of_its_kafka_key_is_no_throttle(
+    harness: RelayHarness, monkeypatch: pytest.MonkeyPatch, batch_spawns: int
+) -> None:
+    # Given on-demand pollers (age limit 1 h), two records of one Kafka key 2 h old, and an API whose admission of
+    # the first fails unforeseen (500 internal-error, no Retry-After: no throttle)
+    admit_run = Admission.admit_run
+
+    def failing(self: Admission, principal: str | None, tenant_id: str, request: Any, **kwargs: Any) -> Any:
+        if request.dispatch_key == "first-fails":
+            raise RuntimeError("injected")
+        return admit_run(self, principal, tenant_id, request, **kwargs)
+
+    monkeypatch.setattr(Admission, "admit_run", failing)
+    relay = _on_demand(harness, batch_spawns)
+    born = int(time.time() * 1000) - 2 * HOUR_MS
+    records = [
+        relay.record({**SPAWN, "dispatch_key": "first-fails"}, 0, key=b"k", timestamp_ms=born),
+        relay.record({**SPAWN, "dispatch_key": "second"}, 1, key=b"k", timestamp_ms=born),
+    ]
+    # When they are invoked with 10 s left
+    relay.run(records, seconds=10)
+    # Then, on either path, the lane's calls failed past the age limit and it is given up, both records dead-lettered
+    # (the second not admitted ahead of the first). (On the batch path it raised AdmissionApiUnavailable: the second
+    # spawn, deferred behind the first by its ordering key, is answered 503 with `retry_after` 1, which the relay
+    # takes for a throttle; alone, the first record's lane is given up.)
+    letters = sorted((letter["record"]["offset"], letter["reason"]["kind"]) for _, letter in relay.dead_letters())
+    assert letters == [(0, "retries-exhausted"), (1, "retries-exhausted")]

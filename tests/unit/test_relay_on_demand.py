@@ -483,3 +483,28 @@ def test_on_demand_a_spawn_deferred_behind_a_failing_one_of_its_kafka_key_is_no_
     # takes for a throttle; alone, the first record's lane is given up.)
     letters = sorted((letter["record"]["offset"], letter["reason"]["kind"]) for _, letter in relay.dead_letters())
     assert letters == [(0, "retries-exhausted"), (1, "retries-exhausted")]
+
+
+def test_on_demand_a_lane_waiting_for_a_worker_behind_throttled_ones_is_not_given_up_untried(
+    harness: RelayHarness, dynamodb: Any, table_name: str, batch_spawns: int
+) -> None:
+    # Given on-demand pollers (the template's 3 h age limit), more lanes than workers (two Kafka keys on two
+    # partitions, one worker: RELAY_MAX_CONCURRENCY's 16 with a batch of 17 keys is the same), both 4 h old, and an
+    # API that throttles for 5 s of a 10 s invocation (past the 4 s a lane that may be given up is tried), then admits
+    relay = harness.with_settings(event_pollers=ON_DEMAND_POLLERS, batch_spawns=batch_spawns, max_concurrency=1)
+    api = ThrottledApi(relay.relay._http, seconds=5)
+    relay.relay._http = api  # type: ignore[assignment]
+    born = int(time.time() * 1000) - 4 * HOUR_MS
+    records = [
+        relay.record({**SPAWN, "dispatch_key": f"queued-{n}"}, 0, key=f"q{n}".encode(), partition=n, timestamp_ms=born)
+        for n in range(2)
+    ]
+    # When they are invoked with 10 s left
+    outcome = relay.run(records, seconds=10)
+    # Then neither is dead-lettered: the API only throttled, and a throttled lane younger than 23 h is not given up.
+    # (The second lane started after the first's 5 s, past the give-up deadline, and was dead-lettered
+    # retries-exhausted, "no time left to call the admission API", without one call, the API admitting.)
+    assert api.throttled >= 1
+    assert relay.dead_letters() == []
+    assert (outcome.relayed, outcome.dead_lettered) == (2, 0)
+    assert len(count_runs(dynamodb, table_name, relay.tenant)) == 2

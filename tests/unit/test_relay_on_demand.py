@@ -508,3 +508,39 @@ def test_on_demand_a_lane_waiting_for_a_worker_behind_throttled_ones_is_not_give
     assert relay.dead_letters() == []
     assert (outcome.relayed, outcome.dead_lettered) == (2, 0)
     assert len(count_runs(dynamodb, table_name, relay.tenant)) == 2
+
+
+class ThrottledThenDownApi:
+    """The API answering API Gateway's throttle (429 `Retry-After: 1`) for `seconds` from its first request, then
+    unreachable (connection refused)."""
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._until: float | None = None
+
+    def request(self, *_: Any, **__: Any) -> Any:
+        if self._until is None:
+            self._until = time.monotonic() + self._seconds
+        if time.monotonic() < self._until:
+            headers = {"Content-Type": "application/json", "Retry-After": "1"}
+            return urllib3.HTTPResponse(body=b'{"message":"Too Many Requests"}', status=429, headers=headers)
+        raise urllib3.exceptions.NewConnectionError(None, "connection refused")  # type: ignore[arg-type]
+
+
+def test_on_demand_a_lane_throttled_past_its_give_up_deadline_then_failing_still_sends_its_letters(
+    harness: RelayHarness, batch_spawns: int
+) -> None:
+    # Given on-demand pollers (age limit 1 h), a record 2 h old, and an API that throttles for 6.5 s of the
+    # invocation's 8 s (10 s less the 2 s margin; past the 4 s a lane that may be given up is tried), then is
+    # unreachable
+    relay = _on_demand(harness, batch_spawns).with_settings(retry_cap_seconds=0.05)
+    relay.relay._http = ThrottledThenDownApi(6.5)  # type: ignore[assignment]
+    (record,) = _batch(relay, 2 * HOUR_MS)[2:]
+    # When it is invoked with 10 s left
+    outcome = relay.run([record], seconds=10)
+    # Then its calls failed past the age limit and it is given up, its letter sent. (It raised
+    # DeadLetterQueueUnavailable, "no time left for an attempt": the throttle let the lane's calls take the time
+    # kept for its letters, and the outage after it gives the lane up with 1.5 s left, less than one SendMessage
+    # attempt's 2 s; every retry that meets the same throttle then outage fails alike.)
+    assert [letter["reason"]["kind"] for _, letter in relay.dead_letters()] == ["retries-exhausted"]
+    assert outcome.dead_lettered == 1

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import urllib3
 
+from poimen.admission import Admission
 from poimen.config import ON_DEMAND_POLLERS, PROVISIONED_POLLERS, ConfigurationError, RelaySettings
 from poimen.observability import logger
 from poimen.relay import AdmissionApiRefused, AdmissionApiUnavailable
@@ -23,6 +24,7 @@ from poimen_tools.cli import _dev_options, build_parser
 from poimen_tools.local.event_source import LOCAL_MAX_ATTEMPTS, relay_mapping_attempts
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs
+from tests.unit.dynamodb_faults import connect_refused, lost_before_dynamodb, script_attempts
 from tests.unit.relay_harness import RelayHarness
 
 SPAWN: dict[str, Any] = {"workflow_ref": "wf/hello", "input": {}, "goal_id": None}
@@ -394,3 +396,151 @@ def test_on_demand_a_lane_the_api_throttles_throughout_is_retried_until_23_hours
         assert outcome.dead_lettered == 1
     assert time.monotonic() - started < 10
     assert count_runs(dynamodb, table_name, relay.tenant) == []
+
+
+class ThrottledOnceThenDownApi:
+    """The API answering API Gateway's throttle (429 `Retry-After: 0`) to its first request, then unreachable
+    (connection refused) for every later one: an outage met after a brief throttle."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    def request(self, *_: Any, **__: Any) -> Any:
+        self.requests += 1
+        if self.requests == 1:
+            headers = {"Content-Type": "application/json", "Retry-After": "0"}
+            return urllib3.HTTPResponse(body=b'{"message":"Too Many Requests"}', status=429, headers=headers)
+        raise urllib3.exceptions.NewConnectionError(None, "connection refused")  # type: ignore[arg-type]
+
+
+def test_on_demand_a_lane_throttled_once_then_failing_is_given_up_in_time_to_send_its_letters(
+    harness: RelayHarness, batch_spawns: int
+) -> None:
+    # Given on-demand pollers (age limit 1 h), a record 2 h old, and an API that throttles the first call and is
+    # unreachable after it (the backoff's cap 50 ms, so that the relay's calls end close to where it decides)
+    relay = _on_demand(harness, batch_spawns).with_settings(retry_cap_seconds=0.05)
+    api = ThrottledOnceThenDownApi()
+    relay.relay._http = api  # type: ignore[assignment]
+    (record,) = _batch(relay, 2 * HOUR_MS)[2:]
+    # When it is invoked with 10 s left
+    outcome = relay.run([record], seconds=10)
+    # Then the lane, whose calls failed (the outage, not the throttle, is its last answer) past the age limit, is
+    # given up early enough for its letter: one retries-exhausted letter, and the invocation succeeds. (It failed
+    # with DeadLetterQueueUnavailable: one 429 made the lane's calls take the whole invocation, and every retry of
+    # the batch met the same, so the record was never dead-lettered while the topic kept it.)
+    assert api.requests > 2
+    assert [letter["reason"]["kind"] for _, letter in relay.dead_letters()] == ["retries-exhausted"]
+    assert outcome.dead_lettered == 1
+
+
+@pytest.mark.parametrize("outage", ["dynamodb-unreachable", "writes-outcome-unknown"])
+def test_on_demand_a_store_outage_past_the_age_limit_is_a_failure_that_gives_the_lane_up_not_a_throttle(
+    harness: RelayHarness, monkeypatch: pytest.MonkeyPatch, batch_spawns: int, outage: str
+) -> None:
+    # Given on-demand pollers (age limit 1 h), a keyed record 2 h old, and DynamoDB down behind the API: every write
+    # refused at connect (503 store-unavailable), or every write's answer lost and the read after it refused (503
+    # outcome-unknown, keyed). Both answers carry the API's `Retry-After: 1`, as every store failure's does
+    if outage == "dynamodb-unreachable":
+        script_attempts(monkeypatch, put_run=[connect_refused] * 10_000)
+    else:
+        script_attempts(monkeypatch, put_run=[lost_before_dynamodb] * 10_000, get_run=[connect_refused] * 10_000)
+    relay = _on_demand(harness, batch_spawns)
+    born = int(time.time() * 1000) - 2 * HOUR_MS
+    record = relay.record({**SPAWN, "dispatch_key": "store-down"}, 0, key=b"o", timestamp_ms=born)
+    # When it is invoked with 10 s left
+    relay.run([record], seconds=10)
+    # Then the lane's calls failed past the age limit, and it is given up: DynamoDB unreachable, or writes whose
+    # outcome nobody can tell, are no request to slow down. (It raised AdmissionApiUnavailable: the relay takes any
+    # answer with a Retry-After for a throttle, so an on-demand lane is never given up for a store outage before
+    # 23 h, whatever RELAY_MAX_RECORD_AGE_SECONDS says.)
+    assert [letter["reason"]["kind"] for _, letter in relay.dead_letters()] == ["retries-exhausted"]
+
+
+def test_on_demand_a_spawn_deferred_behind_a_failing_one_of_its_kafka_key_is_no_throttle(
+    harness: RelayHarness, monkeypatch: pytest.MonkeyPatch, batch_spawns: int
+) -> None:
+    # Given on-demand pollers (age limit 1 h), two records of one Kafka key 2 h old, and an API whose admission of
+    # the first fails unforeseen (500 internal-error, no Retry-After: no throttle)
+    admit_run = Admission.admit_run
+
+    def failing(self: Admission, principal: str | None, tenant_id: str, request: Any, **kwargs: Any) -> Any:
+        if request.dispatch_key == "first-fails":
+            raise RuntimeError("injected")
+        return admit_run(self, principal, tenant_id, request, **kwargs)
+
+    monkeypatch.setattr(Admission, "admit_run", failing)
+    relay = _on_demand(harness, batch_spawns)
+    born = int(time.time() * 1000) - 2 * HOUR_MS
+    records = [
+        relay.record({**SPAWN, "dispatch_key": "first-fails"}, 0, key=b"k", timestamp_ms=born),
+        relay.record({**SPAWN, "dispatch_key": "second"}, 1, key=b"k", timestamp_ms=born),
+    ]
+    # When they are invoked with 10 s left
+    relay.run(records, seconds=10)
+    # Then, on either path, the lane's calls failed past the age limit and it is given up, both records dead-lettered
+    # (the second not admitted ahead of the first). (On the batch path it raised AdmissionApiUnavailable: the second
+    # spawn, deferred behind the first by its ordering key, is answered 503 with `retry_after` 1, which the relay
+    # takes for a throttle; alone, the first record's lane is given up.)
+    letters = sorted((letter["record"]["offset"], letter["reason"]["kind"]) for _, letter in relay.dead_letters())
+    assert letters == [(0, "retries-exhausted"), (1, "retries-exhausted")]
+
+
+def test_on_demand_a_lane_waiting_for_a_worker_behind_throttled_ones_is_not_given_up_untried(
+    harness: RelayHarness, dynamodb: Any, table_name: str, batch_spawns: int
+) -> None:
+    # Given on-demand pollers (the template's 3 h age limit), more lanes than workers (two Kafka keys on two
+    # partitions, one worker: RELAY_MAX_CONCURRENCY's 16 with a batch of 17 keys is the same), both 4 h old, and an
+    # API that throttles for 5 s of a 10 s invocation (past the 4 s a lane that may be given up is tried), then admits
+    relay = harness.with_settings(event_pollers=ON_DEMAND_POLLERS, batch_spawns=batch_spawns, max_concurrency=1)
+    api = ThrottledApi(relay.relay._http, seconds=5)
+    relay.relay._http = api  # type: ignore[assignment]
+    born = int(time.time() * 1000) - 4 * HOUR_MS
+    records = [
+        relay.record({**SPAWN, "dispatch_key": f"queued-{n}"}, 0, key=f"q{n}".encode(), partition=n, timestamp_ms=born)
+        for n in range(2)
+    ]
+    # When they are invoked with 10 s left
+    outcome = relay.run(records, seconds=10)
+    # Then neither is dead-lettered: the API only throttled, and a throttled lane younger than 23 h is not given up.
+    # (The second lane started after the first's 5 s, past the give-up deadline, and was dead-lettered
+    # retries-exhausted, "no time left to call the admission API", without one call, the API admitting.)
+    assert api.throttled >= 1
+    assert relay.dead_letters() == []
+    assert (outcome.relayed, outcome.dead_lettered) == (2, 0)
+    assert len(count_runs(dynamodb, table_name, relay.tenant)) == 2
+
+
+class ThrottledThenDownApi:
+    """The API answering API Gateway's throttle (429 `Retry-After: 1`) for `seconds` from its first request, then
+    unreachable (connection refused)."""
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._until: float | None = None
+
+    def request(self, *_: Any, **__: Any) -> Any:
+        if self._until is None:
+            self._until = time.monotonic() + self._seconds
+        if time.monotonic() < self._until:
+            headers = {"Content-Type": "application/json", "Retry-After": "1"}
+            return urllib3.HTTPResponse(body=b'{"message":"Too Many Requests"}', status=429, headers=headers)
+        raise urllib3.exceptions.NewConnectionError(None, "connection refused")  # type: ignore[arg-type]
+
+
+def test_on_demand_a_lane_throttled_past_its_give_up_deadline_then_failing_still_sends_its_letters(
+    harness: RelayHarness, batch_spawns: int
+) -> None:
+    # Given on-demand pollers (age limit 1 h), a record 2 h old, and an API that throttles for 6.5 s of the
+    # invocation's 8 s (10 s less the 2 s margin; past the 4 s a lane that may be given up is tried), then is
+    # unreachable
+    relay = _on_demand(harness, batch_spawns).with_settings(retry_cap_seconds=0.05)
+    relay.relay._http = ThrottledThenDownApi(6.5)  # type: ignore[assignment]
+    (record,) = _batch(relay, 2 * HOUR_MS)[2:]
+    # When it is invoked with 10 s left
+    outcome = relay.run([record], seconds=10)
+    # Then its calls failed past the age limit and it is given up, its letter sent. (It raised
+    # DeadLetterQueueUnavailable, "no time left for an attempt": the throttle let the lane's calls take the time
+    # kept for its letters, and the outage after it gives the lane up with 1.5 s left, less than one SendMessage
+    # attempt's 2 s; every retry that meets the same throttle then outage fails alike.)
+    assert [letter["reason"]["kind"] for _, letter in relay.dead_letters()] == ["retries-exhausted"]
+    assert outcome.dead_lettered == 1

@@ -178,8 +178,9 @@ class _Lane:
     """Records relayed in offset order, concurrently with the other lanes of their batch, and given up (on-demand)
     or failed together: a partition's on the batch path, a Kafka key's on the per-record path. `gives_up_failing`:
     a failure of its calls dead-letters its records not settled rather than fail the batch; `gives_up_throttled`:
-    so does a throttle's; `throttled`: the API has asked it to slow down in this invocation. Only the one thread
-    relaying it reads or sets `throttled`."""
+    so does a throttle's; `throttled`: the API's last answer to it asked it to slow down (a failure after a throttle
+    makes it a failing lane again, whose calls end in time for its letters). Only the one thread relaying it reads
+    or sets `throttled`."""
 
     batch: _Batch
     records: list[KafkaEventRecord]
@@ -519,7 +520,7 @@ class Relay:
             pending = again
             if pending:
                 throttled = retry_after is not None
-                lane.throttled = lane.throttled or throttled
+                lane.throttled = throttled
                 delay = max(retry_after or 0.0, self._jitter(attempt))
                 if time.monotonic() + delay >= lane.api_deadline():
                     raise AdmissionApiUnavailable(
@@ -581,7 +582,7 @@ class Relay:
             finally:
                 _EXCHANGE_DEADLINE.reset(exchange)
             throttled = retry_after is not None
-            lane.throttled = lane.throttled or throttled
+            lane.throttled = throttled
             delay = max(retry_after or 0.0, self._jitter(attempt))
             if time.monotonic() + delay >= lane.api_deadline():
                 raise AdmissionApiUnavailable(

@@ -24,6 +24,7 @@ from tests.unit.dynamodb_faults import (
     connect_timed_out,
     internal_server_error,
     lost_before_dynamodb,
+    replicated_write_conflict,
     runs_and_fences,
     script_attempts,
     throttled,
@@ -299,3 +300,28 @@ def test_a_write_never_sent_is_store_unavailable_without_a_resolution(
     assert answer.body["type"] == "urn:poimen:problem:store-unavailable"
     assert seen == {"other": 1, "put-run": 2}
     assert runs_and_fences(dynamodb, table_name, tenant) == ([], [])
+
+
+@pytest.mark.parametrize(
+    ("fault", "slow_down"),
+    [(throttled, True), (replicated_write_conflict, True), (connect_refused, False), (internal_server_error, False)],
+    ids=["throttling", "replicated-write-conflict", "unreachable", "500"],
+)
+def test_a_store_unavailable_says_whether_dynamodb_throttled_it(
+    invoke: Invoke,
+    monkeypatch: pytest.MonkeyPatch,
+    dynamodb: Any,
+    table_name: str,
+    tenant: str,
+    fault: Fault,
+    slow_down: bool,
+) -> None:
+    # Given a store whose every write attempt of a keyless spawn meets the fault (a 500 resolved as not written)
+    script_attempts(monkeypatch, put_run=[fault] * 10)
+    # When the spawn is sent
+    answer = invoke(body=KEYLESS)
+    # Then it is 503 store-unavailable, nothing written, and the problem's `throttled` is true only when DynamoDB
+    # asked to slow down (poimen.wire.asks_to_slow_down), absent when the store failed
+    assert (answer.status, answer.body["type"]) == (503, "urn:poimen:problem:store-unavailable")
+    assert answer.body.get("throttled") is (True if slow_down else None)
+    assert runs_and_fences(dynamodb, table_name, tenant)[0] == []

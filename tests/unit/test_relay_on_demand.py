@@ -287,6 +287,10 @@ class ThrottledApi:
         self._until: float | None = None
         self.throttled = 0
 
+    def lift(self) -> None:
+        """Throttle no more."""
+        self._until = 0.0
+
     def request(self, method: str, url: str, **kw: Any) -> Any:
         if self._down is not None and self._down in kw["body"]:
             raise urllib3.exceptions.NewConnectionError(None, "connection refused")  # type: ignore[arg-type]
@@ -302,23 +306,28 @@ class ThrottledApi:
 
 
 @pytest.mark.parametrize("age_hours", [1, 4], ids=["within-the-age-limit", "past-the-age-limit"])
-def test_on_demand_a_backlog_the_api_only_throttles_is_admitted_whole_whatever_its_age(
+def test_on_demand_a_backlog_the_api_only_throttles_drains_and_is_never_dead_lettered_whatever_its_age(
     harness: RelayHarness, dynamodb: Any, table_name: str, batch_spawns: int, age_hours: int
 ) -> None:
-    # Given on-demand pollers (the template's 3 h age limit) and an API that throttles for 4 s, then admits
+    # Given on-demand pollers (the template's 3 h age limit) and an API that throttles (429 Retry-After: 1) for as
+    # long as the first invocation lasts
     relay = harness.with_settings(event_pollers=ON_DEMAND_POLLERS, batch_spawns=batch_spawns)
-    api = ThrottledApi(relay.relay._http, seconds=4)
+    api = ThrottledApi(relay.relay._http, seconds=3600)
     relay.relay._http = api  # type: ignore[assignment]
     born = int(time.time() * 1000) - age_hours * HOUR_MS
     records = [
         relay.record({**SPAWN, "dispatch_key": f"backlog-{n}"}, n, key=f"k{n}".encode(), timestamp_ms=born)
         for n in range(5)
     ]
-    # When a batch of five records that old is invoked with 10 s left
-    outcome = relay.run(records, seconds=10)
-    # Then every record is admitted in that invocation, and none is dead-lettered: a 429 asks the relay to slow
-    # down, it is no failure to give the batch up for
+    # When a batch of five records that old is invoked with 6 s left, the batch fails, to be retried: a 429 asks
+    # the relay to slow down, it is no failure to give a lane up for, within the age limit or past it
+    with pytest.raises(AdmissionApiUnavailable):
+        relay.run(records, seconds=6)
     assert api.throttled >= 1
+    assert relay.dead_letters() == []
+    # And once the API admits again, its retry admits every record, and none is ever dead-lettered
+    api.lift()
+    outcome = relay.run(records, seconds=10)
     assert (outcome.relayed, outcome.dead_lettered) == (5, 0)
     assert relay.dead_letters() == []
     assert len(count_runs(dynamodb, table_name, relay.tenant)) == 5
@@ -499,14 +508,19 @@ def test_on_demand_a_lane_waiting_for_a_worker_behind_throttled_ones_is_not_give
         relay.record({**SPAWN, "dispatch_key": f"queued-{n}"}, 0, key=f"q{n}".encode(), partition=n, timestamp_ms=born)
         for n in range(2)
     ]
-    # When they are invoked with 10 s left
-    outcome = relay.run(records, seconds=10)
-    # Then neither is dead-lettered: the API only throttled, and a throttled lane younger than 23 h is not given up.
-    # (The second lane started after the first's 5 s, past the give-up deadline, and was dead-lettered
-    # retries-exhausted, "no time left to call the admission API", without one call, the API admitting.)
+    # When they are invoked with 10 s left, the batch fails, to be retried
+    with pytest.raises(AdmissionApiUnavailable):
+        relay.run(records, seconds=10)
+    # Then neither is dead-lettered: the API only throttled, and a throttled lane younger than 23 h is not given up,
+    # nor one behind it that had no time. (The second lane started after the first's 5 s, past the give-up deadline,
+    # and was dead-lettered retries-exhausted, "no time left to call the admission API", without one call.)
     assert api.throttled >= 1
     assert relay.dead_letters() == []
+    # And the retry, the throttle over, admits both
+    api.lift()
+    outcome = relay.run(records, seconds=10)
     assert (outcome.relayed, outcome.dead_lettered) == (2, 0)
+    assert relay.dead_letters() == []
     assert len(count_runs(dynamodb, table_name, relay.tenant)) == 2
 
 
@@ -530,13 +544,18 @@ class ThrottledThenDownApi:
 def test_on_demand_a_lane_throttled_past_its_give_up_deadline_then_failing_still_sends_its_letters(
     harness: RelayHarness, batch_spawns: int
 ) -> None:
-    # Given on-demand pollers (age limit 1 h), a record 2 h old, and an API that throttles for 6.5 s of the
-    # invocation's 8 s (10 s less the 2 s margin; past the 4 s a lane that may be given up is tried), then is
+    # Given on-demand pollers (age limit 1 h), a record 2 h old, and an API that throttles for 4.5 s (past the 4 s of
+    # the invocation's 8 s, 10 s less the 2 s margin, that a lane that may be given up is tried), then is
     # unreachable
     relay = _on_demand(harness, batch_spawns).with_settings(retry_cap_seconds=0.05)
-    relay.relay._http = ThrottledThenDownApi(6.5)  # type: ignore[assignment]
+    relay.relay._http = ThrottledThenDownApi(4.5)  # type: ignore[assignment]
     (record,) = _batch(relay, 2 * HOUR_MS)[2:]
-    # When it is invoked with 10 s left
+    # When it is invoked with 10 s left, its calls end at the 4 s kept for its letters, still throttled: the batch
+    # fails, to be retried (a throttle gives no lane up before 23 h)
+    with pytest.raises(AdmissionApiUnavailable):
+        relay.run([record], seconds=10)
+    assert relay.dead_letters() == []
+    # And when the retry meets the rest of the throttle and then the outage
     outcome = relay.run([record], seconds=10)
     # Then its calls failed past the age limit and it is given up, its letter sent. (It raised
     # DeadLetterQueueUnavailable, "no time left for an attempt": the throttle let the lane's calls take the time
@@ -544,3 +563,60 @@ def test_on_demand_a_lane_throttled_past_its_give_up_deadline_then_failing_still
     # attempt's 2 s; every retry that meets the same throttle then outage fails alike.)
     assert [letter["reason"]["kind"] for _, letter in relay.dead_letters()] == ["retries-exhausted"]
     assert outcome.dead_lettered == 1
+
+
+class SlowApi:
+    """The API answering each request as `up` does, `seconds` late; connection refused for bodies naming `down`."""
+
+    def __init__(self, up: Any, seconds: float, down: bytes | None = None) -> None:
+        self._up = up
+        self._seconds = seconds
+        self._down = down
+
+    def request(self, method: str, url: str, **kw: Any) -> Any:
+        if self._down is not None and self._down in kw["body"]:
+            raise urllib3.exceptions.NewConnectionError(None, "connection refused")  # type: ignore[arg-type]
+        time.sleep(self._seconds)  # the API's latency, not a wait for a condition
+        return self._up.request(method, url, **kw)
+
+
+def test_on_demand_a_lane_a_slow_api_leaves_no_time_is_retried_not_given_up(
+    harness: RelayHarness, dynamodb: Any, table_name: str, batch_spawns: int
+) -> None:
+    # Given on-demand pollers (age limit 1 h), two lanes 2 h old and one worker, and an API that answers each call in
+    # 4.5 s, past the 4 s the first lane may be tried: the second starts with no time left
+    relay = _on_demand(harness, batch_spawns).with_settings(max_concurrency=1)
+    relay.relay._http = SlowApi(relay.relay._http, 4.5)  # type: ignore[assignment]
+    born = int(time.time() * 1000) - 2 * HOUR_MS
+    records = [
+        relay.record({**SPAWN, "dispatch_key": f"slow-{n}"}, 0, key=f"s{n}".encode(), partition=n, timestamp_ms=born)
+        for n in range(2)
+    ]
+    # When they are invoked with 10 s left, the batch fails, to be retried
+    with pytest.raises(AdmissionApiUnavailable, match="no time left"):
+        relay.run(records, seconds=10)
+    # Then the second lane is not dead-lettered: no call of it failed, and none of the batch's did
+    assert relay.dead_letters() == []
+    assert [item["dispatch_key"]["S"] for item in count_runs(dynamodb, table_name, relay.tenant)] == ["slow-0"]
+
+
+def test_on_demand_a_lane_left_no_time_behind_an_outage_is_given_up_with_the_failing_ones(
+    harness: RelayHarness, dynamodb: Any, table_name: str, batch_spawns: int
+) -> None:
+    # Given on-demand pollers (age limit 1 h), two lanes 2 h old and one worker, the API unreachable: the first lane's
+    # calls fail until its 4 s are over, and the second starts with no time left
+    relay = _on_demand(harness, batch_spawns).with_settings(max_concurrency=1)
+    relay.relay._http = SlowApi(relay.relay._http, 0, down=b"out-")  # type: ignore[assignment]
+    born = int(time.time() * 1000) - 2 * HOUR_MS
+    records = [
+        relay.record({**SPAWN, "dispatch_key": f"out-{n}"}, 0, key=f"o{n}".encode(), partition=n, timestamp_ms=born)
+        for n in range(2)
+    ]
+    # When they are invoked with 10 s left
+    outcome = relay.run(records, seconds=10)
+    # Then both are given up, the untried one beside the failing one (an outage with more lanes than workers would
+    # otherwise never end), and the batch succeeds
+    letters = sorted((letter["record"]["partition"], letter["reason"]["kind"]) for _, letter in relay.dead_letters())
+    assert letters == [(0, "retries-exhausted"), (1, "retries-exhausted")]
+    assert outcome.dead_lettered == 2
+    assert count_runs(dynamodb, table_name, relay.tenant) == []

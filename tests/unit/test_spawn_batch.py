@@ -169,6 +169,9 @@ def test_a_spawn_after_one_of_its_ordering_key_that_failed_is_not_begun(
     assert [result["status"] for result in answer.body["results"]] == [503, 201, 503]
     assert answer.body["results"][2]["problem"]["type"] == "urn:poimen:problem:store-unavailable"
     assert "ordering key" in answer.body["results"][2]["problem"]["detail"]
+    # And it asks to slow down (poimen.wire.asks_to_slow_down) exactly when the spawn it waits for was throttled
+    slowed = [result["problem"].get("throttled") for result in answer.body["results"] if result["status"] == 503]
+    assert slowed == ([True, True] if fault is throttled else [None, None])
     assert [item["dispatch_key"]["S"] for item in count_runs(dynamodb, table_name, tenant)] == ["x-2"]
 
 

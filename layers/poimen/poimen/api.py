@@ -71,6 +71,7 @@ from poimen.wire import (
     SPAWN_RESULTS_MEDIA_TYPE,
     SPAWNS_MEDIA_TYPE,
     TENANT_HEADER,
+    THROTTLED_MEMBER,
     TRACEPARENT_PATTERN,
 )
 
@@ -250,7 +251,10 @@ _PROBLEM_DESCRIPTIONS = {
         "`dispatch-key-reused`: the dispatch_key already admitted a run with a different workflow_ref, input or "
         "goal_id; `run_id` names it. Nothing was written."
     ),
-    HTTPStatus.SERVICE_UNAVAILABLE: "`store-unavailable`: the store did not answer; send it again after Retry-After.",
+    HTTPStatus.SERVICE_UNAVAILABLE: (
+        "`store-unavailable`: the store did not answer; send it again after Retry-After (`throttled: true` when "
+        "DynamoDB throttled it: slow down)."
+    ),
     HTTPStatus.INTERNAL_SERVER_ERROR: (
         "`internal-error`: the request failed unexpectedly, maybe after the write: for a POST /v1/runs the outcome "
         "is unknown, as below."
@@ -302,7 +306,8 @@ _COMMON_PROBLEMS = (
 # the run named may exist (see the _outcome_unknown handler).
 _CREATE_RUN_UNAVAILABLE: OpenAPIResponse = {
     "description": (
-        "`store-unavailable`: nothing was written; send the request again after Retry-After. "
+        "`store-unavailable`: nothing was written; send the request again after Retry-After (the problem's "
+        "`throttled` is `true` when DynamoDB throttled it, a request to slow down; absent when the store failed). "
         "`outcome-unknown`: the write may have committed; the problem's `run_id` and the Location header "
         "name the run: GET it. With a dispatch_key the request may also be sent again (after Retry-After): "
         "it answers that run (201 if this request wrote it, else 200 Idempotent-Replayed). Without one, "
@@ -780,7 +785,13 @@ def _store_unavailable(error: StoreUnavailable) -> Response[str]:
         "store-unavailable",
         "Admission storage is busy; retry after the given delay.",
         headers={"Retry-After": str(error.retry_after_seconds)},
+        **_throttled(error),
     )
+
+
+def _throttled(error: StoreUnavailable) -> dict[str, bool]:
+    """The problem's THROTTLED_MEMBER, only when the store throttled the spawn (poimen.wire.asks_to_slow_down)."""
+    return {THROTTLED_MEMBER: True} if error.throttled else {}
 
 
 @app.exception_handler(SpawnDeferred)
@@ -791,6 +802,7 @@ def _spawn_deferred(error: SpawnDeferred) -> Response[str]:
         "store-unavailable",
         str(error),
         headers={"Retry-After": str(error.retry_after_seconds)},
+        **_throttled(error),
     )
 
 

@@ -121,6 +121,8 @@ def admit_spawns(
                     "An earlier spawn of this dispatch_key or ordering key in the batch was not admitted, so this one "
                     "was not begun: nothing was written; send it again after that one.",
                     getattr(held, "retry_after_seconds", 1),
+                    # A throttle's if the earlier spawn was throttled: the batch asks to slow down only then.
+                    throttled=getattr(held, "throttled", False),
                 )
                 continue
             if remaining_ms() < MIN_REMAINING_MS:

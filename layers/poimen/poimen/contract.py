@@ -237,6 +237,14 @@ class Problem(BaseModel):
     title: str
     status: int
     detail: str
+    # Absent, never null, from other problems (SkipJsonSchema keeps None out of the document).
+    throttled: Literal[True] | SkipJsonSchema[None] = Field(
+        default=None,
+        description=(
+            "store-unavailable: `true` when DynamoDB throttled the request, nothing written (slow down, as for API "
+            "Gateway's 429); absent when the store failed"
+        ),
+    )
 
 
 # --- JSON as the API reads and writes it: strict, numbers exact --------------------------------------

@@ -40,11 +40,13 @@ class DispatchKeyReused(AdmissionError):
 
 
 class StoreUnavailable(AdmissionError):
-    """DynamoDB throttled or failed after the bounded retries; the caller should retry later."""
+    """DynamoDB throttled or failed after the bounded retries, nothing written; the caller should retry later.
+    `throttled`: DynamoDB throttled it (the API asks its caller to slow down), rather than failed."""
 
-    def __init__(self, reason: str, retry_after_seconds: int = 1) -> None:
+    def __init__(self, reason: str, retry_after_seconds: int = 1, *, throttled: bool = False) -> None:
         super().__init__(reason)
         self.retry_after_seconds = retry_after_seconds
+        self.throttled = throttled
 
 
 class RunTooLarge(AdmissionError):

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import botocore.config
 import botocore.exceptions
@@ -58,6 +58,7 @@ from poimen.wire import (
     MAX_BODY_BYTES,
     SPAWNS_MEDIA_TYPE,
     TENANT_HEADER,
+    asks_to_slow_down,
     retry_after_seconds,
 )
 
@@ -75,13 +76,18 @@ class BatchFailed(Exception):
     """The event source must retry the whole batch; no record is dead-lettered for this cause."""
 
 
-class AdmissionApiUnavailable(BatchFailed):
-    """The API could not be reached within the invocation's budget; `throttled`: its last answer asked the relay to
-    slow down (429, or a Retry-After), rather than failed."""
+# Why a lane's calls ended unanswered (AdmissionApiUnavailable.cause): an attempt failed (unreachable, a timeout, a
+# 5xx or an outcome unknown); the API's last answers asked the relay to slow down (poimen.wire.asks_to_slow_down);
+# or its time ran out before any attempt of the call failed (a lane that waited for a worker, or a slow API).
+Cause = Literal["failing", "throttled", "out-of-time"]
 
-    def __init__(self, message: str, *, throttled: bool = False) -> None:
+
+class AdmissionApiUnavailable(BatchFailed):
+    """The API could not be reached within the invocation's budget, for `cause`."""
+
+    def __init__(self, message: str, *, cause: Cause = "failing") -> None:
         super().__init__(message)
-        self.throttled = throttled
+        self.cause: Cause = cause
 
 
 class AdmissionApiRefused(BatchFailed):
@@ -173,36 +179,33 @@ class _Batch:
             self.settled.add(_coordinates(record))
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Lane:
     """Records relayed in offset order, concurrently with the other lanes of their batch, and given up (on-demand)
     or failed together: a partition's on the batch path, a Kafka key's on the per-record path. `gives_up_failing`:
-    a failure of its calls dead-letters its records not settled rather than fail the batch; `gives_up_throttled`:
-    so does a throttle's; `throttled`: the API's last answer to it asked it to slow down (a failure after a throttle
-    makes it a failing lane again, whose calls end in time for its letters). Only the one thread relaying it reads
-    or sets `throttled`."""
+    past RELAY_MAX_RECORD_AGE_SECONDS, a failure of its calls dead-letters its records not settled rather than fail
+    the batch; `gives_up_throttled`: past MAX_RECORD_AGE_SECONDS, so does a throttle, and time running out."""
 
     batch: _Batch
     records: list[KafkaEventRecord]
     oldest_ms: int | None = None
     gives_up_failing: bool = False
     gives_up_throttled: bool = False
-    throttled: bool = False
 
+    @property
     def api_deadline(self) -> float:
-        """When its API calls must end: early enough for its records' letters (the batch's `api_deadline`) if a
-        failure now would give it up, else with the invocation (a throttled lane, were it past only
-        RELAY_MAX_RECORD_AGE_SECONDS, is retried, not given up: it may use the whole invocation)."""
-        gives_up = self.gives_up_throttled if self.throttled else self.gives_up_failing
-        return self.batch.api_deadline if gives_up else self.batch.deadline
+        """When its API calls must end: early enough for its records' letters (the batch's `api_deadline`) if it may
+        be given up, throttled or not (its next answer may be a failure); else with the invocation."""
+        return self.batch.api_deadline if self.gives_up_failing else self.batch.deadline
 
-    def gives_up_for(self, failure: BatchFailed) -> bool:
-        """Whether this failure of its calls ends as its records' dead letters rather than as the batch's retry."""
-        return self.gives_up_throttled if _throttled(failure) else self.gives_up_failing
+    def gives_up_for(self, cause: Cause) -> bool:
+        """Whether its calls ending so ends as its records' dead letters rather than as the batch's retry (time
+        running out of a lane past only RELAY_MAX_RECORD_AGE_SECONDS: `Relay.relay_batch` decides)."""
+        return self.gives_up_failing if cause == "failing" else self.gives_up_throttled
 
 
-def _throttled(failure: BatchFailed) -> bool:
-    return isinstance(failure, AdmissionApiUnavailable) and failure.throttled
+def _cause(failure: BatchFailed) -> Cause:
+    return failure.cause if isinstance(failure, AdmissionApiUnavailable) else "failing"
 
 
 _T = TypeVar("_T")
@@ -269,12 +272,14 @@ class Relay:
         its batch fails. (Only a dead-letter queue failing midway, or the function dying between a send and the
         event source's commit, repeats some.) Under on-demand pollers a lane that fails once its oldest record is
         past RELAY_MAX_RECORD_AGE_SECONDS is given up instead, alone: its records not yet settled are
-        dead-lettered as `retries-exhausted`, and the other lanes go on. A lane the API only throttles (429, or an
-        answer with a Retry-After: it asks the relay to slow down, it is not failing) is given up only past
+        dead-lettered as `retries-exhausted`, and the other lanes go on. A lane the API only throttles (429, or a
+        store-unavailable marked throttled: poimen.wire.asks_to_slow_down) is given up only past
         MAX_RECORD_AGE_SECONDS, the longest a topic is sure to keep its records; until then it fails the batch
-        for its retry, as a young lane does, and its calls may take the whole invocation. A lane that may be
-        given up ends its other calls early enough for its letters to be sent before the deadline (but has half
-        the time at least: it may be a backlog the API admits).
+        for its retry, as a young lane does. A lane whose time ran out before a call of it failed (it waited for a
+        worker, or the API was slow) is given up only beside a lane of the batch given up for failing (an outage
+        with more lanes than workers), or past MAX_RECORD_AGE_SECONDS; else the batch is retried. A lane that may
+        be given up ends its calls early enough for its letters to be sent before the deadline (but has half the
+        time at least: it may be a backlog the API admits).
         """
         deadline = time.monotonic() + remaining_ms() / 1000 - self._settings.time_margin_seconds
         batch_path = self._settings.batch_spawns > 1
@@ -299,6 +304,9 @@ class Relay:
         if len(tenants) == 1:
             outcome.tenant = tenants.pop()  # None for a topic that is no tenant's: no tenant dimension
 
+        failed: list[_Lane] = []  # given up for failing: a sign of an outage
+        out_of_time: list[tuple[_Lane, BatchFailed]] = []  # past the age limit, no call failed: decided after the rest
+
         def relay_lane(lane: _Lane) -> None:
             try:
                 if batch_path:
@@ -311,12 +319,24 @@ class Relay:
             except _Aborted:
                 raise
             except BatchFailed as failure:
-                if not lane.gives_up_for(failure):
+                cause = _cause(failure)
+                if cause == "out-of-time" and lane.gives_up_failing and not lane.gives_up_throttled:
+                    out_of_time.append((lane, failure))
+                    return
+                if not lane.gives_up_for(cause):
                     raise
+                if cause == "failing":
+                    failed.append(lane)
                 self._give_up(lane, failure)
 
         with ThreadPoolExecutor(max_workers=workers) as pool:
             _each(pool, relay_lane, lanes, batch)
+            if out_of_time and not failed:
+                # Nothing failed: the API throttled, or was slow, and these lanes had no time left. Given up, they
+                # would be a redrive job the API never refused; retried, they are relayed.
+                raise out_of_time[0][1]
+            for lane, failure in out_of_time:  # behind an outage that gave other lanes up, as theirs would
+                self._give_up(lane, failure)
             _each(pool, lambda letter: self._send_dead_letter(letter, batch), batch.letters, batch)
 
     def _age_limits(self, records: list[KafkaEventRecord]) -> tuple[int | None, bool, bool]:
@@ -340,7 +360,7 @@ class Relay:
         succeeds (the partition moves on) and no record is lost once the topic's retention drops it."""
         limit = (
             f"{age_text(self._throttled_limit_ms)}, the longest the API's throttling is waited out"
-            if _throttled(failure)
+            if _cause(failure) != "failing" and lane.gives_up_throttled
             else f"RELAY_MAX_RECORD_AGE_SECONDS ({age_text(self._settings.max_record_age_seconds * 1000)})"
         )
         oldest_ms = lane.oldest_ms if lane.oldest_ms is not None else time.time() * 1000
@@ -491,9 +511,11 @@ class Relay:
         it answers 503 `store-unavailable`, nothing written: it is sent again, after that one)."""
         batch = lane.batch
         pending, attempt = chunk, 0
+        cause: Cause = "out-of-time"  # of the last round's spawns sent again, for a call the deadline then stops
         while pending:
             tenant = pending[0][1].tenant
-            status, answer = self._post(tenant, _envelope(pending), None, lane, keyed=True, media=SPAWNS_MEDIA_TYPE)
+            body = _envelope(pending)
+            status, answer = self._post(tenant, body, None, lane, keyed=True, media=SPAWNS_MEDIA_TYPE, after=cause)
             if status in ENVELOPE_REFUSED_STATUSES:  # each spawn then sent alone
                 for record, spawn in pending:
                     if batch.abort.is_set():
@@ -506,26 +528,26 @@ class Relay:
                 # Not this API's answer (a proxy's, another version's): the relay is misdirected, as for a 404.
                 raise AdmissionApiRefused(f"the admission API answered a batch with {status}: {str(answer)[:500]}")
             again: list[tuple[KafkaEventRecord, Spawn]] = []
-            retry_after: float | None = None
+            retry_after = 0.0
+            slowed = True  # whether every spawn sent again was asked to slow down, none failed
             for (record, spawn), result in zip(pending, results, strict=True):
                 item_status, item_answer = result["status"], result.get("run", result.get("problem"))
                 keyed = spawn.dispatch_key is not None
                 if item_status in RETRYABLE_STATUSES and (keyed or not _is_outcome_unknown(item_answer)):
                     again.append((record, spawn))
-                    if item_status == 429 or result.get("retry_after") is not None:
-                        retry_after = max(retry_after or 0.0, float(result.get("retry_after") or 0))
+                    retry_after = max(retry_after, float(result.get("retry_after") or 0))
+                    slowed = slowed and asks_to_slow_down(item_status, item_answer)
                 else:
                     self._answered(record, spawn, item_status, item_answer, batch)
                     batch.settle(record)
             pending = again
             if pending:
-                throttled = retry_after is not None
-                lane.throttled = throttled
-                delay = max(retry_after or 0.0, self._jitter(attempt))
-                if time.monotonic() + delay >= lane.api_deadline():
+                cause = "throttled" if slowed else "failing"
+                delay = max(retry_after, self._jitter(attempt))
+                if time.monotonic() + delay >= lane.api_deadline:
                     raise AdmissionApiUnavailable(
                         f"admission API unavailable after {attempt + 1} attempts: {len(pending)} spawns answered 5xx",
-                        throttled=throttled,
+                        cause=cause,
                     )
                 logger.warning("spawns of a batch failed; retrying", spawns=len(pending), delay_seconds=round(delay, 3))
                 batch.outcome.count("retries")
@@ -542,23 +564,25 @@ class Relay:
         *,
         keyed: bool,
         media: str = "application/json",
+        after: Cause = "out-of-time",
     ) -> tuple[int, Any]:
-        """POST the body verbatim, retrying transient failures with full-jitter backoff until the lane's deadline.
-        An outcome-unknown answer to a keyless body is returned, not retried: it may have admitted a run. A 429, or
-        an answer with a Retry-After, throttles the lane (`_Lane.throttled`)."""
+        """POST the body verbatim, retrying transient failures with full-jitter backoff until the lane's deadline,
+        then AdmissionApiUnavailable for the last attempt's cause (`after`, the caller's, if the deadline comes before
+        an attempt fails). An outcome-unknown answer to a keyless body is returned, not retried: it may have
+        admitted a run."""
         headers = {"Content-Type": media, TENANT_HEADER: tenant_id}
         if traceparent:
             headers["traceparent"] = traceparent
         attempt = 0
-        throttled = False
+        cause = after
         while True:
-            if lane.api_deadline() <= time.monotonic():
-                raise AdmissionApiUnavailable("no time left to call the admission API", throttled=throttled)
+            if lane.api_deadline <= time.monotonic():
+                raise AdmissionApiUnavailable("no time left to call the admission API", cause=cause)
             signed = self._signed(headers, body)  # a credentials refresh counts against the deadline too
-            timeout = min(self._settings.http_timeout_seconds, lane.api_deadline() - time.monotonic())
+            timeout = min(self._settings.http_timeout_seconds, lane.api_deadline - time.monotonic())
             if timeout <= 0:
-                raise AdmissionApiUnavailable("no time left to call the admission API", throttled=throttled)
-            retry_after: float | None = None
+                raise AdmissionApiUnavailable("no time left to call the admission API", cause=cause)
+            retry_after = 0.0
             # The whole exchange, connect to last byte, ends within `timeout`: urllib3's timeouts bound each
             # socket operation only, and an answer trickling in would outlive the invocation (_Watchdog).
             exchange = _EXCHANGE_DEADLINE.set(time.monotonic() + timeout)
@@ -571,22 +595,20 @@ class Relay:
                     timeout=urllib3.Timeout(total=timeout, connect=self._settings.http_connect_timeout_seconds),
                 )
             except urllib3.exceptions.HTTPError as error:
-                failure = f"{type(error).__name__}: {error}"
+                failure, cause = f"{type(error).__name__}: {error}", "failing"
             else:
-                if response.status not in RETRYABLE_STATUSES or (not keyed and _outcome_unknown(response.data)):
-                    return response.status, _json_or_text(response.data)
+                answer = _json_or_text(response.data)
+                if response.status not in RETRYABLE_STATUSES or (not keyed and _is_outcome_unknown(answer)):
+                    return response.status, answer
                 failure = f"HTTP {response.status}"
-                retry_after = retry_after_seconds(response.headers.get("Retry-After"))
-                if response.status == 429:
-                    retry_after = retry_after or 0.0
+                cause = "throttled" if asks_to_slow_down(response.status, answer) else "failing"
+                retry_after = retry_after_seconds(response.headers.get("Retry-After")) or 0.0
             finally:
                 _EXCHANGE_DEADLINE.reset(exchange)
-            throttled = retry_after is not None
-            lane.throttled = throttled
-            delay = max(retry_after or 0.0, self._jitter(attempt))
-            if time.monotonic() + delay >= lane.api_deadline():
+            delay = max(retry_after, self._jitter(attempt))
+            if time.monotonic() + delay >= lane.api_deadline:
                 raise AdmissionApiUnavailable(
-                    f"admission API unavailable after {attempt + 1} attempts: {failure}", throttled=throttled
+                    f"admission API unavailable after {attempt + 1} attempts: {failure}", cause=cause
                 )
             logger.warning("admission API call failed; retrying", failure=failure, delay_seconds=round(delay, 3))
             lane.batch.outcome.count("retries")
@@ -733,10 +755,6 @@ def _json_or_text(data: bytes) -> Any:
         return json.loads(data)
     except ValueError:
         return data.decode("utf-8", "replace")
-
-
-def _outcome_unknown(data: bytes) -> bool:
-    return _is_outcome_unknown(_json_or_text(data))
 
 
 def _is_outcome_unknown(answer: Any) -> bool:

@@ -67,6 +67,16 @@ _TRANSIENT_CODES = frozenset(
         "TransactionInProgressException",
     }
 )
+# Of those, DynamoDB asking its caller to slow down (a throttle, or another Region's write of the item in flight),
+# rather than failing: the store-unavailable problem says so (poimen.wire.THROTTLED_MEMBER).
+_THROTTLING_CODES = frozenset(
+    {
+        "ThrottlingException",
+        "ReplicatedWriteConflictException",
+        "ProvisionedThroughputExceededException",
+        "RequestLimitExceeded",
+    }
+)
 # What a write attempt can fail with before its request left: nothing was sent, so nothing can commit.
 # Any other failure after a request was sent (a read timeout, a dropped connection, a 5xx) leaves the
 # write's outcome unknown: DynamoDB may have committed it.
@@ -508,5 +518,5 @@ def _unknown(record: NewRun, reason: str) -> OutcomeUnknown:
 def _unavailable_or_original(error: ClientError) -> Exception:
     code = error.response.get("Error", {}).get("Code", "")
     if code in _TRANSIENT_CODES:
-        return StoreUnavailable(f"DynamoDB answered {code} after retries")
+        return StoreUnavailable(f"DynamoDB answered {code} after retries", throttled=code in _THROTTLING_CODES)
     return error

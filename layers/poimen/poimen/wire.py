@@ -38,6 +38,10 @@ MAX_BATCH_BODY_BYTES = 1024 * 1024
 # sent again alone, for the answer the single route gives it (the relay and poimen.client, one rule).
 ENVELOPE_REFUSED_STATUSES = frozenset({400, 413, 415})
 
+# The member of a 503 `store-unavailable` problem that says DynamoDB throttled the request (`true`; absent when it
+# failed): the API asks its caller to slow down, as API Gateway's own 429 does. `asks_to_slow_down` is the rule.
+THROTTLED_MEMBER = "throttled"
+
 TENANT_HEADER = "X-Poimen-Tenant"
 REPLAYED_HEADER = "Idempotent-Replayed"
 # The dispatch_key as a header (RFC 8941 string, or the key itself unquoted): poimen.contract.idempotency_key.
@@ -66,3 +70,11 @@ def retry_after_seconds(value: str | None, now: datetime | None = None) -> float
     if when.tzinfo is None:  # "-0000": UTC, as HTTP-dates always are
         when = when.replace(tzinfo=UTC)
     return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+def asks_to_slow_down(status: int, answer: object) -> bool:
+    """Whether an answer (its status, and its body parsed: a problem, API Gateway's message, or text) asks its caller
+    to slow down rather than says the API failed: API Gateway's throttle (429), or a problem marked THROTTLED_MEMBER
+    (DynamoDB throttled the spawn, nothing written). A Retry-After alone says when to try again, not why: the API
+    gives one with every 503 it answers, an outage's included."""
+    return status == 429 or (isinstance(answer, dict) and answer.get(THROTTLED_MEMBER) is True)

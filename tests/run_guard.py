@@ -55,6 +55,12 @@ class RunGuard:
         # controller as in a serial run; subtests' reports of one test (Schemathesis's cases) do not add to it.
         self.ran[nodeid] += 1
 
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # pytest-xdist's report of a test whose worker crashed (`when` "???", outside pytest's types): a failure, and
+        # the test's end.
+        if str(report.when) == "???":
+            self.ran[report.nodeid] += 1
+
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         stopped = session.shouldstop or session.shouldfail  # -x, --maxfail: the rest not run, and said so

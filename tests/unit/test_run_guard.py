@@ -1,8 +1,8 @@
 """tests/run_guard.py refuses what it must: a collection with two tests of one node id, and a run in which a
-selected test reports no outcome, serially and under pytest-xdist, each in one line and a failing exit code; and
-passes a run that deselects tests (-k), skips one, or stops at its first failure (-x). Each case runs pytest on a
-folder of its own, with the guard and nothing else of this suite (no plugin but pytest-xdist, so a run starts in
-about half a second, two workers in a few)."""
+selected test never runs, serially and under pytest-xdist, each in one line and a failing exit code; and passes a
+run that deselects tests (-k), skips one, stops at its first failure (-x) or loses a worker to a crash. Each case
+runs pytest on a folder of its own, with the guard and nothing else of this suite (no plugin but pytest-xdist, so
+a run starts in about half a second, two workers in a few)."""
 
 from __future__ import annotations
 
@@ -69,6 +69,12 @@ def test_dropped():
 @pytest.mark.skip(reason="reported as skipped, not dropped")
 def test_skipped():
     pass
+
+
+def test_crashes_its_worker():
+    import os
+
+    os._exit(1)
 """
 
 
@@ -121,7 +127,7 @@ def test_two_tests_of_one_node_id_fail_the_run_before_it_starts(folder: Path, wo
 
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_selected_test_that_never_runs_fails_the_run(folder: Path, workers: str) -> None:
-    run = pytest_run(folder, "-n", workers, "--dist", "loadgroup", "test_some.py", "-k", "not fails")
+    run = pytest_run(folder, "-n", workers, "--dist", "loadgroup", "test_some.py", "-k", "not fails and not crashes")
 
     assert run.code == pytest.ExitCode.TESTS_FAILED, run.out
     assert run.guard_lines == [
@@ -134,14 +140,17 @@ def test_a_selected_test_that_never_runs_fails_the_run(folder: Path, workers: st
     "argv",
     [
         # Deselected tests are not selected; a skipped one reported its outcome.
-        ["-k", "not dropped and not fails"],
+        ["-n", "0", "-k", "not dropped and not fails and not crashes"],
         # A run that stops at its first failure says so itself (exit 1): the tests after it were not dropped.
-        ["-x", "-k", "not dropped"],
+        ["-n", "0", "-x", "-k", "not dropped and not crashes"],
+        # A test whose pytest-xdist worker crashed is reported as failed (exit 1), and the others run on.
+        ["-n", "2", "-k", "crashes or runs"],
     ],
-    ids=["deselected-and-skipped", "stopped-at-first-failure"],
+    ids=["deselected-and-skipped", "stopped-at-first-failure", "a-worker-crashed"],
 )
 def test_a_run_that_selects_fewer_tests_or_stops_is_not_refused(folder: Path, argv: list[str]) -> None:
-    run = pytest_run(folder, "-n", "0", "test_some.py", *argv)
+    run = pytest_run(folder, "test_some.py", *argv)
 
     assert run.guard_lines == [], run.out
-    assert run.code == (pytest.ExitCode.TESTS_FAILED if "-x" in argv else pytest.ExitCode.OK), run.out
+    failed = "-x" in argv or "crashes or runs" in argv
+    assert run.code == (pytest.ExitCode.TESTS_FAILED if failed else pytest.ExitCode.OK), run.out

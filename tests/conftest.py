@@ -22,6 +22,7 @@ import pytest
 from _pytest.nodeid import NodeId
 
 from poimen_tools.local.template import Template
+from tests import run_guard
 
 REPO = Path(__file__).resolve().parent.parent
 EVENTS = Path(__file__).resolve().parent / "events"
@@ -67,6 +68,7 @@ _OWNS_RUN_FOLDER = pytest.StashKey[bool]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    run_guard.install(config)  # every selected test runs (tests/run_guard.py)
     if RUN_FOLDER not in os.environ:
         os.environ[RUN_FOLDER] = tempfile.mkdtemp(prefix="poimen-tests-")
         config.stash[_OWNS_RUN_FOLDER] = True
@@ -146,6 +148,18 @@ def tenant() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
 
 
+def _restore_parameters(item: pytest.Item) -> None:
+    """The id of a test whose name carries parameters its id lost: Schemathesis names its tests of each operation
+    `<function>[POST /v1/runs]`, but pytest 9.2 builds a function's id from its `originalname` and its callspec,
+    which Schemathesis gives none, so its three operations shared one id, and pytest-xdist, which keys work by id,
+    ran one of them (tests/run_guard.py refuses such a run)."""
+    base = getattr(item, "originalname", None)
+    if not base or not item.name.startswith(f"{base}[") or not item.name.endswith("]"):
+        return
+    if item.nodeid.rsplit("::", 1)[-1] == base:
+        item._id = NodeId.parse(f"{item.nodeid}{item.name[len(base) :]}")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`make test`: `-n`, with `--dist loadgroup` from pyproject.toml) tests are handed
@@ -155,6 +169,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     conftest fixtures (`dev`, `broker`, `template`) are one per worker: tests share them by tenant, topic,
     table or key. A test with an `xdist_group` mark of its own keeps it (shared files, tests/integration/
     test_rie.py)."""
+    for item in items:
+        _restore_parameters(item)
     for item in items:
         if item.get_closest_marker("xdist_group") is not None or not isinstance(item, pytest.Function):
             continue

@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from moto.dynamodb.exceptions import DynamodbException
 from moto.dynamodb.models import DynamoDBBackend
 from moto.server import ThreadedMotoServer
 
+from poimen.aws_session import CREDENTIALS_FETCH_SECONDS, bounded_session
 from poimen.config import Settings
 from poimen.ids import keyed_run_id
 from poimen.relay import (
@@ -28,7 +30,7 @@ from poimen.relay import (
     DeadLetterQueueUnavailable,
     relay_service,
 )
-from poimen.wire import MAX_BODY_BYTES
+from poimen.wire import MAX_BODY_BYTES, SPAWNS_MEDIA_TYPE
 from poimen_tools.local.devserver import LocalLambdaContext
 from poimen_tools.local.moto import serialise_dynamodb_writes
 from poimen_tools.local.msk import KafkaRecord, msk_event
@@ -95,6 +97,73 @@ def _record(tenant: str, body: Any, offset: int = 0, key: bytes | None = b"k", t
 
 
 SPAWN = {"workflow_ref": "wf/hello", "input": {"greeting": "hi"}, "goal_id": None, "dispatch_key": "order-42"}
+
+
+@pytest.fixture(params=["batch", "per-record"])
+def wire(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The relay's two ways of sending a partition's spawns, for a test that holds on both: the batch form of
+    POST /v1/runs (RELAY_BATCH_SPAWNS' default), or one spawn a request as application/json (RELAY_BATCH_SPAWNS=1)."""
+    if request.param == "per-record":
+        monkeypatch.setenv("RELAY_BATCH_SPAWNS", "1")
+    else:
+        monkeypatch.delenv("RELAY_BATCH_SPAWNS", raising=False)
+    return str(request.param)
+
+
+@dataclasses.dataclass(frozen=True)
+class SentSpawn:
+    """A spawn as the API received it, on either wire."""
+
+    call: int  # which request carried it, in the order the API received them
+    dispatch_key: str | None
+    traceparent: str | None  # its request's header alone; its place in a batch's `traceparents`
+    body: bytes  # the request's
+    headers: dict[str, str]  # the request's
+
+
+def sent_spawns(api: ScriptedApi) -> list[SentSpawn]:
+    """Every spawn `api` received, in order: a request's spawn, or each of a batch's spawns."""
+    sent: list[SentSpawn] = []
+    for call, (headers, body) in enumerate(api.received):
+        document = json.loads(body)
+        if headers["content-type"] != SPAWNS_MEDIA_TYPE:
+            sent.append(SentSpawn(call, document.get("dispatch_key"), headers.get("traceparent"), body, headers))
+            continue
+        traceparents = document.get("traceparents") or [None] * len(document["spawns"])
+        for spawn, traceparent in zip(document["spawns"], traceparents, strict=True):
+            sent.append(SentSpawn(call, spawn.get("dispatch_key"), traceparent, body, headers))
+    return sent
+
+
+def answering_each_spawn(
+    answer: Callable[[dict[str, Any]], tuple[int, int | None]],
+) -> Callable[[bytes], tuple[int, dict[str, str], bytes]]:
+    """A ScriptedApi responder that answers each spawn `answer(spawn)`, a status and its Retry-After (None: none),
+    on either wire: a spawn alone, as the whole answer (Retry-After a header); a batch's spawns in the order they
+    come, each as its result in a 200 (Retry-After the result's `retry_after`). A 200 or 201 carries its run, any
+    other status a problem."""
+
+    def run_or_problem(spawn: dict[str, Any], status: int) -> dict[str, Any]:
+        if status in (200, 201):
+            return {"run_id": f"run-of-{spawn.get('dispatch_key')}", "status": "admitted"}
+        kind = "store-unavailable" if status == 503 else f"scripted-{status}"
+        return {"type": f"urn:poimen:problem:{kind}", "status": status}
+
+    def respond(body: bytes) -> tuple[int, dict[str, str], bytes]:
+        document = json.loads(body)
+        if "spawns" not in document:
+            status, retry_after = answer(document)
+            headers = {} if retry_after is None else {"Retry-After": str(retry_after)}
+            return status, headers, json.dumps(run_or_problem(document, status)).encode()
+        results = []
+        for spawn in document["spawns"]:
+            status, retry_after = answer(spawn)
+            kind = "run" if status in (200, 201) else "problem"
+            result = {"status": status, kind: run_or_problem(spawn, status)}
+            results.append(result if retry_after is None else {**result, "retry_after": retry_after})
+        return 200, {}, json.dumps({"results": results}).encode()
+
+    return respond
 
 
 def test_one_message_is_one_run_through_one_post(relay: Relay, dev: DevServer, tenant: str, dlq: str) -> None:
@@ -216,52 +285,86 @@ def test_transient_failures_are_retried_and_traceparent_forwarded(
     tenant: str,
     scripted_api: ScriptedApi,
     capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    wire: str,
 ) -> None:
-    # Given an API that answers 503, 429 (Retry-After: 0), 500 and then admits, one spawn a request (the
-    # per-record wire; the batch's retries: tests/unit/test_relay_batch.py)
-    monkeypatch.setenv("RELAY_BATCH_SPAWNS", "1")
-    scripted_api.script = [
-        (503, {}, b'{"type":"urn:poimen:problem:store-unavailable"}'),
-        (429, {"Retry-After": "0"}, b"{}"),
-        (500, {}, b"{}"),
-        (201, {}, json.dumps({"run_id": "r-1"}).encode()),
-    ]
+    # Given an API that answers one spawn 503, 429 (Retry-After: 0) and 500 before it admits it, and admits another
+    # at once: as the whole answer to a spawn alone, as its result in a batch's answer (a per-result retry)
+    failing = {"order-42": [(503, None), (429, 0), (500, None)]}
+    lock = threading.Lock()
+
+    def answer(spawn: dict[str, Any]) -> tuple[int, int | None]:
+        with lock:
+            script = failing.get(spawn["dispatch_key"], [])
+            return script.pop(0) if script else (201, None)
+
+    scripted_api.responder = answering_each_spawn(answer)
     relay = relay_against(scripted_api.url)
-    traceparent = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    record = _record(tenant, SPAWN)
-    record = KafkaRecord(**{**record.__dict__, "headers": [("traceparent", traceparent)]})
-    # When one record is relayed
-    relay([record])
-    # Then it took four signed POSTs of the verbatim body, the trace context on each, and no dead letter
-    assert len(scripted_api.received) == 4
-    for headers, body in scripted_api.received:
-        assert body == record.value
-        assert headers["x-poimen-tenant"] == tenant
-        assert headers["traceparent"] == traceparent.decode()
-        assert headers["authorization"].startswith("AWS4-HMAC-SHA256 Credential=")
-        assert "/us-east-1/execute-api/aws4_request" in headers["authorization"]
+    traceparents = {
+        "order-42": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "order-43": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    }
+    records = {
+        key: dataclasses.replace(
+            _record(tenant, {**SPAWN, "dispatch_key": key}, offset=offset, key=key.encode()),
+            headers=[("traceparent", traceparent.encode())],
+        )
+        for offset, (key, traceparent) in enumerate(traceparents.items())
+    }
+    # When both are relayed
+    relay(list(records.values()))
+    # Then the failing spawn was sent four times and the other once (a batch's retry carries only what failed),
+    # each time signed, its value verbatim, with its own trace context; nothing dead-lettered
+    sent = sent_spawns(scripted_api)
+    assert Counter(spawn.dispatch_key for spawn in sent) == {"order-42": 4, "order-43": 1}
+    for spawn in sent:
+        assert spawn.dispatch_key is not None
+        value = records[spawn.dispatch_key].value
+        assert value is not None
+        assert value in spawn.body
+        assert spawn.traceparent == traceparents[spawn.dispatch_key]
+        assert spawn.headers["x-poimen-tenant"] == tenant
+        assert spawn.headers["authorization"].startswith("AWS4-HMAC-SHA256 Credential=")
+        assert "/us-east-1/execute-api/aws4_request" in spawn.headers["authorization"]
     assert dead_letters(dev, dlq) == []
     (document,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')]
     assert _single(document["RelayRetries"]) == 3
-    assert _single(document["DispatchRelayed"]) == 1
+    assert _single(document["DispatchRelayed"]) == 2
 
 
-def test_records_sharing_a_key_are_sent_in_offset_order(
-    relay_against: Callable[[str], Relay], tenant: str, scripted_api: ScriptedApi, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "wire",
+    [
+        pytest.param(
+            "batch",
+            marks=pytest.mark.xfail(
+                raises=AssertionError,
+                strict=True,
+                reason="issue 41, item 1: the batch path admits a Kafka key's later records while an earlier one of "
+                "the batch is still to be retried",
+            ),
+        ),
+        "per-record",
+    ],
+    indirect=True,
+)
+def test_records_sharing_a_key_are_admitted_in_offset_order(
+    relay_against: Callable[[str], Relay], tenant: str, scripted_api: ScriptedApi, wire: str
 ) -> None:
-    # Given ten records under one Kafka key among twenty others (keyed and keyless), delivered shuffled,
-    # and an API that fails the first POST of the first same-key record once, one spawn a request
-    monkeypatch.setenv("RELAY_BATCH_SPAWNS", "1")
-    failed_once: list[bytes] = []
+    # Given ten records under one Kafka key among twenty others (keyed and keyless), delivered shuffled, and an
+    # API that answers the first same-key record 503 once and admits every other spawn in the order it gets them
+    admitted: list[str] = []
+    failed: list[str] = []
+    lock = threading.Lock()
 
-    def fail_first_of_key(body: bytes) -> tuple[int, dict[str, str], bytes] | None:
-        if json.loads(body)["dispatch_key"] == "same-0" and not failed_once:
-            failed_once.append(body)
-            return (503, {}, b"{}")
-        return None
+    def answer(spawn: dict[str, Any]) -> tuple[int, int | None]:
+        with lock:
+            if spawn["dispatch_key"] == "same-0" and not failed:
+                failed.append(spawn["dispatch_key"])
+                return (503, None)
+            admitted.append(spawn["dispatch_key"])
+            return (201, None)
 
-    scripted_api.responder = fail_first_of_key
+    scripted_api.responder = answering_each_spawn(answer)
     relay = relay_against(scripted_api.url)
     same = [_record(tenant, {**SPAWN, "dispatch_key": f"same-{i}"}, offset=i, key=b"same") for i in range(10)]
     others = [
@@ -273,18 +376,38 @@ def test_records_sharing_a_key_are_sent_in_offset_order(
     shuffled = [record for pair in zip(reversed(same), others[:10], strict=True) for record in pair] + others[10:]
     # When the batch is relayed
     relay(shuffled)
-    # Then the same-key records arrived in offset order, the failed one retried before its successor
-    keys = [json.loads(body)["dispatch_key"] for _, body in scripted_api.received]
-    assert [key for key in keys if key.startswith("same-")] == ["same-0"] + [f"same-{i}" for i in range(10)]
-    assert sorted(key for key in keys if key.startswith("other-")) == sorted(f"other-{i}" for i in range(20))
+    # Then the failed one was admitted, retried, before any later record of its key, and every record once
+    assert failed == ["same-0"]
+    assert [key for key in admitted if key.startswith("same-")] == [f"same-{i}" for i in range(10)]
+    assert sorted(key for key in admitted if key.startswith("other-")) == sorted(f"other-{i}" for i in range(20))
 
 
+# A cold environment's relay takes this long to build, on top of building its clients: the bounded fetch of its
+# credentials from Lambda's container endpoint after a SnapStart restore, at most CREDENTIALS_FETCH_SECONDS.
+COLD_CREDENTIALS_SECONDS = CREDENTIALS_FETCH_SECONDS
+
+
+@pytest.mark.parametrize(
+    ("environment", "timeout_seconds"),
+    [
+        # Its relay built, as a warm environment's is: the bound is the retry budget's alone (building the clients
+        # took up to 4 s on a loaded machine, which the invocation's time counts and this case is not about).
+        ("warm", 2.5),
+        # Built in the timed invocation, as a cold one builds it: the bound counts the build too, so a relay that
+        # took its budget from before its build would end COLD_CREDENTIALS_SECONDS and more past the deadline. 6 s:
+        # the build's 2 s and up to 3.5 s of clients on a loaded machine, and the 0.5 s margin.
+        ("cold", 6.0),
+    ],
+)
 def test_a_hanging_api_still_ends_the_invocation_within_its_time(
     relay_against: Callable[[str], Relay],
     dev: DevServer,
     dlq: str,
     tenant: str,
     scripted_api: ScriptedApi,
+    monkeypatch: pytest.MonkeyPatch,
+    environment: str,
+    timeout_seconds: float,
 ) -> None:
     # Given an API that accepts the connection and answers only once the test is over
     over = threading.Event()
@@ -295,16 +418,24 @@ def test_a_hanging_api_still_ends_the_invocation_within_its_time(
 
     scripted_api.responder = hanging
     relay = relay_against(scripted_api.url)
-    # and an environment whose relay (its clients) is built, as a warm one's is: on a loaded machine building
-    # them took up to 4 s, which the invocation's time counts and this test is not about
-    relay_service()
-    # When the function has 2.5 s left
+    # and an environment whose relay is built (warm), or one that builds it, its credentials fetched (cold)
+
+    def fetching_credentials() -> Any:
+        time.sleep(COLD_CREDENTIALS_SECONDS)
+        return bounded_session()
+
+    if environment == "warm":
+        relay_service()
+    else:
+        monkeypatch.setattr("poimen.relay.bounded_session", fetching_credentials)
+    # When the function has `timeout_seconds` left
     started = time.monotonic()
     try:
         with pytest.raises(AdmissionApiUnavailable):
-            relay([_record(tenant, SPAWN)], timeout_seconds=2.5)
+            relay([_record(tenant, SPAWN)], timeout_seconds=timeout_seconds)
         # Then it gave up before its deadline, and dead-lettered nothing
-        assert time.monotonic() - started < 2.5
+        ended = time.monotonic() - started
+        assert ended < timeout_seconds, f"ended {ended:.2f} s into a {timeout_seconds} s invocation"
     finally:
         over.set()
     assert dead_letters(dev, dlq) == []
@@ -519,26 +650,27 @@ def test_a_crlf_traceparent_stalls_no_record_of_the_batch(
     dlq: str,
     tenant: str,
     scripted_api: ScriptedApi,
-    monkeypatch: pytest.MonkeyPatch,
+    wire: str,
 ) -> None:
     # Given 21 records over 20 Kafka keys, the first of the shared key with a CR/LF in its traceparent, and an
-    # API answering one spawn a request (a batch's traceparents: tests/unit/test_relay.py)
-    monkeypatch.setenv("RELAY_BATCH_SPAWNS", "1")
+    # API that admits every spawn
     traceparent = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     records = [
         _record(tenant, {**SPAWN, "dispatch_key": f"d-{i}"}, offset=i, key=f"k{min(i, 19)}".encode()) for i in range(21)
     ]
     records = [
-        KafkaRecord(**{**record.__dict__, "headers": [("traceparent", traceparent + (b"\r\n" if i == 19 else b""))]})
+        dataclasses.replace(record, headers=[("traceparent", traceparent + (b"\r\n" if i == 19 else b""))])
         for i, record in enumerate(records)
     ]
+    scripted_api.responder = answering_each_spawn(lambda _: (201, None))
     # When the batch is relayed
     relay_against(scripted_api.url)(records)
-    # Then every record was posted, the malformed trace context left behind and the others forwarded
-    by_key = {json.loads(body)["dispatch_key"]: headers for headers, body in scripted_api.received}
-    assert sorted(by_key) == sorted(f"d-{i}" for i in range(21))
-    assert "traceparent" not in by_key["d-19"]
-    assert {headers["traceparent"] for key, headers in by_key.items() if key != "d-19"} == {traceparent.decode()}
+    # Then every record was posted once, the malformed trace context left behind and the others forwarded
+    sent = sent_spawns(scripted_api)
+    by_key = {spawn.dispatch_key: spawn.traceparent for spawn in sent}
+    assert sorted(str(spawn.dispatch_key) for spawn in sent) == sorted(f"d-{i}" for i in range(21))
+    assert by_key.pop("d-19") is None
+    assert set(by_key.values()) == {traceparent.decode()}
     assert dead_letters(dev, dlq) == []
 
 

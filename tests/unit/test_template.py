@@ -107,6 +107,10 @@ def test_one_msk_event_source_per_tenant_topic(template: Template) -> None:
             "RelayMskNetworkAccess",
             "AdmissionFunctionAliaslive",  # the version that trusts the relay for this tenant
         ]
+        # The parameter itself, not a number equal to its default (a hard-coded 100 deploys the same with it).
+        assert mapping["MaximumRetryAttempts"] == {
+            "Fn::If": ["HasProvisionedPollers", {"Ref": "RelayMaxRetryAttempts"}, {"Ref": "AWS::NoValue"}]
+        }
         assert deployed["MaximumRetryAttempts"] == template.document["Parameters"]["RelayMaxRetryAttempts"]["Default"]
         # In a poller group (tests/unit/test_poller_groups.py resolves its name), when provisioned.
         condition, provisioned, _ = mapping["ProvisionedPollerConfig"]["Fn::If"]

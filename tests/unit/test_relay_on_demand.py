@@ -21,10 +21,12 @@ from poimen.observability import logger
 from poimen.relay import AdmissionApiRefused, AdmissionApiUnavailable
 from poimen.store import Store
 from poimen_tools.cli import _dev_options, build_parser
+from poimen_tools.local.devserver import LocalLambdaContext
 from poimen_tools.local.event_source import LOCAL_MAX_ATTEMPTS, relay_mapping_attempts
 from poimen_tools.local.template import Template
 from tests.conftest import count_runs
-from tests.unit.dynamodb_faults import connect_refused, lost_before_dynamodb, script_attempts
+from tests.unit import relay_harness
+from tests.unit.dynamodb_faults import connect_refused, lost_before_dynamodb, script_attempts, throttled
 from tests.unit.relay_harness import RelayHarness
 
 SPAWN: dict[str, Any] = {"workflow_ref": "wf/hello", "input": {}, "goal_id": None}
@@ -619,4 +621,37 @@ def test_on_demand_a_lane_left_no_time_behind_an_outage_is_given_up_with_the_fai
     letters = sorted((letter["record"]["partition"], letter["reason"]["kind"]) for _, letter in relay.dead_letters())
     assert letters == [(0, "retries-exhausted"), (1, "retries-exhausted")]
     assert outcome.dead_lettered == 2
+    assert count_runs(dynamodb, table_name, relay.tenant) == []
+
+
+def test_on_demand_a_backlog_dynamodb_throttles_past_the_api_invocations_time_is_not_given_up(
+    harness: RelayHarness, monkeypatch: pytest.MonkeyPatch, dynamodb: Any, table_name: str
+) -> None:
+    # Given on-demand pollers (age limit 1 h), the batch path, and DynamoDB throttling every write (each attempt
+    # answered ThrottlingException after 0.5 s: the backoff of real throttling), so that a batch of 24 records takes
+    # the API's invocation past MIN_REMAINING_MS: its first 16 spawns are answered 503 `throttled: true`, the rest
+    # deferred unbegun for the invocation's time (the API's invocation 10 s here, not the function's 13 s, so that it
+    # reaches the 8.5 s after 1.5 s of spawns rather than 4.5 s: the same cut, sooner)
+    monkeypatch.setattr(
+        relay_harness, "LocalLambdaContext", lambda name, timeout_seconds: LocalLambdaContext(name, timeout_seconds=10)
+    )
+
+    def slow_throttle(send: Callable[[], Any], request: Any) -> Any:
+        time.sleep(0.5)  # the throttled attempt's backoff, not a wait for a condition
+        return throttled(send, request)
+
+    script_attempts(monkeypatch, put_run=[slow_throttle] * 10_000)
+    relay = _on_demand(harness, 100)
+    born = int(time.time() * 1000) - 2 * HOUR_MS
+    records = [
+        relay.record({**SPAWN, "dispatch_key": f"throttled-{n}"}, n, key=f"k{n}".encode(), timestamp_ms=born)
+        for n in range(24)
+    ]
+    # When it is invoked with 10 s left, the batch fails, to be retried: DynamoDB only throttled, and a spawn the API
+    # had no time to begin is no failure of the API's
+    with pytest.raises(AdmissionApiUnavailable):
+        relay.run(records, seconds=10)
+    # Then no record is dead-lettered. (All 24 were dead-lettered retries-exhausted: the deferred spawns' 503
+    # store-unavailable carries no `throttled`, so the relay took the round for a failure and gave the lane up.)
+    assert relay.dead_letters() == []
     assert count_runs(dynamodb, table_name, relay.tenant) == []

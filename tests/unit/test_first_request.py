@@ -346,3 +346,62 @@ def test_the_relays_credentials_refresh_never_outlives_its_batchs_deadline(
     assert took < 6, f"the batch took {took:.1f} s of an invocation's 6"
     assert len(endpoint.requests) > 1  # the refresh was tried
     assert (outcome.relayed, len(count_runs(dynamodb, table_name, harness.tenant))) == (1, 2)
+
+
+def test_a_batch_in_the_advisory_refresh_window_tries_the_refresh_once_not_once_a_thread(
+    invoke: Invoke,
+    container_credentials: CredentialsEndpoint,
+    dynamodb: Any,
+    table_name: str,
+    tenant: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given credentials botocore would like to refresh before it signs (they expire in 12 minutes: inside its advisory
+    # window, 15 minutes, outside the mandatory one, 10), a first batch admitted with them, and then a container
+    # endpoint that stops answering
+    container_credentials.lifetime = timedelta(minutes=12)
+    first, _ = _relay_batch(invoke, ADMITTING_THREADS, monkeypatch)
+    assert [result["status"] for result in first.body["results"]] == [201] * ADMITTING_THREADS
+    container_credentials.stalled = True
+    container_credentials.connections.clear()
+
+    # When the next batch, of the most a batch takes, comes (the same store, its clients built)
+    body = {"spawns": [{"workflow_ref": "wf/first", "input": {}, "dispatch_key": f"a-{n}"} for n in range(100)]}
+    started = time.monotonic()
+    answer = invoke(body=body, headers={"content-type": SPAWNS_MEDIA_TYPE}, principal=RELAY_SESSION)
+    took = time.monotonic() - started
+
+    # Then every spawn is admitted with the credentials still valid, and the refresh was tried once for the batch (its
+    # connect), not again by its admitting threads: botocore tries an advisory refresh on every signing while the
+    # last one failed, one thread at a time, each a bounded fetch of its own. (8 connections in 4.1 s: the batch's
+    # fetch, then 3 more by its threads, one after another; nothing bounds their number but the batch's length.)
+    assert [result["status"] for result in answer.body["results"]] == [201] * MAX_BATCH_SPAWNS
+    connections = len(container_credentials.connections)
+    assert connections <= CREDENTIALS_ATTEMPTS, f"{connections} connections in {took:.1f} s"
+    assert took < 2 * CREDENTIALS_FETCH_SECONDS, f"the batch took {took:.1f} s"
+    container_credentials.stalled = False
+    assert len(count_runs(dynamodb, table_name, tenant, only="pk")) == ADMITTING_THREADS + MAX_BATCH_SPAWNS
+
+
+def test_credentials_the_endpoint_answers_already_expired_make_each_spawn_of_a_batch_503_not_the_batch_500(
+    invoke: Invoke,
+    container_credentials: CredentialsEndpoint,
+    dynamodb: Any,
+    table_name: str,
+    tenant: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a container endpoint whose credentials are expired when they arrive (its clock ahead, or a stale cache):
+    # botocore refreshes them before signing, and raises RuntimeError("... refreshed credentials are still expired")
+    container_credentials.lifetime = timedelta(minutes=-5)
+
+    # When a batch comes first after a restore
+    answer, _ = _relay_batch(invoke, ADMITTING_THREADS, monkeypatch)
+
+    # Then nothing was sent to DynamoDB, and the answer says so: each spawn 503 store-unavailable, to send again.
+    # (The batch was answered 500 internal-error whole, "the outcome is unknown": the batch's connect() turns only
+    # StoreUnavailable into its spawns' answers, and lets botocore's RuntimeError out of the batch.)
+    assert answer.status == 200, answer.body
+    results = [(result["status"], result["problem"]["type"]) for result in answer.body["results"]]
+    assert results == [STORE_UNAVAILABLE] * ADMITTING_THREADS
+    assert count_runs(dynamodb, table_name, tenant) == []

@@ -415,3 +415,68 @@ def test_a_spawn_whose_earlier_call_may_have_admitted_it_stays_outcome_unknown_w
     assert isinstance(result, Unavailable), result
     assert (result.outcome_unknown, result.dispatch_key) == (True, "v-lost")
     assert [headers["content-type"] for headers in api.received] == [SPAWNS_MEDIA_TYPE] * 2 + ["application/json"] * 2
+
+
+class _LostThenNoBatch(InProcessApi):
+    """The API, but the first batch call's answer is lost after the handler admitted it (API Gateway's 500 as the
+    function timed out past its write), and every later batch call is answered 415 (a deploy rolled back under the
+    client, or a failover to an endpoint that takes no batch); single spawns reach the handler."""
+
+    def urlopen(self, method: str, url: str, redirect: bool = True, **kw: Any) -> urllib3.BaseHTTPResponse:  # type: ignore[override]
+        batch = dict(kw["headers"]).get("Content-Type") == SPAWNS_MEDIA_TYPE
+        batches = sum(headers.get("content-type") == SPAWNS_MEDIA_TYPE for headers in self.received)
+        if batch and batches >= 1:
+            self.received.append({"content-type": SPAWNS_MEDIA_TYPE})
+            problem = {"type": "urn:poimen:problem:unsupported-media-type", "title": "Unsupported Media Type"}
+            return urllib3.HTTPResponse(
+                body=json.dumps({**problem, "status": 415, "detail": "no batch"}).encode(),
+                status=415,
+                headers={"Content-Type": "application/problem+json"},
+                preload_content=True,
+            )
+        answer = super().urlopen(method, url, redirect, **kw)
+        if batch:
+            return urllib3.HTTPResponse(
+                body=b'{"message":"Internal Server Error"}',
+                status=500,
+                headers={"Content-Type": "application/json"},
+                preload_content=True,
+            )
+        return answer
+
+
+def test_a_spawn_whose_batch_call_was_lost_then_refused_whole_stays_outcome_unknown_when_sent_alone(
+    handler: Callable[[dict[str, Any], Any], dict[str, Any]],
+    store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+    dynamodb: Any,
+    table_name: str,
+    tenant: str,
+) -> None:
+    # Given two attempts a call, an API whose first batch call admits and loses its answer (500), whose second
+    # attempt of that call is refused whole (415), and a store that throttles the spawn's writes after the first
+    store.grant(RELAY_ROLE, tenant)
+    api = _LostThenNoBatch(handler)
+    credentials = Credentials(RELAY_KEY.access_key, RELAY_KEY.secret_key)
+    client = AdmissionClient(
+        "https://api.example",
+        region="us-east-1",
+        credentials=credentials,
+        http=api,
+        sleep=lambda _: None,
+        max_attempts=2,
+    )
+    script_attempts(monkeypatch, put_run=only_for('"poimen-client/', [lambda send, _: send()] + [throttled] * 4))
+
+    # When a keyless spawn is spawned: the batch call's first attempt admits it (answer lost), its second is refused
+    # whole, and alone the spawn is answered store-unavailable twice
+    (result,) = client.spawn_many(tenant, [SpawnRequest("wf/a", {})])
+
+    # Then its run is in the table, and the result says its outcome is unknown, naming the generated key that finds it:
+    # a keyless spawn told "nothing was written" is sent again without that key, a second run. (It said
+    # outcome_unknown False: the fallback carries the outcome of earlier *batch calls* per spawn, not that of the
+    # earlier attempts of the call refused whole, which the refusal itself carries: InvalidRequest.outcome_unknown.)
+    assert len(count_runs(dynamodb, table_name, tenant)) == 1
+    assert isinstance(result, Unavailable), result
+    assert str(result.dispatch_key).startswith(GENERATED_KEY_PREFIX)
+    assert result.outcome_unknown

@@ -472,7 +472,8 @@ class AdmissionClient:
                                 keys[index],
                                 generated=generated[index],
                                 carried=error.attempts + attempt - 1,
-                                reached=reached[index],
+                                # an earlier attempt of the call refused whole may have admitted it (its answer lost)
+                                reached=reached[index] or error.outcome_unknown,
                             )
                         except AdmissionError as alone:
                             results[index] = alone

@@ -655,3 +655,33 @@ def test_on_demand_a_backlog_dynamodb_throttles_past_the_api_invocations_time_is
     # store-unavailable carries no `throttled`, so the relay took the round for a failure and gave the lane up.)
     assert relay.dead_letters() == []
     assert count_runs(dynamodb, table_name, relay.tenant) == []
+
+
+class MarkedThrottledApi:
+    """An API (or a proxy before it) answering every call `status` with a problem of `kind` marked `throttled: true`:
+    no answer the admission API gives, which marks only a 503 store-unavailable."""
+
+    def __init__(self, status: int, kind: str) -> None:
+        self._body = json.dumps({"type": f"urn:poimen:problem:{kind}", "status": status, "throttled": True}).encode()
+        self._status = status
+
+    def request(self, *_: Any, **__: Any) -> Any:
+        headers = {"Content-Type": "application/problem+json", "Retry-After": "1"}
+        return urllib3.HTTPResponse(body=self._body, status=self._status, headers=headers, preload_content=True)
+
+
+@pytest.mark.parametrize(("status", "kind"), [(500, "internal-error"), (503, "outcome-unknown"), (502, "bad-gateway")])
+def test_on_demand_a_failure_marked_throttled_is_still_a_failure_that_gives_the_lane_up(
+    harness: RelayHarness, batch_spawns: int, status: int, kind: str
+) -> None:
+    # Given on-demand pollers (age limit 1 h), a keyed record 2 h old, and an API answering a failure (a 500, an
+    # outcome unknown, a gateway's 502) that carries `throttled: true`
+    relay = _on_demand(harness, batch_spawns).with_settings(retry_cap_seconds=0.05)
+    relay.relay._http = MarkedThrottledApi(status, kind)  # type: ignore[assignment]
+    (record,) = _batch(relay, 2 * HOUR_MS)[2:]
+    # When it is invoked with 10 s left
+    relay.run([record], seconds=10)
+    # Then the lane failed past the age limit and is given up: a throttle is API Gateway's 429 or a 503
+    # store-unavailable marked throttled, nothing else. (It raised AdmissionApiUnavailable: asks_to_slow_down reads
+    # the member on any answer, so such a lane is not given up before 23 h, the unsafe default.)
+    assert [letter["reason"]["kind"] for _, letter in relay.dead_letters()] == ["retries-exhausted"]

@@ -41,6 +41,7 @@ ENVELOPE_REFUSED_STATUSES = frozenset({400, 413, 415})
 # The member of a 503 `store-unavailable` problem that says DynamoDB throttled the request (`true`; absent when it
 # failed): the API asks its caller to slow down, as API Gateway's own 429 does. `asks_to_slow_down` is the rule.
 THROTTLED_MEMBER = "throttled"
+_STORE_UNAVAILABLE = "urn:poimen:problem:store-unavailable"
 
 TENANT_HEADER = "X-Poimen-Tenant"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -74,7 +75,15 @@ def retry_after_seconds(value: str | None, now: datetime | None = None) -> float
 
 def asks_to_slow_down(status: int, answer: object) -> bool:
     """Whether an answer (its status, and its body parsed: a problem, API Gateway's message, or text) asks its caller
-    to slow down rather than says the API failed: API Gateway's throttle (429), or a problem marked THROTTLED_MEMBER
-    (DynamoDB throttled the spawn, nothing written). A Retry-After alone says when to try again, not why: the API
-    gives one with every 503 it answers, an outage's included."""
-    return status == 429 or (isinstance(answer, dict) and answer.get(THROTTLED_MEMBER) is True)
+    to slow down rather than says the API failed: API Gateway's throttle (429), or a 503 `store-unavailable` problem
+    marked THROTTLED_MEMBER (DynamoDB throttled the spawn, nothing written); the member on any other answer (a 500, an
+    outcome unknown: no answer the API gives) is no throttle. A Retry-After alone says when to try again, not why: the
+    API gives one with every 503 it answers, an outage's included."""
+    if status == 429:
+        return True
+    return (
+        status == 503
+        and isinstance(answer, dict)
+        and answer.get("type") == _STORE_UNAVAILABLE
+        and answer.get(THROTTLED_MEMBER) is True
+    )

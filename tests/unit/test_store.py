@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from botocore.awsrequest import AWSResponse, HTTPHeaders
+from botocore.credentials import RefreshableCredentials
 from botocore.exceptions import ReadTimeoutError
 
 from poimen.admission import Admission
@@ -328,3 +329,32 @@ def test_a_new_run_has_the_run_records_attributes_and_their_nullability() -> Non
     assert {name for name, kind in fields.items() if "None" in kind} == {
         name for name, attribute in attributes.items() if attribute.null
     }
+
+
+def test_a_connected_block_refreshes_credentials_only_once_expired_and_restores_botocores_windows(
+    store: Store,
+) -> None:
+    # Given the store's clients signing with refreshable credentials 12 minutes from their expiry (botocore's
+    # advisory window), whose refresh counts its calls
+    calls: list[int] = []
+    expiry = (datetime.now(UTC) + timedelta(minutes=12)).isoformat()
+
+    def refresh() -> dict[str, str]:
+        calls.append(1)
+        return {"access_key": "a", "secret_key": "s", "token": "t", "expiry_time": expiry}
+
+    credentials = RefreshableCredentials.create_from_metadata(refresh(), refresh, "test")
+    calls.clear()
+    for client in (store.client, store.resolution_client):
+        client._request_signer._credentials = credentials
+    # When a block is connected and the credentials used many times in it
+    with store.connected():
+        for _ in range(20):
+            credentials.get_frozen_credentials()
+        inside = len(calls)
+    # Then they were refreshed once, by the block's start, and not again in it; after it botocore refreshes them
+    # early again, its windows as they were
+    assert inside == 1
+    assert "_advisory_refresh_timeout" not in vars(credentials)
+    credentials.get_frozen_credentials()
+    assert len(calls) == 2

@@ -14,6 +14,7 @@ cannot be asked, 503 outcome-unknown names the run, for the caller to GET rather
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -91,10 +92,11 @@ class Admission:
         # Each entry: when its tenants were read, and the tenants.
         self._grants: dict[str, tuple[float, frozenset[str]]] = {}
 
-    def connect(self) -> None:
-        """The store's clients built in this thread (`Store.connect`): a batch's, before its admitting threads share
-        them. StoreUnavailable if its credentials cannot be fetched."""
-        self._store.connect()
+    def connected(self) -> contextlib.AbstractContextManager[None]:
+        """The store's clients built in this thread, signing with the credentials they have now until the block ends
+        (`Store.connected`): a batch's, for its admitting threads to share. StoreUnavailable if no valid credentials
+        can be had."""
+        return self._store.connected()
 
     def admit_run(
         self,

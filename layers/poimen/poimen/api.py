@@ -253,7 +253,7 @@ _PROBLEM_DESCRIPTIONS = {
     ),
     HTTPStatus.SERVICE_UNAVAILABLE: (
         "`store-unavailable`: the store did not answer; send it again after Retry-After (`throttled: true` when "
-        "DynamoDB throttled it: slow down)."
+        "the API asks to slow down: DynamoDB throttled it)."
     ),
     HTTPStatus.INTERNAL_SERVER_ERROR: (
         "`internal-error`: the request failed unexpectedly, maybe after the write: for a POST /v1/runs the outcome "
@@ -307,7 +307,8 @@ _COMMON_PROBLEMS = (
 _CREATE_RUN_UNAVAILABLE: OpenAPIResponse = {
     "description": (
         "`store-unavailable`: nothing was written; send the request again after Retry-After (the problem's "
-        "`throttled` is `true` when DynamoDB throttled it, a request to slow down; absent when the store failed). "
+        "`throttled` is `true` when the API asks to slow down: DynamoDB throttled it, or, in a batch, the batch had "
+        "no time or answer room left for the spawn; absent when the store failed). "
         "`outcome-unknown`: the write may have committed; the problem's `run_id` and the Location header "
         "name the run: GET it. With a dispatch_key the request may also be sent again (after Retry-After): "
         "it answers that run (201 if this request wrote it, else 200 Idempotent-Replayed). Without one, "
@@ -790,7 +791,7 @@ def _store_unavailable(error: StoreUnavailable) -> Response[str]:
 
 
 def _throttled(error: StoreUnavailable) -> dict[str, bool]:
-    """The problem's THROTTLED_MEMBER, only when the store throttled the spawn (poimen.wire.asks_to_slow_down)."""
+    """The problem's THROTTLED_MEMBER, only when the API asks to slow down (poimen.wire.asks_to_slow_down)."""
     return {THROTTLED_MEMBER: True} if error.throttled else {}
 
 

@@ -27,6 +27,7 @@ later result that must be answered as it is (a new run, an outcome unknown).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -77,10 +78,12 @@ class SpawnDeferred(StoreUnavailable):
 
 
 def _answer_full() -> SpawnDeferred:
+    # The batch's capacity, not a failure: marked throttled, the API asking to send it again (wire.asks_to_slow_down).
     return SpawnDeferred(
         "The batch's answer has no room left for this spawn's result (Lambda answers at most 6 MB); nothing was "
         "written: send it again, in a smaller batch or alone.",
         retry_after_seconds=0,
+        throttled=True,
     )
 
 
@@ -127,7 +130,8 @@ def admit_spawns(
                 continue
             if remaining_ms() < MIN_REMAINING_MS:
                 outcomes[index] = SpawnDeferred(
-                    "The invocation has too little time left to admit this spawn: nothing was written; send it again."
+                    "The invocation has too little time left to admit this spawn: nothing was written; send it again.",
+                    throttled=True,  # the invocation's capacity, not a failure: the earlier spawns took its time
                 )
                 continue
             try:
@@ -141,17 +145,18 @@ def admit_spawns(
                     held = error
 
     groups = _sequences(requests, batch.ordering_keys or [None] * len(batch.spawns))
-    try:
-        if groups:  # once for the batch, not once in each admitting thread (a fetch each, and a service model read)
-            admission.connect()
-    except StoreUnavailable as error:  # no credentials: no spawn can be sent, and each is answered so
-        for index in requests:
-            outcomes[index] = error
-        groups = []
-    if len(groups) > 1:
-        list(_pool().map(admit_in_order, groups))
-    elif groups:
-        admit_in_order(groups[0])
+    with contextlib.ExitStack() as connection:
+        try:
+            if groups:  # once for the batch, not once in each admitting thread (a fetch each, and a service model read)
+                connection.enter_context(admission.connected())
+        except StoreUnavailable as error:  # no credentials: no spawn can be sent, and each is answered so
+            for index in requests:
+                outcomes[index] = error
+            groups = []
+        if len(groups) > 1:
+            list(_pool().map(admit_in_order, groups))
+        elif groups:
+            admit_in_order(groups[0])
     runs = [_admitted(outcome) if isinstance(outcome, Admitted) else "" for outcome in outcomes]
     # Room kept for each result from the next on: a new run's exact size (it was written: it is always answered).
     kept = [

@@ -241,8 +241,9 @@ class Problem(BaseModel):
     throttled: Literal[True] | SkipJsonSchema[None] = Field(
         default=None,
         description=(
-            "store-unavailable: `true` when DynamoDB throttled the request, nothing written (slow down, as for API "
-            "Gateway's 429); absent when the store failed"
+            "store-unavailable: `true` when the API asks to slow down, nothing written (as API Gateway's 429 does): "
+            "DynamoDB throttled the request, or a batch's spawn found the batch without the time or answer room "
+            "left for it, or waits for an earlier spawn of its keys that was throttled; absent when the store failed"
         ),
     )
 

@@ -18,13 +18,16 @@ without retention have no `expires_at` and are kept forever; without retention t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
+from botocore.credentials import RefreshableCredentials
 from botocore.exceptions import (
     ClientError,
     ConnectionError,
@@ -229,18 +232,37 @@ class Store:
         self._watched_client: Any = None
         self.run_retention_days = settings.run_retention_days
 
-    def connect(self) -> None:
-        """Build the clients a write and its resolution use, in this thread, now, and refresh their credentials
-        if botocore would before signing: StoreUnavailable if the credentials cannot be fetched. Threads that write
-        after it share them (pynamodb keeps one client a connection), so none fetches the credentials or reads the
-        service model for itself, nor waits on botocore's refresh lock: a thread that waited there for a refresh
-        that failed, in the 10 minutes before the credentials expire, tries again itself, one after another."""
+    @contextlib.contextmanager
+    def connected(self) -> Iterator[None]:
+        """Build the clients a write and its resolution use, in this thread, now, and refresh their credentials if
+        botocore would before signing (StoreUnavailable if no valid credentials can be had: nothing is sent); then,
+        until the block ends, refresh them only once expired. Threads that write inside it share the clients
+        (pynamodb keeps one client a connection), so none fetches the credentials or reads the service model for
+        itself; and none refreshes them again: botocore refreshes before every use (each signing, each endpoint
+        resolution's account id) in the 15 minutes before they expire while a refresh fails or the endpoint hands
+        out credentials that close to their expiry, which a batch's threads would do one after another on the
+        credentials' lock. A batch lasts seconds; the credentials it has are good for minutes. For one request at a
+        time, as a function's execution environment serves them
+        (https://docs.aws.amazon.com/lambda/latest/dg/lambda-runtime-environment.html)."""
         with _translated_errors:  # the second is built without a fetch: they share this thread's session
-            for client in (self._watched(self.client), self.resolution_client):
-                # botocore's own accessor, private (pynamodb reads the same credentials to decide to rebuild)
-                credentials = client._get_credentials()
-                if credentials is not None:
-                    credentials.get_frozen_credentials()  # the refresh, when one is due
+            clients = [self._watched(self.client), self.resolution_client]
+            held = {id(found): found for found in (client._get_credentials() for client in clients)}  # botocore's
+            refreshing = [found for found in held.values() if isinstance(found, RefreshableCredentials)]
+            for credentials in refreshing:
+                _refresh_if_due(credentials)
+        windows = [(credentials, vars(credentials).copy()) for credentials in refreshing]
+        for credentials in refreshing:
+            for name in _REFRESH_WINDOWS:
+                setattr(credentials, name, 0)  # refreshed once expired, not before
+        try:
+            yield
+        finally:
+            for credentials, before in windows:
+                for name in _REFRESH_WINDOWS:
+                    if name in before:
+                        setattr(credentials, name, before[name])
+                    else:
+                        delattr(credentials, name)  # the class's default again
 
     @property
     def client(self) -> Any:
@@ -494,6 +516,20 @@ def item_size(item: dict[str, dict[str, str]]) -> int:
     strings = [value["S"] for value in item.values() if "S" in value]
     numbers = [len(value["N"]) + 1 for value in item.values() if "S" not in value]
     return len("".join(item).encode()) + len("".join(strings).encode()) + sum(numbers)
+
+
+# How long before their expiry botocore refreshes credentials, when it may and when it must: its own knobs (the
+# attributes its constructor's advisory_timeout and mandatory_timeout set), 15 and 10 minutes by default.
+_REFRESH_WINDOWS = ("_advisory_refresh_timeout", "_mandatory_refresh_timeout")
+
+
+def _refresh_if_due(credentials: RefreshableCredentials) -> None:
+    """Refresh `credentials` if botocore would before using them; StoreUnavailable when the endpoint answers
+    credentials already expired (botocore's RuntimeError: nothing was sent)."""
+    try:
+        credentials.get_frozen_credentials()
+    except RuntimeError as error:
+        raise StoreUnavailable(f"no valid credentials for DynamoDB: {error}") from error
 
 
 def _now_seconds() -> int:

@@ -38,8 +38,9 @@ MAX_BATCH_BODY_BYTES = 1024 * 1024
 # sent again alone, for the answer the single route gives it (the relay and poimen.client, one rule).
 ENVELOPE_REFUSED_STATUSES = frozenset({400, 413, 415})
 
-# The member of a 503 `store-unavailable` problem that says DynamoDB throttled the request (`true`; absent when it
-# failed): the API asks its caller to slow down, as API Gateway's own 429 does. `asks_to_slow_down` is the rule.
+# The member of a 503 `store-unavailable` problem that says the API asks its caller to slow down (`true`; absent when
+# the store failed), as API Gateway's own 429 does: DynamoDB throttled the request, or a batch had no time or answer
+# room left for the spawn (or it waits behind a throttled one). `asks_to_slow_down` is the rule.
 THROTTLED_MEMBER = "throttled"
 _STORE_UNAVAILABLE = "urn:poimen:problem:store-unavailable"
 
